@@ -1,0 +1,29 @@
+# attnbench: `make bench` and `make test` each set themselves up (see README.md).
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.attnbench-installed
+ARGS ?=
+
+.PHONY: bench test gpu-check setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup-env.sh
+	sh scripts/setup-env.sh "$(PYTHON)" "$(VENV)"
+	touch $(STAMP)
+
+## bench: run `quick` on CPU or `default` on CUDA, write results/<run-id>/, print its folder
+bench: $(STAMP)
+	$(VPY) -m harness run --suite auto $(ARGS)
+
+## test: the CPU test suite (what CI runs)
+test: $(STAMP)
+	$(VPY) -m pytest -q $(ARGS)
+
+## gpu-check: a short all-backend check on a CUDA box, with the python3 already there (no install)
+gpu-check:
+	$(PYTHON) -m harness gpu-check $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,3 @@
+"""attnbench: a benchmarking and profiling harness for attention backends."""
+
+__version__ = "0.1.0"

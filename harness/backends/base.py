@@ -1,0 +1,85 @@
+"""The one interface every attention backend implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from harness.cases import Case
+from harness.inputs import AttentionInputs
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+@dataclass
+class Prepared:
+    """What a backend hands the harness after its untimed preparation.
+
+    `fn` is the zero-argument callable that is timed; it returns the output in the backend's
+    own layout. `to_bhsd` turns that output (or a gradient of a leaf) back into `[B, H, S, d]`
+    for checking, outside the timed region; `from_bhsd` is its inverse (for the upstream gradient
+    of backward modes). `leaves` are the tensors, in the backend's layout,
+    that backward modes differentiate with respect to (q, k, v). `notes` go into the record
+    (for example `kv_expanded` or the operator a library dispatched to).
+    """
+
+    fn: Callable[[], torch.Tensor]
+    leaves: tuple[torch.Tensor, ...] = ()
+    to_bhsd: Callable[[torch.Tensor], torch.Tensor] = _identity
+    from_bhsd: Callable[[torch.Tensor], torch.Tensor] = _identity
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend:
+    """Base class: subclasses set `name` and `family`, and override `prepare` (and usually `supports`).
+
+    `available()` says whether the backend can run at all on this machine (package installed,
+    device present); `supports(case)` whether it can serve one case. Both return None for yes and
+    a one-line reason for no. Optional packages are imported inside these methods, never at import.
+    """
+
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    #: Devices the backend has kernels for.
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    #: Whether H_kv < H is served without copying K/V to H heads.
+    native_gqa: ClassVar[bool] = False
+    #: Whether `prepare` accepts backward modes.
+    supports_backward: ClassVar[bool] = True
+
+    def version(self) -> str:
+        """The version of what the backend wraps (torch's by default)."""
+        return torch.__version__
+
+    def available(self) -> str | None:
+        """None if the backend can run here at all, else why not."""
+        return None
+
+    def supports(self, case: Case) -> str | None:
+        """None if this backend can serve `case`, else a one-line reason."""
+        if case.device not in self.devices:
+            return f"{self.name} has no {case.device.upper()} kernel (runs on: {', '.join(self.devices)})"
+        if case.mode != "fwd" and not self.supports_backward:
+            return f"{self.name} has no backward pass"
+        return None
+
+    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+        """Lay out inputs and build the callable to time; raise Unsupported if the case turns out unservable."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name} ({self.family})>"
+
+
+def expand_kv(t: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Repeat each K/V head `group_size` times along dim 1 (`[B, H_kv, S, d]` → `[B, H, S, d]`).
+
+    Query head h uses K/V head h // group_size: `repeat_interleave`, not `repeat`, which would
+    pair heads in the wrong order.
+    """
+    return t if group_size == 1 else t.repeat_interleave(group_size, dim=1)

@@ -1,0 +1,128 @@
+"""The registry of backends: built-ins registered by decorator, third-party ones by entry point."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Callable, Iterable, Iterator
+
+from harness.backends.base import Backend
+from harness.errors import UserError
+
+ENTRY_POINT_GROUP = "attnbench.backends"
+
+#: Modules that define the built-in backends; importing one registers its classes in BUILTINS.
+BUILTIN_MODULES = ("harness.backends.naive", "harness.backends.sdpa")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """A listing row: a backend's name, family, availability, reason and version."""
+
+    name: str
+    family: str
+    available: bool
+    reason: str | None
+    version: str | None
+    description: str = ""
+
+
+class Registry:
+    """An explicit collection of backends by name; build one with `load_registry()` or by hand in tests."""
+
+    def __init__(self) -> None:
+        self._backends: dict[str, Backend] = {}
+        self._broken: dict[str, str] = {}
+
+    def register(self, cls: type[Backend]) -> type[Backend]:
+        """Class decorator: instantiate and add a backend; the name must be new."""
+        self.add(cls())
+        return cls
+
+    def add(self, backend: Backend) -> None:
+        """Add a backend instance; a duplicate name is an error."""
+        if not backend.name:
+            raise ValueError(f"{type(backend).__name__} has no name")
+        if backend.name in self._backends or backend.name in self._broken:
+            raise ValueError(f"backend {backend.name!r} is registered twice")
+        self._backends[backend.name] = backend
+
+    def add_broken(self, name: str, reason: str) -> None:
+        """Record a plugin that failed to load: listed as unavailable, never run."""
+        self._broken[name] = reason
+
+    def get(self, name: str) -> Backend:
+        """The backend called `name`, or a UserError that lists the known names."""
+        if name in self._backends:
+            return self._backends[name]
+        if name in self._broken:
+            raise UserError(f"backend {name!r} failed to load: {self._broken[name]}")
+        raise UserError(f"unknown backend {name!r}: known backends are {', '.join(self.names())}")
+
+    def names(self) -> list[str]:
+        """Every registered name, loaded or broken, in registration order."""
+        return [*self._backends, *self._broken]
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(self._backends.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._backends or name in self._broken
+
+    def select(self, names: Iterable[str] | None) -> list[Backend]:
+        """Backends by name (all loaded ones when `names` is None); unknown names raise UserError."""
+        if names is None:
+            return list(self._backends.values())
+        return [self.get(n) for n in names]
+
+    def describe(self) -> list[BackendInfo]:
+        """One listing row per backend, with its availability and reason."""
+        rows = []
+        for backend in self._backends.values():
+            try:
+                reason = backend.available()
+            except Exception as exc:  # a probe that crashes means unavailable, with the error as reason
+                reason = f"availability check failed: {type(exc).__name__}: {exc}"
+            try:
+                version = backend.version() if reason is None else None
+            except Exception:
+                version = None
+            rows.append(BackendInfo(backend.name, backend.family, reason is None, reason, version, backend.description))
+        for name, reason in self._broken.items():
+            rows.append(BackendInfo(name, "plugin", False, reason, None))
+        return rows
+
+
+#: Built-in backends, filled by the decorators in BUILTIN_MODULES when they are imported.
+BUILTINS = Registry()
+register = BUILTINS.register
+
+
+def load_registry(*, plugins: bool = True, extra: Iterable[Callable[[Registry], None]] = ()) -> Registry:
+    """A fresh registry holding the built-ins and, if `plugins`, every `attnbench.backends` entry point.
+
+    A plugin that raises on import is listed as unavailable with its error instead of stopping anything.
+    An entry point may name a Backend subclass or a function that takes the registry and adds to it.
+    """
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+    registry = Registry()
+    for module in BUILTIN_MODULES:  # in this order, whatever order they were first imported in
+        for backend in BUILTINS:
+            if type(backend).__module__ == module:
+                registry.add(backend)
+    if plugins:
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                target = ep.load()
+                if isinstance(target, type) and issubclass(target, Backend):
+                    registry.add(target())
+                else:
+                    target(registry)
+            except Exception as exc:
+                if ep.name not in registry:
+                    registry.add_broken(ep.name, f"plugin {ep.value} failed to load: {type(exc).__name__}: {exc}")
+    for hook in extra:
+        hook(registry)
+    return registry

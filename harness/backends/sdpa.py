@@ -1,0 +1,163 @@
+"""PyTorch's scaled_dot_product_attention: torch's own choice, and each kernel forced alone.
+
+A forced kernel that cannot serve a case is reported unsupported with torch's own reason; it is
+never replaced by another kernel. That is what `sdpa_kernel` with a single backend guarantees,
+and `prepare` probes it once, untimed, to turn torch's refusal into an `unsupported` record.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from harness.backends.base import Backend, Prepared, expand_kv
+from harness.backends.registry import register
+from harness.cases import Case
+from harness.errors import Unsupported
+from harness.inputs import AttentionInputs, visible_mask
+
+#: enable_gqa arrived in torch 2.5; the builtin has no inspectable signature, so read its docstring.
+_HAS_ENABLE_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+def _mask_arguments(case: Case, device: torch.device) -> dict[str, Any]:
+    """SDPA's mask arguments for a case: is_causal for square causal, a lower-right CausalBias, or a bool mask."""
+    if case.padding or case.window is not None:
+        return {"attn_mask": visible_mask(case, device=device)}
+    if case.causal and case.S_q == case.S_kv:
+        return {"is_causal": True}
+    if case.causal:
+        # is_causal aligns top-left; the harness's convention is bottom-right.
+        from torch.nn.attention.bias import causal_lower_right
+
+        return {"attn_mask": causal_lower_right(case.S_q, case.S_kv)}
+    return {}
+
+
+def _refusal_reason(exc: Exception, caught: list[warnings.WarningMessage]) -> str:
+    """One line out of torch's 'no kernel' error and the warnings that explain it."""
+    reasons = [" ".join(str(w.message).split()) for w in caught if "not used because" in str(w.message) or "not compiled" in str(w.message)]
+    text = "; ".join(dict.fromkeys(reasons)) or " ".join(str(exc).split())
+    return text[:300]
+
+
+class _SdpaBase(Backend):
+    family = "sdpa"
+    #: The forced kernel (`torch.nn.attention.SDPBackend` member name), or None for torch's choice.
+    kernel: str | None = None
+
+    def available(self) -> str | None:
+        """SDPA with kernel forcing needs torch.nn.attention (torch ≥ 2.3)."""
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
+        except ImportError:
+            return f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel (needs ≥ 2.3)"
+        if self.kernel is not None and not hasattr(SDPBackend, self.kernel):
+            return f"torch {torch.__version__} has no SDPA kernel {self.kernel}"
+        return None
+
+    def _run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        """One SDPA call, inside `sdpa_kernel` when a kernel is forced."""
+        if self.kernel is None:
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        # Entering the context costs about a microsecond of host time; it must wrap each call
+        # because the timer, not the backend, owns the loop.
+        with sdpa_kernel(getattr(SDPBackend, self.kernel)):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+        """Pick GQA handling and mask arguments, then probe the kernel once so a refusal becomes Unsupported."""
+        q, k, v = inputs.q, inputs.k, inputs.v
+        kwargs = _mask_arguments(case, q.device)
+        attempts: list[tuple[Callable[[], torch.Tensor], dict[str, Any]]] = []
+        if case.H_kv == case.H:
+            attempts.append((lambda: self._run(q, k, v, kwargs), {"kv_expanded": False}))
+        else:
+            if _HAS_ENABLE_GQA:
+                gqa_kwargs = {**kwargs, "enable_gqa": True}
+                attempts.append((lambda: self._run(q, k, v, gqa_kwargs), {"kv_expanded": False}))
+            # The explicit expansion runs inside the timed call: its time and memory are the honest cost.
+            g = case.group_size
+            attempts.append((lambda: self._run(q, expand_kv(k, g), expand_kv(v, g), kwargs), {"kv_expanded": True}))
+        failure = ""
+        for fn, notes in attempts:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    with torch.no_grad():
+                        fn()
+                except RuntimeError as exc:
+                    if "out of memory" in str(exc).lower():
+                        raise
+                    failure = _refusal_reason(exc, caught)
+                    continue
+            return Prepared(fn=fn, leaves=(q, k, v), notes=notes)
+        raise Unsupported(f"{self.name}: {failure}")
+
+
+@register
+class SdpaBackend(_SdpaBase):
+    """torch.nn.functional.scaled_dot_product_attention with torch choosing the kernel."""
+
+    name = "sdpa"
+    description = "F.scaled_dot_product_attention, torch's own kernel choice"
+    native_gqa = _HAS_ENABLE_GQA
+
+
+@register
+class SdpaMathBackend(_SdpaBase):
+    """SDPA forced to the math (composite) kernel."""
+
+    name = "sdpa-math"
+    kernel = "MATH"
+    description = "SDPA forced to the math kernel (composite ops)"
+    native_gqa = _HAS_ENABLE_GQA
+
+
+@register
+class SdpaFlashBackend(_SdpaBase):
+    """SDPA forced to its FlashAttention kernel (a CPU implementation exists too)."""
+
+    name = "sdpa-flash"
+    kernel = "FLASH_ATTENTION"
+    description = "SDPA forced to the FlashAttention kernel"
+    native_gqa = _HAS_ENABLE_GQA
+
+
+@register
+class SdpaEfficientBackend(_SdpaBase):
+    """SDPA forced to the memory-efficient (xFormers-derived) kernel; CUDA only."""
+
+    name = "sdpa-efficient"
+    kernel = "EFFICIENT_ATTENTION"
+    description = "SDPA forced to the memory-efficient kernel"
+    devices = ("cuda",)
+
+    def available(self) -> str | None:
+        """Needs a CUDA device."""
+        return super().available() or _cuda_reason()
+
+
+@register
+class SdpaCudnnBackend(_SdpaBase):
+    """SDPA forced to the cuDNN kernel; CUDA only."""
+
+    name = "sdpa-cudnn"
+    kernel = "CUDNN_ATTENTION"
+    description = "SDPA forced to the cuDNN attention kernel"
+    devices = ("cuda",)
+
+    def available(self) -> str | None:
+        """Needs a CUDA device and torch ≥ 2.4."""
+        return super().available() or _cuda_reason()
+
+
+def _cuda_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device (this kernel has no CPU implementation)"
+    return None

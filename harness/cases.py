@@ -1,0 +1,185 @@
+"""The description of one attention problem (a Case) and grids of them.
+
+A Case is frozen and hashable: it is the key of a record, never the measurement itself
+(the split torch.utils.benchmark makes between TaskSpec and Measurement).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from harness.errors import UserError
+
+#: Short dtype names used in ids, CSVs and suite files, mapped to torch dtype attribute names.
+DTYPES: dict[str, str] = {
+    "fp64": "float64",
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+}
+_DTYPE_ALIASES = {v: k for k, v in DTYPES.items()} | {"float": "fp32", "half": "fp16"}
+
+MODES = ("fwd", "bwd", "fwd_bwd")
+DEVICES = ("cpu", "cuda")
+
+
+def canonical_dtype(name: str) -> str:
+    """Return the short name (`bf16`) of a dtype given by short or torch name, or raise UserError."""
+    key = str(name).strip().lower().removeprefix("torch.")
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPES:
+        raise UserError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}")
+    return key
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention problem: shapes, dtype, device, mask and pass.
+
+    Layout convention for every tensor the harness hands a backend: `[B, H, S, d]`.
+    Causal and sliding-window masks are aligned bottom-right (query i sees key j when
+    j <= i + S_kv - S_q), the convention of FlashAttention and of a decoder with a KV cache.
+    """
+
+    B: int
+    S_q: int
+    S_kv: int
+    H: int
+    H_kv: int
+    d_k: int
+    d_v: int
+    dtype: str = "fp32"
+    device: str = "cpu"
+    causal: bool = False
+    mode: str = "fwd"
+    window: int | None = None
+    padding: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        for name in ("B", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UserError(f"{name} must be a positive integer, got {value!r}")
+        if self.H % self.H_kv:
+            raise UserError(f"H={self.H} is not divisible by H_kv={self.H_kv}")
+        device = str(self.device).split(":")[0]
+        if device not in DEVICES:
+            raise UserError(f"unknown device {self.device!r}: expected one of {', '.join(DEVICES)}")
+        if self.mode not in MODES:
+            raise UserError(f"unknown mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0):
+            raise UserError(f"window must be a positive integer or None, got {self.window!r}")
+
+    @property
+    def id(self) -> str:
+        """A stable, readable key such as `B1-Sq1024-Skv1024-H16-Hkv4-dk64-bf16-causal`."""
+        parts = [f"B{self.B}", f"Sq{self.S_q}", f"Skv{self.S_kv}", f"H{self.H}", f"Hkv{self.H_kv}", f"dk{self.d_k}"]
+        if self.d_v != self.d_k:
+            parts.append(f"dv{self.d_v}")
+        parts.append(self.dtype)
+        if self.causal:
+            parts.append("causal")
+        if self.window is not None:
+            parts.append(f"win{self.window}")
+        if self.padding:
+            parts.append("pad")
+        if self.mode != "fwd":
+            parts.append(self.mode)
+        if self.seed:
+            parts.append(f"seed{self.seed}")
+        return "-".join(parts)
+
+    @property
+    def attention_kind(self) -> str:
+        """`MHA`, `GQA` or `MQA`, from the ratio of query heads to key/value heads."""
+        if self.H_kv == self.H:
+            return "MHA"
+        return "MQA" if self.H_kv == 1 else "GQA"
+
+    @property
+    def group_size(self) -> int:
+        """Query heads that share one key/value head."""
+        return self.H // self.H_kv
+
+    @property
+    def masked(self) -> bool:
+        """True when some (query, key) pairs are hidden."""
+        return self.causal or self.window is not None or self.padding
+
+    def fields(self) -> dict[str, Any]:
+        """The case's fields as a plain dict (for records)."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "Case":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
+
+
+def case_from_fields(fields: Mapping[str, Any]) -> Case:
+    """Rebuild a Case from a record's fields, ignoring the non-case ones."""
+    kwargs = {name: fields[name] for name in CASE_FIELDS if name in fields}
+    window = kwargs.get("window")
+    if window is not None and window != window:  # NaN from a CSV round-trip
+        kwargs["window"] = None
+    for name in ("B", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "seed", "window"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = int(kwargs[name])
+    for name in ("causal", "padding"):
+        if name in kwargs:
+            kwargs[name] = bool(kwargs[name])
+    return Case(**kwargs)
+
+
+def grid(
+    *,
+    B: Iterable[int],
+    S: Iterable[int] | None = None,
+    S_q: Iterable[int] | None = None,
+    S_kv: Iterable[int] | None = None,
+    H: Iterable[int],
+    H_kv: Iterable[int | str] = ("H",),
+    d_k: Iterable[int],
+    d_v: Iterable[int | None] = (None,),
+    dtype: Iterable[str] = ("fp32",),
+    device: str = "cpu",
+    causal: Iterable[bool] = (False,),
+    mode: Iterable[str] = ("fwd",),
+    window: Iterable[int | None] = (None,),
+    padding: Iterable[bool] = (False,),
+    seed: int = 0,
+) -> list[Case]:
+    """The Cartesian product of the given axes as Cases, in a stable order.
+
+    `S` sets S_q = S_kv; give `S_q` and `S_kv` instead for cross attention or decoding.
+    `H_kv` accepts `"H"` (MHA) and drops values that do not divide H, so that one grid can
+    sweep H ∈ {16, 32} against H_kv ∈ {H, 8, 1}. `d_v=None` means d_v = d_k.
+    """
+    if S is not None and (S_q is not None or S_kv is not None):
+        raise UserError("give either S or S_q/S_kv, not both")
+    if S is None and (S_q is None or S_kv is None):
+        raise UserError("give S, or both S_q and S_kv")
+    seq_pairs = [(s, s) for s in S] if S is not None else list(itertools.product(S_q, S_kv))
+    cases: list[Case] = []
+    seen: set[Case] = set()
+    for b, (sq, skv), h, hkv, dk, dv, dt, c, m, w, p in itertools.product(
+        B, seq_pairs, H, H_kv, d_k, d_v, dtype, causal, mode, window, padding
+    ):
+        hkv_value = h if hkv == "H" else hkv
+        if isinstance(hkv_value, int) and not isinstance(hkv_value, bool) and hkv_value > 0 and h % hkv_value:
+            continue
+        case = Case(
+            B=b, S_q=sq, S_kv=skv, H=h, H_kv=hkv_value, d_k=dk, d_v=dk if dv is None else dv,
+            dtype=dt, device=device, causal=c, mode=m, window=w, padding=p, seed=seed,
+        )
+        if case not in seen:
+            seen.add(case)
+            cases.append(case)
+    return cases

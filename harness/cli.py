@@ -1,0 +1,137 @@
+"""The `attnbench` command line: builds plain config objects and hands them to the library.
+
+User mistakes (unknown backend or suite, bad shapes, existing run folder) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from harness.errors import UserError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line and exit 2 like every other user mistake."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(message)
+
+
+def _comma_list(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    """List every registered backend, available or not, and why."""
+    from harness.backends.registry import load_registry
+
+    rows = load_registry().describe()
+    if args.json:
+        print(json.dumps([row.__dict__ for row in rows], indent=1))
+        return 0
+    width = max(len(r.name) for r in rows)
+    for row in rows:
+        state = f"available  {row.version or ''}".rstrip() if row.available else f"unavailable: {row.reason}"
+        print(f"{row.name:<{width}}  {row.family:<8}  {state}")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Print the environment fingerprint a run would record."""
+    from harness.env import fingerprint, gpu_telemetry
+    from harness.supervisor import detect_device
+
+    device = detect_device()
+    info = {"fingerprint": fingerprint(device), "gpu_telemetry": gpu_telemetry() if device == "cuda" else None}
+    print(json.dumps(info, indent=1, default=str))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a suite (or resume a run) under the supervisor and print where the results are."""
+    from harness.supervisor import RunConfig, Supervisor
+
+    if args.resume is None and args.suite is None:
+        raise UserError("give --suite NAME (or --resume RUN_DIR)")
+    config = RunConfig(
+        suite=args.suite or "", device=args.device, backends=args.backends, out=Path(args.out), run_id=args.run_id,
+        workers=args.workers, gpus=_parse_gpus(args.gpus), force=args.force,
+        resume=Path(args.resume) if args.resume else None, check=not args.no_check,
+        case_timeout_s=args.timeout, progress=sys.stderr.isatty() and not args.quiet,
+    )
+    summary = Supervisor(config).run()
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
+    print(f"{sum(summary.counts.values())} of {summary.total} pairs recorded ({counts}) in {summary.wall_s:.0f} s")
+    print(f"results: {summary.run_dir}")
+    return 0
+
+
+def _parse_gpus(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    if text == "all":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--gpus all: torch sees no CUDA device")
+        return list(range(torch.cuda.device_count()))
+    try:
+        return [int(g) for g in text.split(",")]
+    except ValueError:
+        raise UserError(f"--gpus takes 'all' or a list like 0,1: got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = _Parser(prog="attnbench", description="Benchmark and profile attention backends.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("backends", help="list backends, available or not and why")
+    p.add_argument("--json", action="store_true", help="print a JSON list of {name, family, available, reason, version}")
+    p.set_defaults(func=cmd_backends)
+
+    p = sub.add_parser("env", help="print the environment fingerprint")
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("run", help="run a suite and write results/<run-id>/")
+    p.add_argument("--suite", help="built-in suite (quick, default, …), 'auto' (by device) or a .toml file")
+    p.add_argument("--device", choices=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: the suite's, else all)")
+    p.add_argument("--out", default="results", help="parent folder of run folders (default: results)")
+    p.add_argument("--run-id", help="name of the run folder (default: time-suite-pid)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes on CPU (default 1)")
+    p.add_argument("--gpus", help="'all' or a list like 0,1: one worker per GPU")
+    p.add_argument("--force", action="store_true", help="overwrite an existing run folder")
+    p.add_argument("--resume", metavar="RUN_DIR", help="finish a run: only pairs without a record are run")
+    p.add_argument("--no-check", action="store_true", help="skip the agreement check against float64")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one pair may run before it is killed (default 600)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `attnbench` console script and of `python -m harness`."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+    except UserError as exc:
+        print(f"attnbench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The environment fingerprint of a run: versions, device, CPU, and GPU clocks/thermals before and after."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (or platform's guess elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def gpu_telemetry() -> list[dict[str, Any]] | dict[str, str]:
+    """Per-GPU clocks, temperature, power and throttle reasons from NVML (`nvidia-ml-py`), or why not."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"unavailable": "nvidia-ml-py (pynvml) is not installed"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # no driver, no GPU
+        return {"unavailable": f"NVML did not start: {exc}"}
+    gpus = []
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+            def read(fn, *args):
+                try:
+                    return fn(handle, *args)
+                except Exception:
+                    return None
+
+            name = read(pynvml.nvmlDeviceGetName)
+            throttle = read(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+            gpus.append({
+                "index": index,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "sm_clock_mhz": read(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM),
+                "mem_clock_mhz": read(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM),
+                "max_sm_clock_mhz": read(pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM),
+                "temperature_c": read(pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU),
+                "power_w": (lambda mw: mw / 1000 if mw is not None else None)(read(pynvml.nvmlDeviceGetPowerUsage)),
+                "power_limit_w": (lambda mw: mw / 1000 if mw is not None else None)(read(pynvml.nvmlDeviceGetEnforcedPowerLimit)),
+                "throttle_reasons": throttle,
+                "throttle_reasons_hex": hex(throttle) if throttle is not None else None,
+            })
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        for gpu in gpus:
+            gpu["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+    finally:
+        pynvml.nvmlShutdown()
+    return gpus
+
+
+def fingerprint(device: str = "cpu") -> dict[str, Any]:
+    """Versions, device and host facts that decide whether two runs are comparable."""
+    import torch
+
+    info: dict[str, Any] = {
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "numpy": _package_version("numpy"),
+        "pandas": _package_version("pandas"),
+        "pytest_benchmark": _package_version("pytest-benchmark"),
+        "xformers": _package_version("xformers"),
+        "flash_attn": _package_version("flash-attn") or _package_version("flash_attn"),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device_type": device,
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update({
+            "device_name": props.name,
+            "device_capability": f"{props.major}.{props.minor}",
+            "device_memory_bytes": props.total_memory,
+            "device_sm_count": props.multi_processor_count,
+            "device_l2_bytes": getattr(props, "L2_cache_size", None),
+            "device_count": torch.cuda.device_count(),
+        })
+    else:
+        info["device_name"] = cpu_model()
+    return info

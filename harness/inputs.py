@@ -1,0 +1,90 @@
+"""Seeded inputs for a Case, and the one definition of which (query, key) pairs a mask leaves visible."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from harness.cases import DTYPES, Case
+
+
+def torch_dtype(case_or_name: Case | str) -> torch.dtype:
+    """The torch dtype of a case (or of a short dtype name)."""
+    name = case_or_name.dtype if isinstance(case_or_name, Case) else case_or_name
+    return getattr(torch, DTYPES[name])
+
+
+@dataclass
+class AttentionInputs:
+    """Tensors for one case, all `[B, H, S, d]`; K and V at H_kv heads.
+
+    `kv_lens[b]` is the number of real keys of sequence b (the rest is padding), or None
+    when the case has no padding. `grad_out` is the upstream gradient for backward modes.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    kv_lens: torch.Tensor | None = None
+    grad_out: torch.Tensor | None = None
+
+
+def kv_lengths(case: Case) -> np.ndarray:
+    """Per-sequence key lengths: S_kv without padding, else drawn uniformly from [S_kv/2, S_kv] by the case's seed."""
+    if not case.padding:
+        return np.full(case.B, case.S_kv, dtype=np.int64)
+    rng = np.random.default_rng([case.seed, 0x9AD])
+    low = max(1, (case.S_kv + 1) // 2)
+    lengths = rng.integers(low, case.S_kv + 1, size=case.B)
+    lengths[0] = case.S_kv  # one full sequence, as in a real padded batch
+    return lengths.astype(np.int64)
+
+
+def _visible_bounds(case: Case, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each (b, query i): the half-open key range [lo, hi) it may see. Shapes [B, S_q]."""
+    i = np.arange(case.S_q, dtype=np.int64)[None, :]
+    hi = np.broadcast_to(lengths[:, None], (case.B, case.S_q)).copy()
+    lo = np.zeros_like(hi)
+    if case.causal or case.window is not None:
+        q_pos = i + (case.S_kv - case.S_q)  # bottom-right alignment
+        hi = np.minimum(hi, q_pos + 1)
+        if case.window is not None:
+            lo = np.maximum(lo, q_pos - case.window + 1)
+    return lo, np.maximum(hi, lo)
+
+
+def visible_pairs(case: Case) -> int:
+    """The number of (query, key) pairs, summed over the batch, that the case's mask leaves visible (per head)."""
+    lo, hi = _visible_bounds(case, kv_lengths(case))
+    return int((hi - lo).sum())
+
+
+def visible_mask(case: Case, device: str | torch.device = "cpu") -> torch.Tensor | None:
+    """Boolean `[B, 1, S_q, S_kv]` mask, True where a key is visible, or None when nothing is masked."""
+    if not case.masked:
+        return None
+    lo, hi = _visible_bounds(case, kv_lengths(case))
+    j = torch.arange(case.S_kv, device=device)
+    lo_t = torch.as_tensor(lo, device=device)[:, None, :, None]
+    hi_t = torch.as_tensor(hi, device=device)[:, None, :, None]
+    return (j >= lo_t) & (j < hi_t)
+
+
+def make_inputs(case: Case, *, seed: int | None = None, device: str | torch.device | None = None) -> AttentionInputs:
+    """Draw standard-normal inputs for a case from a seeded generator on its device (never zeros or constants)."""
+    device = torch.device(device or case.device)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(case.seed if seed is None else seed)
+    dtype = torch_dtype(case)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+    q = draw(case.B, case.H, case.S_q, case.d_k)
+    k = draw(case.B, case.H_kv, case.S_kv, case.d_k)
+    v = draw(case.B, case.H_kv, case.S_kv, case.d_v)
+    grad_out = draw(case.B, case.H, case.S_q, case.d_v) if case.mode != "fwd" else None
+    kv_lens = torch.as_tensor(kv_lengths(case), device=device, dtype=torch.int32) if case.padding else None
+    return AttentionInputs(q=q, k=k, v=v, kv_lens=kv_lens, grad_out=grad_out)

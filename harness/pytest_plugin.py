@@ -1,0 +1,134 @@
+"""The pytest plugin that turns a suite into tests: one per (case, backend), measured through pytest-benchmark.
+
+pytest-benchmark drives the timed rounds (`benchmark.pedantic`) with the harness's clock (device
+time from CUDA events on a GPU), so the statistics pytest-benchmark reports and the record holds
+are the same samples: there is one measurement path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.backends.registry import load_registry
+from harness.cases import Case
+from harness.errors import UserError
+from harness.results import RunWriter
+from harness.runner import Options, execute
+from harness.suite import Suite, load_suite, pair_key
+from harness.timing import Clock, Loop
+
+CURRENT_SUFFIX = ".current"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Options of the benchmark workers (`attnbench run` sets them)."""
+    group = parser.getgroup("attnbench")
+    group.addoption("--attnbench-suite", default=None, help="built-in suite name or .toml file to run as tests")
+    group.addoption("--attnbench-run-dir", default=None, help="folder of the run (records.jsonl is appended there)")
+    group.addoption("--attnbench-backends", default=None, help="comma-separated backend names (default: the suite's)")
+    group.addoption("--attnbench-device", default=None, help="move every case to this device (cpu or cuda)")
+    group.addoption("--attnbench-pairs", default=None, help="file listing the pair keys to run, one per line")
+    group.addoption("--attnbench-worker", default="0", help="this worker's name in records")
+    group.addoption("--attnbench-no-check", action="store_true", help="skip the agreement check")
+
+
+def benchmark_loop(benchmark: Any, clock: Clock) -> Loop:
+    """A Loop that runs the rounds through pytest-benchmark's pedantic mode, reading `clock`."""
+
+    def loop(fn, *, setup, rounds, iterations):
+        if benchmark.disabled:
+            raise UserError("pytest-benchmark is disabled (--benchmark-disable): nothing would be timed")
+        # pytest-benchmark reads its timer from this attribute when it builds each round's runner;
+        # setting it per test is how a device clock (CUDA events) replaces time.perf_counter.
+        benchmark._timer = clock
+        benchmark.pedantic(fn, setup=setup, rounds=rounds, iterations=iterations, warmup_rounds=0)
+        return list(benchmark.stats.stats.data)
+
+    return loop
+
+
+class AttnbenchSession:
+    """What one worker needs: the suite, the registry, the run folder and its writer."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.suite: Suite | None = None
+        self.pairs: list[tuple[Case, str]] = []
+        suite_name = config.getoption("--attnbench-suite")
+        if not suite_name:
+            return
+        suite = load_suite(suite_name)
+        device = config.getoption("--attnbench-device")
+        if device:
+            suite = suite.on_device(device)
+        self.suite = suite
+        self.registry = load_registry()
+        backends_opt = config.getoption("--attnbench-backends")
+        names = backends_opt.split(",") if backends_opt else (list(suite.backends) if suite.backends else self.registry.names())
+        for name in names:
+            self.registry.get(name)  # unknown names fail here, before any test
+        pairs = suite.pairs(names)
+        pairs_file = config.getoption("--attnbench-pairs")
+        if pairs_file:
+            wanted = set(Path(pairs_file).read_text().split())
+            pairs = [p for p in pairs if pair_key(*p) in wanted]
+        self.pairs = pairs
+        run_dir = config.getoption("--attnbench-run-dir")
+        if run_dir is None:
+            from harness.supervisor import new_run_id
+
+            run_dir = str(Path("results") / new_run_id(suite.name))
+        self.run_dir = Path(run_dir)
+        self.writer = RunWriter(self.run_dir)
+        self.worker = config.getoption("--attnbench-worker")
+        self.options = Options(
+            budget=suite.budget, check=not config.getoption("--attnbench-no-check"),
+            run_id=self.run_dir.name, worker=self.worker,
+        )
+        self.current_path = self.run_dir / f"worker-{self.worker}{CURRENT_SUFFIX}"
+
+    def run(self, case: Case, backend_name: str, benchmark: Any) -> dict[str, Any]:
+        """Measure one pair, append its record, and return it."""
+        backend = self.registry.get(backend_name)
+        # Say which pair is running before starting it, so a supervisor can name a crash.
+        self.current_path.write_text(pair_key(case, backend_name))
+        record = execute(case, backend, self.options, loop_factory=lambda clock: benchmark_loop(benchmark, clock))
+        benchmark.extra_info.update({"case_id": case.id, "backend": backend_name, "status": record["status"]})
+        self.writer.append(record)
+        self.current_path.write_text("")
+        return record
+
+
+_SESSION_KEY = pytest.StashKey[AttnbenchSession]()
+
+
+def _session(config: pytest.Config) -> AttnbenchSession:
+    if _SESSION_KEY not in config.stash:
+        try:
+            config.stash[_SESSION_KEY] = AttnbenchSession(config)
+        except UserError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return config.stash[_SESSION_KEY]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrise `attn_pair` with every (case, backend) of the suite, ids `<case id>-<backend>`."""
+    if "attn_pair" not in metafunc.fixturenames:
+        return
+    session = _session(metafunc.config)
+    if session.suite is None:
+        metafunc.parametrize("attn_pair", [pytest.param(None, marks=pytest.mark.skip(reason="no --attnbench-suite given"))], ids=["no-suite"])
+        return
+    metafunc.parametrize("attn_pair", session.pairs, ids=[pair_key(c, b) for c, b in session.pairs])
+
+
+@pytest.fixture
+def attnbench_session(request: pytest.FixtureRequest) -> AttnbenchSession:
+    """The worker's session (suite, registry, writer)."""
+    return _session(request.config)

@@ -1,0 +1,144 @@
+"""Suites: a named, readable declaration of a grid of cases and the backends to run on them.
+
+Built-in suites are modules in the `suites` package that define `SUITE`; a user's own suite is a
+TOML file with the same fields, validated with errors that name the field and the value.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from harness.cases import Case, grid
+from harness.errors import UserError
+from harness.timing import QUICK_BUDGET, Budget
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A sweep: its cases, the backends it runs (None = every registered one) and its time budget."""
+
+    name: str
+    description: str
+    cases: tuple[Case, ...]
+    backends: tuple[str, ...] | None = None
+    budget: Budget = QUICK_BUDGET
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    def pairs(self, backend_names: Iterable[str]) -> list[tuple[Case, str]]:
+        """Every (case, backend) pair in a stable order: cases outer, backends inner."""
+        names = list(backend_names)
+        return [(case, name) for case in self.cases for name in names]
+
+    def on_device(self, device: str) -> "Suite":
+        """The same suite with every case moved to `device`."""
+        return Suite(self.name, self.description, tuple(c.replace(device=device) for c in self.cases), self.backends, self.budget, self.tags)
+
+
+def pair_key(case: Case, backend: str) -> str:
+    """The key of one (case, backend) pair: its pytest id and its identity in a run."""
+    return f"{case.id}-{backend}"
+
+
+def builtin_suites() -> list[str]:
+    """Names of the suites shipped in the `suites` package."""
+    import suites
+
+    return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith(("_", "test_", "conftest")))
+
+
+def load_suite(name_or_path: str) -> Suite:
+    """A built-in suite by name, or a suite from a TOML file; UserError for anything else."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        return suite_from_toml(path)
+    if name_or_path not in builtin_suites():
+        raise UserError(f"unknown suite {name_or_path!r}: built-in suites are {', '.join(builtin_suites())}, or give a .toml file")
+    module = importlib.import_module(f"suites.{name_or_path}")
+    suite = getattr(module, "SUITE", None)
+    if not isinstance(suite, Suite):
+        raise UserError(f"suites/{name_or_path}.py defines no SUITE")
+    return suite
+
+
+_GRID_KEYS = {"B", "S", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window", "padding"}
+_TOP_KEYS = {"name", "description", "device", "backends", "budget", "grid", "seed"}
+_BUDGET_KEYS = {"warmup_s", "measure_s", "min_sample_s", "min_rounds", "max_rounds", "max_iterations"}
+
+
+def _as_list(where: str, key: str, value: Any) -> list:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise UserError(f"{where}: field {key!r} is an empty list")
+    for v in values:
+        if key in {"dtype", "mode"}:
+            if not isinstance(v, str):
+                raise UserError(f"{where}: field {key!r} has value {v!r}, expected a string")
+        elif key in {"causal", "padding"}:
+            if not isinstance(v, bool):
+                raise UserError(f"{where}: field {key!r} has value {v!r}, expected true or false")
+        elif key == "H_kv" and v == "H":
+            continue
+        elif key == "window" and v in (0, "none"):
+            continue
+        elif isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise UserError(f"{where}: field {key!r} has value {v!r}, expected a positive integer")
+    return values
+
+
+def suite_from_toml(path: Path) -> Suite:
+    """Parse and validate a TOML suite file (see suites/example.toml)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"suite file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML ({exc})") from None
+    where = str(path)
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_TOP_KEYS))})")
+    grids = data.get("grid")
+    if not grids:
+        raise UserError(f"{where}: no [[grid]] table: a suite needs at least one grid")
+    if isinstance(grids, dict):
+        grids = [grids]
+    device = data.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"{where}: field 'device' has value {device!r}, expected 'cpu' or 'cuda'")
+    seed = data.get("seed", 0)
+    cases: list[Case] = []
+    for index, spec in enumerate(grids):
+        gwhere = f"{where} grid #{index + 1}"
+        unknown = set(spec) - _GRID_KEYS
+        if unknown:
+            raise UserError(f"{gwhere}: unknown field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_GRID_KEYS))})")
+        axes = {key: _as_list(gwhere, key, value) for key, value in spec.items()}
+        if "window" in axes:
+            axes["window"] = [None if w in (0, "none") else w for w in axes["window"]]
+        for required in ("B", "H", "d_k"):
+            if required not in axes:
+                raise UserError(f"{gwhere}: missing field {required!r}")
+        try:
+            cases.extend(grid(device=device, seed=seed, **axes))
+        except UserError as exc:
+            raise UserError(f"{gwhere}: {exc}") from None
+    backends = data.get("backends")
+    if backends is not None and (not isinstance(backends, list) or not all(isinstance(b, str) for b in backends)):
+        raise UserError(f"{where}: field 'backends' has value {backends!r}, expected a list of names")
+    budget_spec = data.get("budget", {})
+    unknown = set(budget_spec) - _BUDGET_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown budget field {sorted(unknown)[0]!r}")
+    for key, value in budget_spec.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected a non-negative number")
+    budget = Budget(**{**QUICK_BUDGET.__dict__, **budget_spec})
+    return Suite(
+        name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
+        cases=tuple(dict.fromkeys(cases)), backends=tuple(backends) if backends else None, budget=budget,
+    )

@@ -1,0 +1,263 @@
+"""Timers and statistics: the harness's one measurement path.
+
+`measure()` warms a callable up by time, calibrates how many calls make one sample, then hands
+the rounds to a loop: pytest-benchmark's `pedantic` in the suites, a plain loop elsewhere. Either
+way the same clock reads the time and the same `Stats` summarise the same samples. The clock is
+injected, so tests drive everything with a fake clock and get exact answers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+#: A clock returns seconds as a float; only differences between two readings matter.
+Clock = Callable[[], float]
+
+#: IQR / median at or above which a measurement is noisy, and suspect (torch.utils.benchmark, pyperf).
+NOISY_IQR = 0.10
+SUSPECT_IQR = 0.25
+
+
+class Loop(Protocol):
+    """Runs `rounds` samples of `iterations` calls each and returns per-call seconds, one per round."""
+
+    def __call__(self, fn: Callable[[], object], *, setup: Callable[[], object] | None, rounds: int, iterations: int) -> list[float]: ...
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much time a measurement may spend, and how its samples are sized.
+
+    Warm-up runs for `warmup_s` (at least one call), then the number of calls per sample is set so
+    a sample lasts at least `min_sample_s` (CPU; on CUDA each sample is one call between L2
+    flushes), and the number of samples so the measurement lasts about `measure_s`.
+    """
+
+    warmup_s: float = 0.05
+    measure_s: float = 0.25
+    min_sample_s: float = 1e-3
+    min_rounds: int = 5
+    max_rounds: int = 1000
+    max_iterations: int = 10_000
+
+    def total_s(self) -> float:
+        """The nominal time this budget allows for one measurement."""
+        return self.warmup_s + self.measure_s
+
+
+QUICK_BUDGET = Budget(warmup_s=0.02, measure_s=0.1, min_rounds=5, max_rounds=200)
+CUDA_BUDGET = Budget(warmup_s=0.025, measure_s=0.1, min_sample_s=0.0, min_rounds=10, max_rounds=1000)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of per-call latencies in seconds (percentiles by linear interpolation, numpy's default)."""
+
+    samples: tuple[float, ...]
+    iterations: int
+    median: float
+    p20: float
+    p80: float
+    p25: float
+    p75: float
+    min: float
+    max: float
+    mean: float
+    stdev: float
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float], iterations: int = 1) -> "Stats":
+        """Statistics of per-call samples (each the mean of `iterations` calls)."""
+        if not samples:
+            raise ValueError("no samples to summarise")
+        a = np.asarray(samples, dtype=np.float64)
+        p20, p25, p50, p75, p80 = np.percentile(a, [20, 25, 50, 75, 80])
+        return cls(
+            samples=tuple(float(x) for x in a), iterations=iterations,
+            median=float(p50), p20=float(p20), p80=float(p80), p25=float(p25), p75=float(p75),
+            min=float(a.min()), max=float(a.max()), mean=float(a.mean()),
+            stdev=float(a.std(ddof=1)) if a.size > 1 else 0.0,
+        )
+
+    @property
+    def n(self) -> int:
+        """Number of samples."""
+        return len(self.samples)
+
+    @property
+    def iqr_ratio(self) -> float:
+        """Interquartile range over median: the noise measure the flags use."""
+        return (self.p75 - self.p25) / self.median if self.median > 0 else math.inf
+
+    @property
+    def noisy(self) -> bool:
+        """IQR/median ≥ 10 %."""
+        return self.iqr_ratio >= NOISY_IQR
+
+    @property
+    def suspect(self) -> bool:
+        """IQR/median ≥ 25 %: the median should not be trusted."""
+        return self.iqr_ratio >= SUSPECT_IQR
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What calibration decided: calls per sample, samples, and what warm-up cost."""
+
+    iterations: int
+    rounds: int
+    warmup_calls: int
+    warmup_s: float
+    call_s: float
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A plan and the statistics of the samples it produced."""
+
+    stats: Stats
+    plan: Plan
+    clock_resolution_s: float
+    too_short: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        """Plain-dict form (for records)."""
+        return asdict(self)
+
+
+def clock_resolution(clock: Clock, trials: int = 20) -> float:
+    """The smallest non-zero difference between successive readings (or 0 for a clock that never moves)."""
+    deltas = []
+    for _ in range(trials):
+        a = clock()
+        b = clock()
+        while b == a and len(deltas) < trials * 100:
+            b = clock()
+            deltas.append(0.0)
+        if b > a:
+            deltas.append(b - a)
+    positive = [d for d in deltas if d > 0]
+    return min(positive) if positive else 0.0
+
+
+def direct_loop(clock: Clock) -> Loop:
+    """A plain timing loop over `clock`: setup (untimed), then `iterations` calls between two readings."""
+
+    def loop(fn: Callable[[], object], *, setup: Callable[[], object] | None, rounds: int, iterations: int) -> list[float]:
+        samples = []
+        for _ in range(rounds):
+            if setup is not None:
+                setup()
+            start = clock()
+            for _ in range(iterations):
+                fn()
+            samples.append((clock() - start) / iterations)
+        return samples
+
+    return loop
+
+
+def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable[[], object] | None = None) -> Plan:
+    """Warm up by time, then size samples and rounds from the fastest warm-up call."""
+    calls = 0
+    fastest = math.inf
+    began = clock()
+    while True:
+        if setup is not None:
+            setup()
+        start = clock()
+        fn()
+        end = clock()
+        calls += 1
+        fastest = min(fastest, end - start)
+        if end - began >= budget.warmup_s:
+            break
+    warmup_s = clock() - began
+    call_s = max(fastest, 1e-9)
+    if setup is not None:
+        iterations = 1  # a setup (the L2 flush) must precede every call
+    else:
+        iterations = min(budget.max_iterations, max(1, math.ceil(budget.min_sample_s / call_s)))
+    rounds = round(budget.measure_s / (call_s * iterations))
+    rounds = min(budget.max_rounds, max(budget.min_rounds, rounds))
+    return Plan(iterations=iterations, rounds=rounds, warmup_calls=calls, warmup_s=warmup_s, call_s=call_s)
+
+
+def measure(
+    fn: Callable[[], object],
+    clock: Clock = time.perf_counter,
+    budget: Budget = Budget(),
+    *,
+    setup: Callable[[], object] | None = None,
+    loop: Loop | None = None,
+) -> Measurement:
+    """Warm up, calibrate and time `fn`; `loop` defaults to a direct loop over `clock`."""
+    resolution = clock_resolution(clock)
+    p = plan(fn, clock, budget, setup)
+    samples = (loop or direct_loop(clock))(fn, setup=setup, rounds=p.rounds, iterations=p.iterations)
+    stats = Stats.from_samples(samples, p.iterations)
+    # A sample shorter than ~100 clock ticks is mostly quantisation (pyperf's warning, in spirit).
+    too_short = resolution > 0 and stats.min * p.iterations < 100 * resolution
+    return Measurement(stats=stats, plan=p, clock_resolution_s=resolution, too_short=too_short)
+
+
+class FakeClock:
+    """A clock that moves only when told to: for tests that need exact statistics."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward."""
+        self.now += seconds
+
+
+class CudaEventClock:
+    """Device time from CUDA events: each reading records an event and waits for it.
+
+    Readings accumulate the event-to-event intervals in a Python float, because
+    `Event.elapsed_time` is single precision in milliseconds and loses microseconds
+    when measured against an event recorded long ago.
+    """
+
+    def __init__(self, device: object = None) -> None:
+        import torch
+
+        self._torch = torch
+        self._device = device
+        self._last = torch.cuda.Event(enable_timing=True)
+        self._last.record()
+        self._last.synchronize()
+        self._elapsed_s = 0.0
+
+    def __call__(self) -> float:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        event.synchronize()
+        self._elapsed_s += self._last.elapsed_time(event) / 1e3
+        self._last = event
+        return self._elapsed_s
+
+
+class L2Flusher:
+    """Evicts the GPU's L2 by writing a buffer of at least twice its size (run between samples, untimed)."""
+
+    def __init__(self, device: object = None) -> None:
+        import torch
+
+        props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
+        l2 = int(getattr(props, "L2_cache_size", 0) or 0) or 64 * 2**20
+        self.nbytes = max(2 * l2, 256 * 2**20)
+        self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device or "cuda")
+
+    def __call__(self) -> None:
+        self._buffer.zero_()

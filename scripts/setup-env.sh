@@ -1,0 +1,23 @@
+#!/bin/sh
+# Create the project's virtual environment and install attnbench into it.
+# A torch that the base Python already has (a CUDA build on a GPU box) is used as it is: the venv
+# sees it through --system-site-packages and pip leaves it alone. Without one, the CPU build is
+# installed by its exact version (TORCH_SPEC), because a plain `torch` requirement pulls a
+# multi-gigabyte CUDA build.
+set -eu
+PYTHON=${1:-python3}
+VENV=${2:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+
+if "$PYTHON" -c "import torch" >/dev/null 2>&1; then
+    echo "setup: using the installed torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
+    [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$VENV"
+else
+    [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+    if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+        echo "setup: installing $TORCH_SPEC (CPU build where one is offered)"
+        "$VENV/bin/python" -m pip install --quiet "$TORCH_SPEC"
+    fi
+fi
+"$VENV/bin/python" -m pip install --quiet -e ".[test]"
+"$VENV/bin/python" -c "import torch, harness; print('setup: attnbench', harness.__version__, 'with torch', torch.__version__)"
