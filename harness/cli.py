@@ -66,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         suite=args.suite or "", device=args.device, backends=args.backends, out=Path(args.out), run_id=args.run_id,
         workers=args.workers, gpus=_parse_gpus(args.gpus), force=args.force,
         resume=Path(args.resume) if args.resume else None, check=not args.no_check,
-        case_timeout_s=args.timeout, progress=sys.stderr.isatty() and not args.quiet,
+        case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
     )
     summary = Supervisor(config).run()
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", help="'all' or a list like 0,1: one worker per GPU")
     p.add_argument("--force", action="store_true", help="overwrite an existing run folder")
     p.add_argument("--resume", metavar="RUN_DIR", help="finish a run: only pairs without a record are run")
+    p.add_argument("--only", type=_comma_list, help="run only pairs whose key (<case id>-<backend>) contains each of these substrings")
     p.add_argument("--no-check", action="store_true", help="skip the agreement check against float64")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one pair may run before it is killed (default 600)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

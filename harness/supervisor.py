@@ -52,6 +52,8 @@ class RunConfig:
     resume: Path | None = None
     check: bool = True
     case_timeout_s: float = 600.0
+    #: Keep only pairs whose key contains every one of these substrings.
+    only: list[str] = field(default_factory=list)
     progress: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
 
@@ -118,7 +120,8 @@ class Supervisor:
         run_dir.mkdir(parents=True, exist_ok=True)
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "device": device, "backends": names,
-            "pairs": [pair_key(c, b) for c, b in suite.pairs(names)], "check": config.check,
+            "pairs": [k for k in (pair_key(c, b) for c, b in suite.pairs(names)) if all(o in k for o in config.only)],
+            "check": config.check,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         (run_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))

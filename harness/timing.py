@@ -183,7 +183,8 @@ def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable
     if setup is not None:
         iterations = 1  # a setup (the L2 flush) must precede every call
     else:
-        iterations = min(budget.max_iterations, max(1, math.ceil(budget.min_sample_s / call_s)))
+        # The relative slack keeps float error (1e-3 / 9.999e-5) from adding an iteration.
+        iterations = min(budget.max_iterations, max(1, math.ceil(budget.min_sample_s / call_s * (1 - 1e-9))))
     rounds = round(budget.measure_s / (call_s * iterations))
     rounds = min(budget.max_rounds, max(budget.min_rounds, rounds))
     return Plan(iterations=iterations, rounds=rounds, warmup_calls=calls, warmup_s=warmup_s, call_s=call_s)
