@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable, Iterable, Iterator
@@ -11,6 +12,8 @@ from harness.backends.base import Backend
 from harness.errors import UserError
 
 ENTRY_POINT_GROUP = "attnbench.backends"
+#: Environment variable naming extra backends, `module:attr[,module:attr…]` (tests, local experiments, workers).
+ENV_VAR = "ATTNBENCH_BACKENDS"
 
 #: Modules that define the built-in backends; importing one registers its classes in BUILTINS.
 BUILTIN_MODULES = ("harness.backends.naive", "harness.backends.sdpa")
@@ -103,7 +106,8 @@ def load_registry(*, plugins: bool = True, extra: Iterable[Callable[[Registry], 
     """A fresh registry holding the built-ins and, if `plugins`, every `attnbench.backends` entry point.
 
     A plugin that raises on import is listed as unavailable with its error instead of stopping anything.
-    An entry point may name a Backend subclass or a function that takes the registry and adds to it.
+    An entry point may name a Backend subclass or a function that takes the registry and adds to it;
+    so may each `module:attr` of the ATTNBENCH_BACKENDS variable (listed under that spec if it fails).
     """
     for module in BUILTIN_MODULES:
         importlib.import_module(module)
@@ -123,6 +127,26 @@ def load_registry(*, plugins: bool = True, extra: Iterable[Callable[[Registry], 
             except Exception as exc:
                 if ep.name not in registry:
                     registry.add_broken(ep.name, f"plugin {ep.value} failed to load: {type(exc).__name__}: {exc}")
+        for spec in filter(None, (s.strip() for s in os.environ.get(ENV_VAR, "").split(","))):
+            _load_spec(registry, spec)
     for hook in extra:
         hook(registry)
     return registry
+
+
+def _load_spec(registry: Registry, spec: str) -> None:
+    """Add the backend(s) named by one `module:attr` of ATTNBENCH_BACKENDS; a failure is listed under `spec`."""
+    try:
+        module_name, sep, attr = spec.partition(":")
+        if not sep or not module_name or not attr:
+            raise ValueError(f"expected module:attr, got {spec!r}")
+        target = getattr(importlib.import_module(module_name), attr)
+        if isinstance(target, type) and issubclass(target, Backend):
+            registry.add(target())
+        elif callable(target):
+            target(registry)
+        else:
+            raise TypeError(f"{attr} is neither a Backend subclass nor a function taking the registry")
+    except Exception as exc:  # a broken plugin is data: listed unavailable, never fatal
+        if spec not in registry:
+            registry.add_broken(spec, f"{ENV_VAR} entry {spec} failed to load: {type(exc).__name__}: {' '.join(str(exc).split())}")
