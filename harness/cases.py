@@ -57,6 +57,7 @@ class Case:
     mode: str = "fwd"
     window: int | None = None
     padding: bool = False
+    mla: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -74,6 +75,8 @@ class Case:
             raise UserError(f"unknown mode {self.mode!r}: expected one of {', '.join(MODES)}")
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0):
             raise UserError(f"window must be a positive integer or None, got {self.window!r}")
+        if self.mla and (self.H_kv != 1 or self.d_v > self.d_k):
+            raise UserError(f"an MLA case has one shared latent cache: needs H_kv=1 and d_v <= d_k, got H_kv={self.H_kv}, d_k={self.d_k}, d_v={self.d_v}")
 
     @property
     def id(self) -> str:
@@ -88,6 +91,8 @@ class Case:
             parts.append(f"win{self.window}")
         if self.padding:
             parts.append("pad")
+        if self.mla:
+            parts.append("mla")
         if self.mode != "fwd":
             parts.append(self.mode)
         if self.seed:
@@ -132,7 +137,7 @@ def case_from_fields(fields: Mapping[str, Any]) -> Case:
     for name in ("B", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "seed", "window"):
         if kwargs.get(name) is not None:
             kwargs[name] = int(kwargs[name])
-    for name in ("causal", "padding"):
+    for name in ("causal", "padding", "mla"):
         if name in kwargs:
             kwargs[name] = bool(kwargs[name])
     return Case(**kwargs)
@@ -154,30 +159,36 @@ def grid(
     mode: Iterable[str] = ("fwd",),
     window: Iterable[int | None] = (None,),
     padding: Iterable[bool] = (False,),
+    mla: Iterable[bool] = (False,),
     seed: int = 0,
 ) -> list[Case]:
     """The Cartesian product of the given axes as Cases, in a stable order.
 
     `S` sets S_q = S_kv; give `S_q` and `S_kv` instead for cross attention or decoding.
-    `H_kv` accepts `"H"` (MHA) and drops values that do not divide H, so that one grid can
-    sweep H ∈ {16, 32} against H_kv ∈ {H, 8, 1}. `d_v=None` means d_v = d_k.
+    `H_kv` accepts `"H"` (MHA) and skips a value for the H it does not divide, so that one grid
+    can sweep H ∈ {12, 16} against H_kv ∈ {H, 8, 1}; a value that divides no H is an error. `d_v=None` means d_v = d_k.
     """
     if S is not None and (S_q is not None or S_kv is not None):
         raise UserError("give either S or S_q/S_kv, not both")
     if S is None and (S_q is None or S_kv is None):
         raise UserError("give S, or both S_q and S_kv")
     seq_pairs = [(s, s) for s in S] if S is not None else list(itertools.product(S_q, S_kv))
+    H, H_kv = list(H), list(H_kv)
+    for hkv in H_kv:
+        # A value that fits some H but not another is skipped for that H; one that fits none is a mistake.
+        if isinstance(hkv, int) and not isinstance(hkv, bool) and hkv > 0 and all(h % hkv for h in H):
+            raise UserError(f"H={'/'.join(map(str, H))} is not divisible by H_kv={hkv}")
     cases: list[Case] = []
     seen: set[Case] = set()
     for b, (sq, skv), h, hkv, dk, dv, dt, c, m, w, p in itertools.product(
-        B, seq_pairs, H, H_kv, d_k, d_v, dtype, causal, mode, window, padding
+        B, seq_pairs, H, H_kv, d_k, d_v, dtype, causal, mode, window, padding, mla
     ):
         hkv_value = h if hkv == "H" else hkv
         if isinstance(hkv_value, int) and not isinstance(hkv_value, bool) and hkv_value > 0 and h % hkv_value:
             continue
         case = Case(
             B=b, S_q=sq, S_kv=skv, H=h, H_kv=hkv_value, d_k=dk, d_v=dk if dv is None else dv,
-            dtype=dt, device=device, causal=c, mode=m, window=w, padding=p, seed=seed,
+            dtype=dt, device=device, causal=c, mode=m, window=w, padding=p, mla=la, seed=seed,
         )
         if case not in seen:
             seen.add(case)

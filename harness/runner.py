@@ -21,7 +21,7 @@ from harness.errors import Unsupported
 from harness.inputs import AttentionInputs, make_inputs
 from harness.memory import measure_peak
 from harness.numerics import Agreement, check_backward, check_forward
-from harness.results import SCHEMA_VERSION
+from harness.results import COLUMNS, SCHEMA_VERSION
 from harness.timing import QUICK_BUDGET, Budget, Clock, CudaEventClock, L2Flusher, Loop, Measurement, measure
 
 
@@ -46,16 +46,20 @@ def case_columns(case: Case) -> dict[str, Any]:
 
 
 def base_record(case: Case, backend: Backend, options: Options) -> dict[str, Any]:
-    """A record with the case's and the backend's columns filled in and nothing measured."""
+    """A record with every schema column, the case's and the backend's filled in and nothing measured (None)."""
     try:
         version = backend.version()
     except Exception:
         version = None
-    return {
-        **case_columns(case), "backend": backend.name, "family": backend.family, "backend_version": version,
+    record = {
+        **dict.fromkeys(COLUMNS), **case_columns(case), "backend": backend.name, "family": backend.family, "backend_version": version,
         "run_id": options.run_id, "worker": options.worker, "schema_version": SCHEMA_VERSION,
         "timestamp": time.time(),
     }
+    costs = backend.costs(case)
+    if costs is not None:  # a backend that times something other than attention (the projections)
+        record.update(flops=costs[0], bytes=costs[1], arithmetic_intensity=costs[0] / costs[1])
+    return record
 
 
 def device_clock(device: str) -> tuple[Clock, Callable[[], None] | None, str]:
@@ -147,13 +151,17 @@ def _measure_pair(case: Case, backend: Backend, options: Options, loop_factory: 
     with torch.set_grad_enabled(case.mode != "fwd"):
         prepared = backend.prepare(case, inputs)
         step = build_step(case, prepared, inputs)
-        agreement = check(case, prepared, inputs, step()) if options.check else Agreement(None, None, None, None, "not checked")
+        if not backend.computes_attention:
+            step()  # the first call, as a checked backend's; there is no attention output to compare
+            agreement = Agreement(None, None, None, None, f"not checked: {backend.name} does not compute attention")
+        else:
+            agreement = check(case, prepared, inputs, step()) if options.check else Agreement(None, None, None, None, "not checked")
         clock, setup, timer_name = device_clock(case.device)
         loop = loop_factory(clock) if loop_factory else None
         measured: Measurement = measure(step, clock, options.budget, setup=setup, loop=loop)
         peak = measure_peak(step, case.device)
     stats = measured.stats
-    flops, nbytes = theory.flops(case), theory.min_bytes(case)
+    flops, nbytes = backend.costs(case) or (theory.flops(case), theory.min_bytes(case))
     return {
         "status": "ok", "reason": agreement.check_note,
         "latency_ms_median": stats.median * 1e3, "latency_ms_p20": stats.p20 * 1e3, "latency_ms_p80": stats.p80 * 1e3,

@@ -111,6 +111,9 @@ class Supervisor:
         names = config.backends or (list(suite.backends) if suite.backends else self.registry.names())
         for name in names:
             self.registry.get(name)
+        keys = [k for k in (pair_key(c, b) for c, b in suite.pairs(names)) if all(o in k for o in config.only)]
+        if not keys:
+            raise UserError(f"--only {','.join(config.only)} matches no pair of suite {suite.name!r}" if config.only else f"suite {suite.name!r} has no pairs")
         run_id = validate_run_id(config.run_id or new_run_id(suite.name))
         run_dir = Path(config.out) / run_id
         if run_dir.exists() and any(run_dir.iterdir()):
@@ -120,8 +123,7 @@ class Supervisor:
         run_dir.mkdir(parents=True, exist_ok=True)
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "device": device, "backends": names,
-            "pairs": [k for k in (pair_key(c, b) for c, b in suite.pairs(names)) if all(o in k for o in config.only)],
-            "check": config.check,
+            "pairs": keys, "check": config.check,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         (run_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -1,0 +1,109 @@
+"""The command line as a user meets it: listings, one-line errors with exit code 2, and a real run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def attnbench(*args, cwd=REPO):
+    """Run `python -m harness ARGS` in a fresh process, as a user would."""
+    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_backends_json_lists_availability():
+    result = attnbench("backends", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["naive"]["available"] is True and rows["naive"]["reason"] is None
+    assert {"name", "available", "reason"} <= set(rows["sdpa-cudnn"])
+
+
+def write_suite(tmp_path, grid_lines):
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "bad"\n[[grid]]\n' + "\n".join(grid_lines) + "\n")
+    return path
+
+
+GOOD = ["B = [1]", "S = [64]", "H = [8]", "d_k = [32]"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--suite", "nosuch"], "unknown suite 'nosuch'"),
+        (["run", "--suite", "quick", "--backends", "naive,flashy"], "unknown backend 'flashy'"),
+        (["run", "--suite", "quick", "--device", "tpu"], "unknown device 'tpu'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["run", "--suite", "quick", "--only", "no-such-pair"], "matches no pair"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(args, message, tmp_path):
+    result = attnbench(*args, "--out", tmp_path) if args[0] == "run" else attnbench(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        (["B = [1]", "S = [64]", "H = [8]", "H_kv = [3]", "d_k = [32]"], "H=8 is not divisible by H_kv=3"),
+        (["B = [1]", "S = [64]", "H = [8]", "d_k = [0]"], "field 'd_k' has value 0"),
+        (["B = [1]", "S = [64]", "H = [8]", "d_k = [32]", 'dtype = ["fp12"]'], "unknown dtype 'fp12'"),
+        (["B = [1]", "S = [64]", "H = [8]", "d_k = [32]", "heads = [2]"], "unknown field 'heads'"),
+    ],
+)
+def test_bad_suite_files_name_the_field(grid, message, tmp_path):
+    result = attnbench("run", "--suite", write_suite(tmp_path, grid), "--out", tmp_path / "out")
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_existing_run_folder_is_not_overwritten(tmp_path):
+    suite = write_suite(tmp_path, GOOD)
+    first = attnbench("run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive")
+    assert first.returncode == 0, first.stderr
+    before = (tmp_path / "r" / "records.jsonl").read_bytes()
+    second = attnbench("run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive")
+    assert second.returncode == 2 and "--force" in second.stderr
+    assert (tmp_path / "r" / "records.jsonl").read_bytes() == before
+
+
+def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path):
+    """`attnbench run --suite quick` restricted to a few pairs: folder, files, a row per pair, pytest-benchmark's samples."""
+    result = attnbench("run", "--suite", "quick", "--out", tmp_path, "--run-id", "q",
+                       "--only", "B1-Sq128-Skv128-H8-Hkv2-dk64", "--backends", "naive,sdpa,sdpa-flash,sdpa-cudnn")
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "q"
+    assert f"results: {run_dir}" in result.stdout
+    for name in ("records.jsonl", "records.csv", "env.json", "manifest.json"):
+        assert (run_dir / name).is_file(), name
+    frame = pd.read_csv(run_dir / "records.csv")
+    # 2 dtypes × 2 causal settings × 4 backends.
+    assert len(frame) == 16
+    assert frame.groupby(["case_id", "backend"]).size().max() == 1
+    assert set(frame[frame.backend == "sdpa-cudnn"].status) == {"unsupported"}
+    assert frame[frame.backend == "sdpa-cudnn"].reason.str.contains("CUDA").all()
+    ok = frame[frame.status == "ok"]
+    assert len(ok) == 12 and ok.agree.all()
+    assert (ok.latency_ms_median > 0).all() and (ok.tflops > 0).all()
+    # The samples in the records are the ones pytest-benchmark reported: one measurement path.
+    bench = json.loads((run_dir / "pytest-benchmark-0-0.json").read_text())
+    by_pair = {(b["extra_info"]["case_id"], b["extra_info"]["backend"]): b["stats"] for b in bench["benchmarks"]}
+    records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    for record in records:
+        if record["status"] == "ok":
+            stats = by_pair[(record["case_id"], record["backend"])]
+            assert stats["rounds"] == record["samples"]
+            assert stats["median"] * 1e3 == pytest.approx(record["latency_ms_median"], rel=1e-12)
+            assert stats["min"] * 1e3 == pytest.approx(record["latency_ms_min"], rel=1e-12)
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["before"]["torch"] and env["before"]["cpu_model"]

@@ -1,0 +1,85 @@
+"""The naive backend and every SDPA kernel available here agree with the float64 reference, MHA, GQA and MQA."""
+
+import pytest
+import torch
+
+from harness.backends.base import expand_kv
+from harness.backends.naive import naive_attention
+from harness.backends.registry import Registry, load_registry
+from harness.cases import Case
+from harness.errors import Unsupported, UserError
+from harness.inputs import make_inputs
+from harness.numerics import check_forward
+
+REGISTRY = load_registry()
+CORE = ["naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"]
+
+
+def test_registry_lists_every_core_backend_with_availability():
+    rows = {r.name: r for r in REGISTRY.describe()}
+    assert set(CORE) <= set(rows)
+    for name in ("naive", "sdpa", "sdpa-math", "sdpa-flash"):
+        assert rows[name].available, rows[name].reason
+    if not torch.cuda.is_available():
+        for name in ("sdpa-efficient", "sdpa-cudnn"):
+            assert not rows[name].available
+            assert "CUDA" in rows[name].reason
+
+
+def test_unsupported_reasons_are_sentences_for_cpu_cases():
+    case = Case(B=1, S_q=64, S_kv=64, H=4, H_kv=4, d_k=32, d_v=32)
+    for name in ("sdpa-efficient", "sdpa-cudnn"):
+        reason = REGISTRY.get(name).supports(case)
+        assert reason and "CPU" in reason
+
+
+def test_registry_rejects_duplicates_and_unknown_names():
+    registry = Registry()
+    registry.add(REGISTRY.get("naive"))
+    with pytest.raises(ValueError, match="registered twice"):
+        registry.add(REGISTRY.get("naive"))
+    with pytest.raises(UserError, match="unknown backend 'nope'"):
+        registry.get("nope")
+
+
+CASES = [
+    Case(B=2, S_q=96, S_kv=96, H=8, H_kv=8, d_k=32, d_v=32),
+    Case(B=2, S_q=96, S_kv=96, H=8, H_kv=2, d_k=32, d_v=32, causal=True),
+    Case(B=1, S_q=33, S_kv=130, H=8, H_kv=1, d_k=64, d_v=64, causal=True),
+    Case(B=2, S_q=64, S_kv=64, H=6, H_kv=3, d_k=16, d_v=16, dtype="bf16"),
+    Case(B=3, S_q=80, S_kv=80, H=4, H_kv=1, d_k=32, d_v=32, dtype="fp16", causal=True, padding=True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("name", ["naive", "sdpa", "sdpa-math", "sdpa-flash"])
+def test_cpu_backends_agree_with_float64(case, name):
+    backend = REGISTRY.get(name)
+    inputs = make_inputs(case)
+    try:
+        prepared = backend.prepare(case, inputs)
+    except Unsupported as exc:  # a kernel may refuse a dtype on CPU; that must be said, not hidden
+        assert str(exc)
+        return
+    with torch.no_grad():
+        out = prepared.to_bhsd(prepared.fn())
+    assert out.shape == (case.B, case.H, case.S_q, case.d_v)
+    agreement = check_forward(case, inputs, out)
+    assert agreement.agree, agreement
+
+
+def test_gqa_is_native_in_naive_and_matches_explicit_expansion():
+    case = Case(B=1, S_q=40, S_kv=40, H=8, H_kv=2, d_k=16, d_v=16)
+    x = make_inputs(case)
+    grouped = naive_attention(x.q, x.k, x.v)
+    expanded = naive_attention(x.q, expand_kv(x.k, 4), expand_kv(x.v, 4))
+    torch.testing.assert_close(grouped, expanded)
+    # Query head 5 reads K/V head 5 // 4 = 1, which `repeat` (instead of repeat_interleave) would get wrong.
+    wrong = naive_attention(x.q, x.k.repeat(1, 4, 1, 1), x.v.repeat(1, 4, 1, 1))
+    assert not torch.allclose(wrong, grouped)
+
+
+def test_sdpa_records_whether_it_expanded_kv():
+    case = Case(B=1, S_q=32, S_kv=32, H=8, H_kv=2, d_k=16, d_v=16)
+    prepared = REGISTRY.get("sdpa-math").prepare(case, make_inputs(case))
+    assert prepared.notes["kv_expanded"] is False  # enable_gqa serves it natively in torch ≥ 2.5

@@ -1,0 +1,79 @@
+"""Records: JSONL append, CSV, and the round trip through pandas."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from harness.backends.registry import load_registry
+from harness.cases import Case
+from harness.errors import UserError
+from harness.results import COLUMNS, RECORDS, SCHEMA_VERSION, RunWriter, load_run, read_records, write_csv
+from harness.runner import Options, execute
+
+CASE = Case(B=1, S_q=64, S_kv=64, H=4, H_kv=2, d_k=32, d_v=32, dtype="fp32", causal=True)
+
+
+@pytest.fixture(scope="module")
+def records():
+    registry = load_registry()
+    options = Options(run_id="r1")
+    return [execute(CASE, registry.get(name), options) for name in ("naive", "sdpa", "sdpa-cudnn")]
+
+
+def test_every_record_has_every_column(records):
+    for record in records:
+        assert set(COLUMNS) <= set(record)
+        assert record["schema_version"] == SCHEMA_VERSION
+        assert record["case_id"] == CASE.id
+        assert record["run_id"] == "r1"
+
+
+def test_ok_and_unsupported_records(records):
+    naive, sdpa, cudnn = records
+    assert naive["status"] == "ok" and sdpa["status"] == "ok"
+    assert cudnn["status"] == "unsupported" and "CUDA" in cudnn["reason"]
+    assert naive["samples"] == len(naive["sample_ms"]) >= 5
+    assert naive["latency_ms_min"] <= naive["latency_ms_median"] <= max(naive["sample_ms"])
+    # Throughput is derived from the registered formulas and the median, nothing else.
+    assert naive["tflops"] == pytest.approx(naive["flops"] / (naive["latency_ms_median"] / 1e3) / 1e12)
+    assert naive["gbps"] == pytest.approx(naive["bytes"] / (naive["latency_ms_median"] / 1e3) / 1e9)
+
+
+def test_round_trip_through_jsonl_csv_and_pandas(tmp_path, records):
+    writer = RunWriter(tmp_path)
+    for record in records:
+        writer.append(record)
+    frame = load_run(tmp_path)
+    assert list(frame.columns[: len(COLUMNS)]) == list(COLUMNS)
+    assert len(frame) == 3
+    ok = frame[frame.status == "ok"]
+    assert ok.latency_ms_median.tolist() == [r["latency_ms_median"] for r in records[:2]]  # full precision
+    csv_path = write_csv(tmp_path)
+    back = pd.read_csv(csv_path)
+    assert len(back) == 3 and "sample_ms" not in back.columns
+    assert back.latency_ms_median.iloc[0] == pytest.approx(records[0]["latency_ms_median"], rel=1e-15)
+    assert back.status.tolist() == ["ok", "ok", "unsupported"]
+
+
+def test_non_finite_numbers_are_stored_as_null(tmp_path):
+    RunWriter(tmp_path).append({"case_id": "x", "backend": "b", "status": "ok", "tflops": math.inf})
+    line = json.loads((tmp_path / RECORDS).read_text())
+    assert line["tflops"] is None
+
+
+def test_truncated_last_line_is_dropped_and_a_corrupt_line_is_named(tmp_path):
+    path = tmp_path / RECORDS
+    path.write_text('{"case_id": "a", "backend": "b", "status": "ok"}\n{"case_id": "c", "bac')
+    result = read_records(path)
+    assert len(result.records) == 1 and result.dropped_partial_line
+    path.write_text('{"case_id": "a"}\nnot json\n{"case_id": "c"}\n')
+    with pytest.raises(UserError, match=r"records.jsonl:2: corrupt record"):
+        read_records(path)
+
+
+def test_newer_schema_is_refused(tmp_path):
+    (tmp_path / RECORDS).write_text(json.dumps({"case_id": "a", "schema_version": SCHEMA_VERSION + 1}) + "\n")
+    with pytest.raises(UserError, match="newer than this attnbench"):
+        read_records(tmp_path)
