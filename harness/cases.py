@@ -42,6 +42,12 @@ class Case:
     Layout convention for every tensor the harness hands a backend: `[B, H, S, d]`.
     Causal and sliding-window masks are aligned bottom-right (query i sees key j when
     j <= i + S_kv - S_q), the convention of FlashAttention and of a decoder with a KV cache.
+    `window` w: a query sees the w keys ending at its own position (itself included; causal by
+    construction, as Mistral's sliding window). `padding`: per-sequence key lengths drawn from the
+    seed (`inputs.kv_lengths`); the alignment above is then per sequence, against its own length,
+    and with S_q = S_kv the queries are padded too (a right-padded batch: padded rows see nothing).
+    `mla`: K and V are one shared latent cache (DeepSeek's multi-head latent attention with the
+    up-projections absorbed): V is the first d_v columns of K, H_kv = 1, d_k = d_c + d_rope, d_v = d_c.
     """
 
     B: int
@@ -180,7 +186,7 @@ def grid(
             raise UserError(f"H={'/'.join(map(str, H))} is not divisible by H_kv={hkv}")
     cases: list[Case] = []
     seen: set[Case] = set()
-    for b, (sq, skv), h, hkv, dk, dv, dt, c, m, w, p in itertools.product(
+    for b, (sq, skv), h, hkv, dk, dv, dt, c, m, w, p, la in itertools.product(
         B, seq_pairs, H, H_kv, d_k, d_v, dtype, causal, mode, window, padding, mla
     ):
         hkv_value = h if hkv == "H" else hkv

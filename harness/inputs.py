@@ -42,16 +42,35 @@ def kv_lengths(case: Case) -> np.ndarray:
     return lengths.astype(np.int64)
 
 
+def q_lengths(case: Case) -> np.ndarray:
+    """Per-sequence real query rows.
+
+    With padding and S_q = S_kv the case is self-attention over a right-padded batch: queries are
+    padded like keys (q_len[b] = kv_len[b]) and the padded query rows see nothing (zero output).
+    Otherwise every query row is real (S_q of them): the newest S_q tokens against a KV cache.
+    """
+    if case.padding and case.S_q == case.S_kv:
+        return kv_lengths(case)
+    return np.full(case.B, case.S_q, dtype=np.int64)
+
+
 def _visible_bounds(case: Case, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each (b, query i): the half-open key range [lo, hi) it may see. Shapes [B, S_q]."""
+    """For each (b, query i): the half-open key range [lo, hi) it may see. Shapes [B, S_q].
+
+    Query i of sequence b sits at position `i + kv_len[b] − q_len[b]` (bottom-right alignment,
+    per sequence, as FlashAttention's varlen kernels and a KV cache do); without padding that is
+    `i + S_kv − S_q`. Causal: keys up to that position; window w: the w keys ending there.
+    """
+    q_lens = q_lengths(case)
     i = np.arange(case.S_q, dtype=np.int64)[None, :]
     hi = np.broadcast_to(lengths[:, None], (case.B, case.S_q)).copy()
     lo = np.zeros_like(hi)
     if case.causal or case.window is not None:
-        q_pos = i + (case.S_kv - case.S_q)  # bottom-right alignment
+        q_pos = i + (lengths - q_lens)[:, None]
         hi = np.minimum(hi, q_pos + 1)
         if case.window is not None:
             lo = np.maximum(lo, q_pos - case.window + 1)
+    hi = np.where(i < q_lens[:, None], hi, 0)  # padded query rows see nothing
     return lo, np.maximum(hi, lo)
 
 
@@ -59,6 +78,20 @@ def visible_pairs(case: Case) -> int:
     """The number of (query, key) pairs, summed over the batch, that the case's mask leaves visible (per head)."""
     lo, hi = _visible_bounds(case, kv_lengths(case))
     return int((hi - lo).sum())
+
+
+def visible_key_rows(case: Case) -> int:
+    """Key rows, summed over the batch, that at least one query sees: what a kernel must read of K and V."""
+    lo, hi = _visible_bounds(case, kv_lengths(case))
+    total = 0
+    for b in range(case.B):
+        seen = np.zeros(case.S_kv + 1, dtype=np.int64)
+        rows = hi[b] > lo[b]
+        # Each query's range is an interval: mark it with +1/−1 and count covered keys.
+        np.add.at(seen, lo[b][rows], 1)
+        np.add.at(seen, hi[b][rows], -1)
+        total += int((np.cumsum(seen[:-1]) > 0).sum())
+    return total
 
 
 def visible_mask(case: Case, device: str | torch.device = "cpu") -> torch.Tensor | None:
@@ -84,7 +117,9 @@ def make_inputs(case: Case, *, seed: int | None = None, device: str | torch.devi
 
     q = draw(case.B, case.H, case.S_q, case.d_k)
     k = draw(case.B, case.H_kv, case.S_kv, case.d_k)
-    v = draw(case.B, case.H_kv, case.S_kv, case.d_v)
+    # MLA: the values are the first d_c columns of the one latent cache; a contiguous copy, so that
+    # backends that do not share the cache still get an ordinary V of the same values.
+    v = k[..., : case.d_v].clone() if case.mla else draw(case.B, case.H_kv, case.S_kv, case.d_v)
     grad_out = draw(case.B, case.H, case.S_q, case.d_v) if case.mode != "fwd" else None
     kv_lens = torch.as_tensor(kv_lengths(case), device=device, dtype=torch.int32) if case.padding else None
     return AttentionInputs(q=q, k=k, v=v, kv_lens=kv_lens, grad_out=grad_out)

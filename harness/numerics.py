@@ -3,10 +3,22 @@
 Rule (the one FlashAttention's own tests use): with `ref` the float64 result, `lp` the plain eager
 computation in the case's own dtype and `out` the backend's,
 
-    err  = max|out − ref|,   base = max|lp − ref|,   agree  ⇔  err ≤ 2·base + atol(dtype)
+    err  = max|out − ref|,   base = max|lp − ref|,   agree  ⇔  err ≤ 2·base + atol(dtype, max|ref|)
 
 so a backend may be up to twice as far from the truth as eager PyTorch in the same precision is,
-plus an absolute floor for cases where eager happens to be almost exact. NaN or Inf never agrees.
+plus one rounding of the largest element and a floor for accumulation order (`atol`), which matter
+where eager happens to be almost exact. NaN or Inf never agrees.
+In backward modes the rule applies to dQ, dK and dV separately, and all three must agree.
+
+What the rule can resolve depends on the dtype. In fp32 an honest kernel is ~1e-6 from the
+reference, so a softmax scale off by 1 % (an error near 2e-2) fails by four orders of magnitude.
+In bf16, eager itself rounds every score and weight to 8 significant bits and lands ~1e-2 from the
+reference, which is the size of that same 1 % scale error: no bound that honest bf16 kernels pass
+can reliably reject it. Bugs that do not depend on the dtype (scale, mask, head grouping) must
+therefore be checked on fp32 cases too; `harness.check` does so by default (see `CHECK_CASES`).
+
+The reference is written here, independently of every backend (including the naive one): K/V
+heads are picked per (batch, K/V head) slice, so query heads g·h … g·h+g−1 read K/V head h.
 """
 
 from __future__ import annotations
@@ -22,14 +34,31 @@ from harness.backends.naive import naive_attention
 from harness.cases import Case
 from harness.inputs import AttentionInputs, visible_mask
 
-#: Absolute floor of the bound, per dtype. Outputs are convex combinations of standard-normal
-#: values (|o| ≲ 4), so one rounding of the output alone is up to half an ulp at 4:
-#: bf16 (8 mantissa bits) 2⁻⁷·4/2 ≈ 1.6e-2 → 1e-2 leaves room for an honest kernel that rounds
-#: once more than eager; fp16 (11 bits) 2⁻¹⁰·2 ≈ 2e-3 → 1e-3; fp32 accumulates over S_kv terms
-#: in another order, about √S_kv·2⁻²⁴ ≈ 2e-6 at S_kv = 16k → 1e-5; fp64 is the reference itself.
-ATOL = {"fp64": 1e-12, "fp32": 1e-5, "fp16": 1e-3, "bf16": 1e-2}
+#: Unit roundoff u (half the spacing of numbers just above 1) per dtype: the relative error of one rounding.
+UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 
-#: Above this many score elements (B·H·S_q·S_kv) the forward reference uses a sample of query rows.
+#: Absolute floor of the bound, per dtype: what differences in accumulation order cost. Every
+#: kernel here accumulates in at least fp32, whose reordering error over S_kv terms is about
+#: √S_kv·2⁻²⁴ ≈ 8e-6 at S_kv = 16k → 1e-5; fp64 is the reference's own precision.
+ATOL = {"fp64": 1e-12, "fp32": 1e-5, "fp16": 1e-5, "bf16": 1e-5}
+
+
+def atol(dtype: str, magnitude: float) -> float:
+    """The absolute term of the bound for a tensor whose largest reference element is `magnitude`.
+
+    The floor, plus one rounding of the largest element (u·max|ref|): an honest kernel may round
+    once more than eager does (e.g. storing per-head gradients in the dtype before summing them
+    over a GQA group), and gradients, unlike outputs, are not bounded by the values' magnitude.
+    For a forward output (|o| ≲ 3) that is ≈ 1.2e-2 in bf16 and 1.5e-3 in fp16, half an ulp of the output.
+    """
+    return ATOL[dtype] + UNIT_ROUNDOFF[dtype] * magnitude
+
+
+#: Machine epsilon (spacing of numbers just above 1) per dtype: the tolerance of a row of weights summing to 1.
+EPS = {name: 2 * u for name, u in UNIT_ROUNDOFF.items()}
+
+#: Above this many score elements (B·H·S_q·S_kv) the reference samples query rows (forward) or
+#: (batch, K/V head) slices (backward), so that a float64 pass stays within seconds and ~1 GB.
 MAX_REFERENCE_SCORES = 2**26
 #: Query rows sampled for the forward reference of a large case.
 SAMPLED_ROWS = 128
@@ -49,10 +78,34 @@ class Agreement:
         """As record columns."""
         return asdict(self)
 
+    def with_note(self, note: str | None) -> "Agreement":
+        """The same result with `note` appended to its check note."""
+        if not note:
+            return self
+        joined = f"{self.check_note}; {note}" if self.check_note else note
+        return Agreement(self.max_abs_err, self.err_bound, self.rel_err, self.agree, joined)
+
+
+def poisoned_like(t: torch.Tensor) -> torch.Tensor:
+    """A buffer shaped like `t` filled with NaN, so that elements a kernel never writes show up.
+
+    Every output buffer the harness allocates comes from here: the reference's own buffers below,
+    and the `out=` buffer of any backend adapter whose kernel writes into a caller's tensor (it
+    must allocate it in `prepare`, so the first, checked call writes into NaN).
+    """
+    if not t.is_floating_point():
+        raise TypeError(f"cannot poison a {t.dtype} buffer with NaN")
+    return torch.full_like(t, float("nan"))
+
 
 def reference_device(case: Case) -> torch.device:
     """Where the float64 reference runs: the CPU, except for CUDA cases (a CPU float64 pass at those sizes takes minutes)."""
     return torch.device("cuda") if case.device == "cuda" else torch.device("cpu")
+
+
+def default_scale(case: Case) -> float:
+    """The softmax scale every backend is asked for: 1/√d_k."""
+    return 1.0 / math.sqrt(case.d_k)
 
 
 def query_rows(case: Case) -> torch.Tensor | None:
@@ -64,66 +117,272 @@ def query_rows(case: Case) -> torch.Tensor | None:
     return torch.as_tensor(sorted({0, case.S_q - 1, *rows.tolist()}))
 
 
-def _attention(case: Case, inputs: AttentionInputs, dtype: torch.dtype, device: torch.device, rows: torch.Tensor | None) -> torch.Tensor:
-    q, k, v = (t.detach().to(device=device, dtype=dtype) for t in (inputs.q, inputs.k, inputs.v))
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, *, return_weights: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q·Kᵀ·scale, masked)·V in the inputs' precision, `[B, H, S, d]`; query head h reads K/V head h // (H/H_kv).
+
+    `mask` is boolean, True where visible, broadcastable to `[B, 1, S_q, S_kv]`. A query row with
+    no visible key gives zero weights and a zero output (FlashAttention's convention), with finite
+    gradients, so the reference is defined everywhere.
+    """
+    H, H_kv = q.shape[1], k.shape[1]
+    kv_head = torch.arange(H, device=q.device) // (H // H_kv)
+    k, v = k.index_select(1, kv_head), v.index_select(1, kv_head)
+    scores = torch.matmul(q * scale, k.transpose(-2, -1))
+    empty = None
+    if mask is not None:
+        empty = ~mask.any(dim=-1, keepdim=True)
+        # Empty rows keep their finite scores (their weights are zeroed below), so that neither softmax
+        # nor its gradient ever sees a row of −inf only. In place: matmul's backward does not need its output.
+        scores.masked_fill_(~mask & ~empty if bool(empty.any()) else ~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if empty is not None and bool(empty.any()):
+        weights = weights.masked_fill(empty, 0.0)
+    out = torch.matmul(weights, v)
+    return (out, weights) if return_weights else out
+
+
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def _reference_kernel(scale: float) -> Kernel:
+    return lambda q, k, v, m: reference_attention(q, k, v, m, scale)
+
+
+def _eager_kernel(scale: float) -> Kernel:
+    return lambda q, k, v, m: naive_attention(q, k, v, m, scale=scale)
+
+
+def _all_slices(case: Case) -> list[tuple[int, int]]:
+    return [(b, h) for b in range(case.B) for h in range(case.H_kv)]
+
+
+def _cast(inputs: AttentionInputs, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    return tuple(t.detach().to(device=device, dtype=dtype) for t in (inputs.q, inputs.k, inputs.v))
+
+
+def _forward(case: Case, inputs: AttentionInputs, kernel: Kernel, dtype: torch.dtype, device: torch.device, rows: torch.Tensor | None) -> torch.Tensor:
+    """The output `[B, H, rows, d_v]`, computed one (batch, K/V head) slice at a time into a poisoned buffer."""
+    q, k, v = _cast(inputs, dtype, device)
     mask = visible_mask(case, device=device)
     if rows is not None:
         rows = rows.to(device)
         q = q[:, :, rows]
         mask = mask[:, :, rows] if mask is not None else None
-    return naive_attention(q, k, v, mask, scale=1.0 / math.sqrt(case.d_k))
+    g = case.group_size
+    out = poisoned_like(q.new_empty(case.B, case.H, q.shape[2], case.d_v))
+    for b, h in _all_slices(case):
+        heads = slice(h * g, (h + 1) * g)
+        out[b : b + 1, heads] = kernel(q[b : b + 1, heads], k[b : b + 1, h : h + 1], v[b : b + 1, h : h + 1], None if mask is None else mask[b : b + 1])
+    return out
+
+
+def _gradients(
+    case: Case, inputs: AttentionInputs, kernel: Kernel, dtype: torch.dtype, device: torch.device, slices: Sequence[tuple[int, int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of the given slices, each in a poisoned buffer of the full shape (other slices stay NaN)."""
+    q, k, v = _cast(inputs, dtype, device)
+    grad_out = inputs.grad_out.detach().to(device=device, dtype=dtype)
+    mask = visible_mask(case, device=device)
+    dq, dk, dv = poisoned_like(q), poisoned_like(k), poisoned_like(v)
+    g = case.group_size
+    with torch.enable_grad():
+        for b, h in slices:
+            heads = slice(h * g, (h + 1) * g)
+            leaves = [t.clone().requires_grad_(True) for t in (q[b : b + 1, heads], k[b : b + 1, h : h + 1], v[b : b + 1, h : h + 1])]
+            out = kernel(*leaves, None if mask is None else mask[b : b + 1])
+            gq, gk, gv = torch.autograd.grad(out, leaves, grad_out[b : b + 1, heads])
+            dq[b : b + 1, heads], dk[b : b + 1, h : h + 1], dv[b : b + 1, h : h + 1] = gq, gk, gv
+    return dq, dk, dv
+
+
+class _LastReference:
+    """The most recent CPU reference, reused by the next check when its inputs are equal (the next backend on the same case).
+
+    Equality is verified element by element against a copy, so a reused reference is always the
+    one those very inputs give; CUDA references are not kept (the copies would hold device memory).
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._inputs: list[torch.Tensor] = []
+        self._value: object = None
+
+    @staticmethod
+    def _tensors(inputs: AttentionInputs) -> list[torch.Tensor]:
+        return [t for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out) if t is not None]
+
+    def get(self, key: tuple, inputs: AttentionInputs, compute: Callable[[], object]) -> object:
+        """The value for `key` and these inputs, computed (and kept, on the CPU) when not the last one."""
+        tensors = self._tensors(inputs)
+        if (
+            self._key == key and len(tensors) == len(self._inputs)
+            and all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.detach(), b) for a, b in zip(tensors, self._inputs))
+        ):
+            return self._value
+        self._key, self._inputs, self._value = None, [], None
+        value = compute()
+        if all(t.device.type == "cpu" for t in tensors):
+            self._key, self._inputs, self._value = key, [t.detach().clone() for t in tensors], value
+        return value
+
+
+_LAST = _LastReference()
+
+
+def _pick(t: torch.Tensor, slices: Sequence[tuple[int, int]], heads_per_slice: int) -> torch.Tensor:
+    """The elements of the given (batch, K/V head) slices of a `[B, heads, S, d]` tensor, flattened."""
+    n = heads_per_slice
+    return torch.cat([t[b, h * n : (h + 1) * n].reshape(-1) for b, h in slices])
 
 
 def error_against(out: torch.Tensor, ref: torch.Tensor, lp: torch.Tensor, dtype: str) -> Agreement:
     """Apply the rule to one tensor: `out` and `lp` in their precision, `ref` in float64 (same shapes)."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return Agreement(None, None, None, False, f"output shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    bad_ref = int((~torch.isfinite(ref)).sum())
+    if bad_ref:
+        # The reference is the harness's own: unwritten (NaN-poisoned) elements there are a harness bug, not a verdict.
+        raise RuntimeError(f"float64 reference has {bad_ref} non-finite elements (unwritten slices?)")
     out64, lp64 = out.detach().to(ref.device, torch.float64), lp.detach().to(ref.device, torch.float64)
-    if not torch.isfinite(out64).all():
-        bad = int((~torch.isfinite(out64)).sum())
-        return Agreement(math.inf, None, math.inf, False, f"{bad} non-finite output elements")
-    err = float((out64 - ref).abs().max()) if ref.numel() else 0.0
+    bad = int((~torch.isfinite(out64)).sum())
+    if bad:
+        return Agreement(math.inf, None, math.inf, False, f"{bad} non-finite output elements (NaN/Inf, or never written)")
+    note = None
+    lp_finite = torch.isfinite(lp64)
+    if not bool(lp_finite.all()):
+        # Eager overflowed in this dtype: its error is unknown there, so the bound uses its finite part only.
+        note = f"eager {dtype} has {int((~lp_finite).sum())} non-finite elements; bound from the finite ones"
+        lp64 = torch.where(lp_finite, lp64, ref)
+    diff = out64 - ref
+    err = float(diff.abs().max()) if ref.numel() else 0.0
     base = float((lp64 - ref).abs().max()) if ref.numel() else 0.0
-    bound = 2 * base + ATOL[dtype]
+    bound = 2 * base + atol(dtype, float(ref.abs().max()) if ref.numel() else 0.0)
     norm = float(ref.norm())
-    rel = float((out64 - ref).norm()) / norm if norm > 0 else float((out64 - ref).norm())
-    return Agreement(err, bound, rel, err <= bound)
+    rel = float(diff.norm()) / norm if norm > 0 else float(diff.norm())
+    return Agreement(err, bound, rel, err <= bound, note)
 
 
 def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor) -> Agreement:
     """Compare a backend's forward output `[B, H, S_q, d_v]` with the float64 reference on the same inputs."""
-    device = reference_device(case)
+    expected = (case.B, case.H, case.S_q, case.d_v)
+    if tuple(output_bhsd.shape) != expected:
+        return Agreement(None, None, None, False, f"output shape {tuple(output_bhsd.shape)}, expected {expected}")
+    device, scale = reference_device(case), default_scale(case)
     rows = query_rows(case)
-    ref = _attention(case, inputs, torch.float64, device, rows)
-    lp = _attention(case, inputs, inputs.q.dtype, inputs.q.device, rows)
+    ref, lp = _LAST.get(("fwd", case), inputs, lambda: (
+        _forward(case, inputs, _reference_kernel(scale), torch.float64, device, rows),
+        _forward(case, inputs, _eager_kernel(scale), inputs.q.dtype, inputs.q.device, rows),
+    ))
     out = output_bhsd if rows is None else output_bhsd[:, :, rows.to(output_bhsd.device)]
     result = error_against(out, ref, lp, case.dtype)
     if rows is not None:
-        result = Agreement(result.max_abs_err, result.err_bound, result.rel_err, result.agree, f"{len(rows)} of {case.S_q} query rows checked")
+        result = result.with_note(f"{len(rows)} of {case.S_q} query rows checked")
     return result
 
 
-def _gradients(case: Case, inputs: AttentionInputs, dtype: torch.dtype, device: torch.device) -> Sequence[torch.Tensor]:
-    q, k, v = (t.detach().to(device=device, dtype=dtype).requires_grad_(True) for t in (inputs.q, inputs.k, inputs.v))
-    out = naive_attention(q, k, v, visible_mask(case, device=device))
-    return torch.autograd.grad(out, (q, k, v), inputs.grad_out.to(device=device, dtype=dtype))
+def gradient_slices(case: Case) -> list[tuple[int, int]]:
+    """The (batch, K/V head) slices the backward check covers: all, or a seeded sample that fits the reference budget.
+
+    Gradients of one slice depend on that slice alone, so a sample is checked exactly; it is empty
+    when even one slice is over the budget.
+    """
+    slices = _all_slices(case)
+    per_slice = case.group_size * case.S_q * case.S_kv
+    fits = MAX_REFERENCE_SCORES // per_slice
+    if fits >= len(slices):
+        return slices
+    if fits == 0:
+        return []
+    rng = np.random.default_rng([case.seed, 0x6AD])
+    picked = rng.choice(len(slices), size=max(1, fits - 2), replace=False).tolist()
+    return [slices[i] for i in sorted({0, len(slices) - 1, *picked})][:fits]
+
+
+GRADIENT_NAMES = ("dq", "dk", "dv")
+
+
+def check_gradients(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[torch.Tensor]) -> dict[str, Agreement]:
+    """The rule applied to dQ, dK and dV separately (empty when the case is too large to check)."""
+    slices = gradient_slices(case)
+    if not slices:
+        return {}
+    device, scale = reference_device(case), default_scale(case)
+    ref, lp = _LAST.get(("bwd", case), inputs, lambda: (
+        _gradients(case, inputs, _reference_kernel(scale), torch.float64, device, slices),
+        _gradients(case, inputs, _eager_kernel(scale), inputs.q.dtype, inputs.q.device, slices),
+    ))
+    results = {}
+    for name, out, r, low in zip(GRADIENT_NAMES, grads_bhsd, ref, lp):
+        if tuple(out.shape) != tuple(r.shape):
+            results[name] = Agreement(None, None, None, False, f"{name} shape {tuple(out.shape)}, expected {tuple(r.shape)}")
+            continue
+        n = case.group_size if name == "dq" else 1
+        if len(slices) < case.B * case.H_kv:
+            out, r, low = (_pick(t, slices, n) for t in (out, r, low))
+        results[name] = error_against(out, r, low, case.dtype)
+    return results
 
 
 def check_backward(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[torch.Tensor]) -> Agreement:
-    """Compare dQ, dK, dV with the float64 reference's; the worst of the three is reported."""
-    if case.B * case.H * case.S_q * case.S_kv > MAX_REFERENCE_SCORES:
-        return Agreement(None, None, None, None, "gradients not checked: case too large for a float64 reference")
-    ref = _gradients(case, inputs, torch.float64, reference_device(case))
-    lp = _gradients(case, inputs, inputs.q.dtype, inputs.q.device)
-    results = [error_against(o, r, l, case.dtype) for o, r, l in zip(grads_bhsd, ref, lp)]
-    worst = max(results, key=lambda a: (not a.agree, (a.max_abs_err or 0) / (a.err_bound or 1)))
-    names = ("dq", "dk", "dv")
-    failing = [n for n, a in zip(names, results) if not a.agree]
-    note = f"disagreeing: {', '.join(failing)}" if failing else None
-    return Agreement(worst.max_abs_err, worst.err_bound, max(a.rel_err for a in results), all(a.agree for a in results), note)
+    """Compare dQ, dK, dV with the float64 reference's; the worst of the three is reported, and agree needs all three."""
+    if len(grads_bhsd) != 3:
+        return Agreement(None, None, None, False, f"expected 3 gradients (dq, dk, dv), got {len(grads_bhsd)}")
+    per = check_gradients(case, inputs, grads_bhsd)
+    if not per:
+        return Agreement(None, None, None, None, "gradients not checked: one (batch, K/V head) slice is too large for a float64 reference")
+
+    def badness(a: Agreement) -> tuple[bool, float]:
+        if a.max_abs_err is None or a.err_bound is None:
+            return (not a.agree, math.inf)
+        return (not a.agree, a.max_abs_err / a.err_bound)
+
+    worst = max(per.values(), key=badness)
+    failing = [n for n, a in per.items() if not a.agree]
+    notes = [f"{n}: {a.check_note}" for n, a in per.items() if a.check_note]
+    if failing:
+        notes.insert(0, f"disagreeing: {', '.join(failing)}")
+    slices = gradient_slices(case)
+    if len(slices) < case.B * case.H_kv:
+        notes.append(f"{len(slices)} of {case.B * case.H_kv} (batch, K/V head) slices checked")
+    rels = [a.rel_err for a in per.values() if a.rel_err is not None]
+    return Agreement(worst.max_abs_err, worst.err_bound, max(rels) if rels else None, all(a.agree for a in per.values()), "; ".join(notes) or None)
 
 
-def poisoned_like(t: torch.Tensor) -> torch.Tensor:
-    """A buffer shaped like `t` filled with NaN, so that elements a kernel never writes show up."""
-    return torch.full_like(t, float("nan"))
+def weights_violations(case: Case, weights: torch.Tensor) -> list[str]:
+    """What is wrong with attention weights `[B, H, S_q, S_kv]` for a case: rows must sum to 1, hidden positions be exactly 0.
+
+    A row's tolerance is the textbook bound on its two roundings: the softmax denominator is a sum
+    of S_kv positive terms accumulated in at least fp32 (relative error ≤ (S_kv − 1)·u), and each
+    weight is then rounded once to the case's dtype (≤ u each, so ≤ u on a sum of 1); with u = ε/2,
+    ε + S_kv·ε_acc covers both. A row with no visible key must be all zeros. An empty list means
+    the weights are right.
+    """
+    problems: list[str] = []
+    expected = (case.B, case.H, case.S_q, case.S_kv)
+    if tuple(weights.shape) != expected:
+        return [f"weights shape {tuple(weights.shape)}, expected {expected}"]
+    w = weights.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(w).all()):
+        problems.append(f"{int((~torch.isfinite(w)).sum())} non-finite weights")
+        w = torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)
+    if bool((w < 0).any()):
+        problems.append(f"{int((w < 0).sum())} negative weights")
+    mask = visible_mask(case)
+    if mask is None:
+        mask = torch.ones(1, 1, case.S_q, case.S_kv, dtype=torch.bool)
+    hidden = ~mask.expand_as(w)
+    leaked = int((w[hidden] != 0).sum())
+    if leaked:
+        problems.append(f"{leaked} masked positions have nonzero weight")
+    sums = w.sum(dim=-1)
+    want = mask.any(dim=-1).expand_as(sums).to(torch.float64)
+    off = (sums - want).abs()
+    tol = EPS[case.dtype] + case.S_kv * EPS["fp64" if case.dtype == "fp64" else "fp32"]
+    if bool((off > tol).any()):
+        problems.append(f"{int((off > tol).sum())} rows do not sum to 1 (worst off by {float(off.max()):.3g}, tolerance {tol:.3g})")
+    return problems
 
 
 Check = Callable[[Case, AttentionInputs, torch.Tensor], Agreement]

@@ -30,7 +30,7 @@ COLUMNS: tuple[str, ...] = (
     "backend", "family", "backend_version", "status", "reason",
     "latency_ms_median", "latency_ms_p20", "latency_ms_p80", "latency_ms_min", "latency_ms_mean",
     "latency_ms_max", "latency_ms_stdev", "iqr_ratio", "samples", "iterations", "noisy", "suspect", "too_short",
-    "warmup_s", "clock_resolution_s", "timer",
+    "warmup_s", "clock_resolution_s", "timer", "compile_s",
     "peak_mem_bytes", "peak_reserved_bytes", "memory_method",
     "flops", "bytes", "kv_cache_bytes", "tflops", "gbps", "arithmetic_intensity",
     "kv_expanded", "notes",

@@ -65,7 +65,7 @@ def load_suite(name_or_path: str) -> Suite:
     return suite
 
 
-_GRID_KEYS = {"B", "S", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window", "padding"}
+_GRID_KEYS = {"B", "S", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window", "padding", "mla"}
 _TOP_KEYS = {"name", "description", "device", "backends", "budget", "grid", "seed"}
 _BUDGET_KEYS = {"warmup_s", "measure_s", "min_sample_s", "min_rounds", "max_rounds", "max_iterations"}
 
@@ -78,7 +78,7 @@ def _as_list(where: str, key: str, value: Any) -> list:
         if key in {"dtype", "mode"}:
             if not isinstance(v, str):
                 raise UserError(f"{where}: field {key!r} has value {v!r}, expected a string")
-        elif key in {"causal", "padding"}:
+        elif key in {"causal", "padding", "mla"}:
             if not isinstance(v, bool):
                 raise UserError(f"{where}: field {key!r} has value {v!r}, expected true or false")
         elif key == "H_kv" and v == "H":

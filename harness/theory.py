@@ -7,7 +7,7 @@ disputed count (causal, S_q ≠ S_kv) is settled in one place.
 from __future__ import annotations
 
 from harness.cases import Case
-from harness.inputs import torch_dtype, visible_pairs
+from harness.inputs import kv_lengths, q_lengths, torch_dtype, visible_key_rows, visible_pairs
 
 #: Backward costs 2.5× the forward (two matmuls become five); forward+backward 3.5×.
 MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -35,7 +35,7 @@ def flops(case: Case) -> int:
 
 
 def tensor_bytes(case: Case) -> dict[str, int]:
-    """Bytes of each tensor of the problem: q, k, v, o (K and V at H_kv heads)."""
+    """Bytes of each tensor as allocated: q, k, v, o (K and V at H_kv heads, padding included)."""
     size = element_size(case)
     return {
         "q": case.B * case.H * case.S_q * case.d_k * size,
@@ -45,22 +45,50 @@ def tensor_bytes(case: Case) -> dict[str, int]:
     }
 
 
+def touched_bytes(case: Case) -> dict[str, int]:
+    """Bytes of each tensor that the mask leaves a kernel to touch: q, k, v, o.
+
+    Query rows: the real ones (padded query rows of a padded batch see nothing). Key rows: those at
+    least one query sees (padding and a sliding window shrink them; causal does not, since the last
+    query sees every key). MLA reads V inside K's latent, so V costs nothing extra.
+    """
+    size = element_size(case)
+    q_rows, kv_rows = int(q_lengths(case).sum()), visible_key_rows(case)
+    return {
+        "q": q_rows * case.H * case.d_k * size,
+        "k": kv_rows * case.H_kv * case.d_k * size,
+        "v": 0 if case.mla else kv_rows * case.H_kv * case.d_v * size,
+        "o": q_rows * case.H * case.d_v * size,
+    }
+
+
 def min_bytes(case: Case) -> int:
-    """The fewest bytes the pass must move through memory.
+    """The fewest bytes the pass must move through memory, counting only what the mask leaves.
 
     fwd: read Q, K, V once and write O once. bwd: read Q, K, V, O and dO, write dQ, dK, dV.
-    fwd_bwd: the sum of both. Masks are not subtracted: a kernel still reads every key row it may need.
+    fwd_bwd: the sum of both. Decoding (S_q = 1) is dominated by K and V:
+    `(q + o + Σ_b len_b·H_kv·(d_k + d_v))·bytes`, the formula FlashInfer's decode benchmarks use.
     """
-    t = tensor_bytes(case)
+    t = touched_bytes(case)
     fwd = t["q"] + t["k"] + t["v"] + t["o"]
     bwd = 2 * (t["q"] + t["k"] + t["v"]) + 2 * t["o"]
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[case.mode]
 
 
+def kv_cache_bytes_per_token(case: Case) -> int:
+    """KV-cache bytes one token costs in one layer: `H_kv·(d_k + d_v)·bytes`, or `d_k·bytes` for MLA's one latent.
+
+    MHA : GQA : MQA = H : H_kv : 1 heads, i.e. 1 : H_kv/H : 1/H of MHA's bytes.
+    """
+    size = element_size(case)
+    if case.mla:
+        return case.d_k * size
+    return case.H_kv * (case.d_k + case.d_v) * size
+
+
 def kv_cache_bytes(case: Case) -> int:
-    """Bytes of the keys and values a decoder would cache for this case (K and V at H_kv heads)."""
-    t = tensor_bytes(case)
-    return t["k"] + t["v"]
+    """Bytes of the keys and values a decoder caches for this case: its real tokens (Σ_b len_b) × bytes per token."""
+    return int(kv_lengths(case).sum()) * kv_cache_bytes_per_token(case)
 
 
 def arithmetic_intensity(case: Case) -> float:

@@ -32,6 +32,12 @@ class Prepared:
     to_bhsd: Callable[[torch.Tensor], torch.Tensor] = _identity
     from_bhsd: Callable[[torch.Tensor], torch.Tensor] = _identity
     notes: dict[str, Any] = field(default_factory=dict)
+    #: Seconds `prepare` spent compiling (torch.compile's first calls): recorded in its own column, never in latency.
+    compile_s: float | None = None
+    #: For a backend whose result is not the core's `[B, H, S_q, d_v]` output (the whole layer, with its
+    #: projections): its own agreement check of one step's result (the output, or the leaves' gradients),
+    #: returning a `harness.numerics.Agreement`. None: the runner compares with the attention reference.
+    check: Callable[[Any], Any] | None = None
 
 
 class Backend:

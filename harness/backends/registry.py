@@ -16,7 +16,11 @@ ENTRY_POINT_GROUP = "attnbench.backends"
 ENV_VAR = "ATTNBENCH_BACKENDS"
 
 #: Modules that define the built-in backends; importing one registers its classes in BUILTINS.
-BUILTIN_MODULES = ("harness.backends.naive", "harness.backends.sdpa")
+BUILTIN_MODULES = (
+    "harness.backends.naive", "harness.backends.sdpa",
+    "harness.backends.compiled", "harness.backends.flex", "harness.backends.xformers", "harness.backends.flash_attn",
+    "harness.backends.mla", "harness.backends.layer",
+)
 
 
 @dataclass(frozen=True)

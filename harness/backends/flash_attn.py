@@ -1,0 +1,231 @@
+"""FlashAttention 2, 3 and 4 (Dao-AILab), each where installed, on CUDA only.
+
+- `flash-attn2`: `flash_attn.flash_attn_func`, and `flash_attn_varlen_func` for padded batches.
+- `flash-attn3`: the Hopper build, `flash_attn_interface` (sm90).
+- `flash-attn4`: the CuTe-DSL build, `flash_attn.cute` (sm90, sm100/sm110).
+
+`flash_call` translates a case into the kernel's arguments (BSHD layout, packed rows with cumulative
+sequence lengths, window sizes); it is a plain function of CPU-runnable torch code, tested on the CPU
+against FlashAttention's documented contract. The kernels themselves need a GPU and are unverified
+until `make gpu-check` runs on one. FlashAttention aligns causal masks bottom-right, per sequence in
+varlen mode: the harness's convention (harness.inputs), so no case needs to be refused for alignment.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+from harness.backends.base import Backend, Prepared
+from harness.backends.layouts import Varlen, from_bshd, is_causal, pack, to_bshd, unpack, varlen, window_size
+from harness.backends.registry import register
+from harness.cases import Case
+from harness.inputs import AttentionInputs
+
+
+@dataclass
+class FlashCall:
+    """The arguments of one FlashAttention call, and how to turn its results back into `[B, H, S, d]`.
+
+    Dense: q, k, v are `[B, S, H, d]`. Varlen: `[Σ len, H, d]`, with `cu_seqlens_q/k` and
+    `max_seqlen_q/k` in `kwargs`. `q_to_bhsd` converts the output and dQ; `kv_to_bhsd` dK and dV.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    kwargs: dict[str, Any]
+    is_varlen: bool
+    q_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    kv_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    grad_from_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    layout: dict[str, Any] = field(default_factory=dict)
+
+
+def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None = -1, requires_grad: bool = False) -> FlashCall:
+    """Translate a case's inputs into FlashAttention's arguments (copies made here, outside any timed region).
+
+    GQA/MQA: K and V keep their H_kv heads; FlashAttention pairs query head h with K/V head h // (H/H_kv).
+    Padding: `flash_attn_varlen_func` with packed rows and `cu_seqlens`; queries are packed with the
+    keys' lengths in self-attention over a padded batch (S_q = S_kv), else all S_q query rows are real.
+    """
+    scale = 1.0 / math.sqrt(case.d_k)
+    kwargs: dict[str, Any] = {"softmax_scale": scale, "causal": is_causal(case), "window_size": window_size(case, none=none_window)}
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().requires_grad_(requires_grad)
+
+    q, k, v = (to_bshd(t.detach()) for t in (inputs.q, inputs.k, inputs.v))
+    if not case.padding:
+        return FlashCall(
+            leaf(q), leaf(k), leaf(v), kwargs, False,
+            q_to_bhsd=from_bshd, kv_to_bhsd=from_bshd, grad_from_bhsd=to_bshd, layout={"layout": "BSHD"},
+        )
+    vl: Varlen = varlen(case, q.device)
+    kwargs.update(cu_seqlens_q=vl.cu_q, cu_seqlens_k=vl.cu_k, max_seqlen_q=vl.max_q, max_seqlen_k=vl.max_k)
+    S_q, S_kv = case.S_q, case.S_kv
+    return FlashCall(
+        leaf(pack(q, vl.q_lens)), leaf(pack(k, vl.kv_lens)), leaf(pack(v, vl.kv_lens)), kwargs, True,
+        q_to_bhsd=lambda t: from_bshd(unpack(t, vl.q_lens, S_q)),
+        kv_to_bhsd=lambda t: from_bshd(unpack(t, vl.kv_lens, S_kv)),
+        grad_from_bhsd=lambda t: pack(to_bshd(t), vl.q_lens),
+        layout={"layout": "varlen", "total_q": int(vl.q_lens.sum()), "total_k": int(vl.kv_lens.sum())},
+    )
+
+
+def first(result: Any) -> torch.Tensor:
+    """The output of a FlashAttention call: some versions return `(out, lse)` or `(out, lse, …)`."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def cuda_capability() -> tuple[int, int] | None:
+    """The compute capability of CUDA device 0, or None without one."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(0)
+
+
+class _FlashBase(Backend):
+    family = "flash-attn"
+    devices = ("cuda",)
+    native_gqa = True
+    #: Module to import, and the pip package that provides it.
+    module: ClassVar[str] = ""
+    package: ClassVar[str] = ""
+    #: Distribution name whose version is reported.
+    dist: ClassVar[str] = ""
+    #: Compute capabilities (major versions) the build has kernels for, and in words.
+    majors: ClassVar[tuple[int, ...]] = ()
+    arch_words: ClassVar[str] = ""
+    max_head_dim: ClassVar[int] = 256
+    #: FlashAttention 2 needs d_v = d_k; 3 and 4 accept a smaller d_v.
+    same_head_dims: ClassVar[bool] = False
+    #: How the build spells an unbounded window side.
+    none_window: ClassVar[int | None] = -1
+
+    def _import(self) -> Any:
+        return importlib.import_module(self.module)
+
+    def version(self) -> str:
+        """The installed FlashAttention version."""
+        mod = self._import()
+        return str(getattr(mod, "__version__", None) or _dist_version(self.dist) or "unknown")
+
+    def available(self) -> str | None:
+        """Installed, importable, a CUDA device, and one of the architectures the build has kernels for."""
+        try:
+            self._import()
+        except ImportError as exc:
+            return f"{self.module} is not installed ({self.package}; FlashAttention runs on CUDA only, no CPU kernel): {exc}"
+        except Exception as exc:  # a broken build (ABI mismatch with torch) is unavailable, not a crash
+            return f"{self.module} failed to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        cc = cuda_capability()
+        if cc is None:
+            return f"no CUDA device: {self.name} has no CPU kernel"
+        if cc[0] not in self.majors:
+            return f"{self.name} needs {self.arch_words}; this GPU is sm{cc[0]}{cc[1]}"
+        return None
+
+    def supports(self, case: Case) -> str | None:
+        """fp16/bf16 only; head dims within the build's limits (multiples of 8, at most 256)."""
+        reason = super().supports(case)
+        if reason:
+            return reason
+        if case.dtype not in ("fp16", "bf16"):
+            return f"{self.name} computes in fp16 and bf16 only (case is {case.dtype})"
+        if case.d_k > self.max_head_dim or case.d_v > self.max_head_dim:
+            return f"{self.name} supports head dims up to {self.max_head_dim} (case has d_k={case.d_k}, d_v={case.d_v})"
+        if case.d_k % 8 or case.d_v % 8:
+            return f"{self.name} needs head dims that are multiples of 8 (case has d_k={case.d_k}, d_v={case.d_v})"
+        if self.same_head_dims and case.d_v != case.d_k:
+            return f"{self.name} needs d_v = d_k (case has d_k={case.d_k}, d_v={case.d_v})"
+        return None
+
+    def _kernels(self, mod: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        return mod.flash_attn_func, mod.flash_attn_varlen_func
+
+    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+        """Translate the inputs (untimed), then time one kernel call on them."""
+        dense, varlen_fn = self._kernels(self._import())
+        call = flash_call(case, inputs, none_window=self.none_window, requires_grad=case.mode != "fwd")
+        kernel = varlen_fn if call.is_varlen else dense
+        q, k, v, kwargs = call.q, call.k, call.v, call.kwargs
+
+        def fn() -> torch.Tensor:
+            return first(kernel(q, k, v, **kwargs))
+
+        def check(result: Any) -> Any:
+            from harness.numerics import check_backward, check_forward
+
+            if case.mode == "fwd":
+                return check_forward(case, inputs, call.q_to_bhsd(result))
+            dq, dk, dv = result
+            return check_backward(case, inputs, [call.q_to_bhsd(dq), call.kv_to_bhsd(dk), call.kv_to_bhsd(dv)])
+
+        notes = {**call.layout, "kernel": f"{self.module}.{getattr(kernel, '__name__', 'flash_attn_func')}"}
+        return Prepared(fn=fn, leaves=(q, k, v), to_bhsd=call.q_to_bhsd, from_bhsd=call.grad_from_bhsd, notes=notes, check=check)
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@register
+class FlashAttn2Backend(_FlashBase):
+    """FlashAttention 2: `flash_attn_func`, `flash_attn_varlen_func` for padded batches; Ampere and newer."""
+
+    name = "flash-attn2"
+    description = "FlashAttention 2 (flash_attn.flash_attn_func / flash_attn_varlen_func), sm80+"
+    module = "flash_attn"
+    package = "pip install flash-attn"
+    dist = "flash-attn"
+    majors = (8, 9, 10, 11, 12)
+    arch_words = "an Ampere or newer GPU (sm80+)"
+    same_head_dims = True
+
+    def available(self) -> str | None:
+        """As the base, and the installed `flash_attn` must be a 2.x release."""
+        version = _dist_version("flash-attn") or ""
+        if version and not version.startswith("2."):
+            return f"flash-attn {version} is installed, not a 2.x release"
+        return super().available()
+
+
+@register
+class FlashAttn3Backend(_FlashBase):
+    """FlashAttention 3, the Hopper build (`flash_attn_interface`): sm90 only."""
+
+    name = "flash-attn3"
+    description = "FlashAttention 3 (flash_attn_interface, the hopper/ build), sm90"
+    module = "flash_attn_interface"
+    package = "built from flash-attention/hopper"
+    dist = "flash_attn_3"
+    majors = (9,)
+    arch_words = "a Hopper GPU (sm90)"
+
+
+@register
+class FlashAttn4Backend(_FlashBase):
+    """FlashAttention 4, the CuTe-DSL build (`flash_attn.cute`): Hopper and Blackwell."""
+
+    name = "flash-attn4"
+    description = "FlashAttention 4 (flash_attn.cute, CuTe DSL), sm90/sm100"
+    module = "flash_attn.cute"
+    package = "pip install flash-attn-4"
+    dist = "flash-attn-4"
+    majors = (9, 10, 11)
+    arch_words = "a Hopper or Blackwell GPU (sm90, sm100, sm110)"
+    none_window = None
+
+    def version(self) -> str:
+        """The installed flash-attn-4 version."""
+        return _dist_version(self.dist) or _dist_version("fa4") or super().version()

@@ -1,0 +1,80 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) in its decoding form, with the up-projections absorbed.
+
+MLA caches, per token, one latent `c_KV` of width d_c (DeepSeek-V3: 512) plus a shared RoPE key
+of width d_rope (64), instead of H heads of K and V. At decode time W_UK is absorbed into the
+queries and W_UV into the output projection, so every head attends with a query of width
+`d_c + d_rope` over the one shared cache `[c_KV; k_rope]`, and the values are `c_KV` itself.
+
+As a Case that is exactly: `mla=True`, H_kv = 1, d_k = d_c + d_rope (576), d_v = d_c (512); the
+harness then draws V as the first d_c columns of K (harness.inputs), so every backend and the
+float64 reference compute the same function. Other backends see it as MQA with d_k = 576 and read
+K and V separately; this one reads the shared latent once. KV-cache bytes per token are
+`(d_c + d_rope)·bytes` (1,152 in bf16), in the record's `kv_cache_bytes` and in its notes.
+
+The softmax scale is the harness's 1/√d_k; DeepSeek uses 1/√(d_nope + d_rope) = 1/√192, a constant
+that changes no cost. Training uses the decompressed form, which is plain MHA with d_k = 192 and
+d_v = 128 (every other backend serves it), so this backend is forward only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.backends.base import Backend, Prepared
+from harness.backends.registry import register
+from harness.cases import Case
+from harness.inputs import AttentionInputs, visible_mask
+from harness.theory import kv_cache_bytes_per_token
+
+
+def absorbed_mla(q: torch.Tensor, latent: torch.Tensor, d_c: int, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Absorbed MLA: queries `[B, H, S_q, d_c + d_rope]` against one latent cache `[B, S_kv, d_c + d_rope]`.
+
+    All heads share the cache, so the heads fold into rows: one `[B, H·S_q, d] × [B, d, S_kv]` product
+    for the scores and one `[B, H·S_q, S_kv] × [B, S_kv, d_c]` for the output, whose values are the
+    latent's first d_c columns (a view, not a copy). `mask` is boolean `[B, 1, S_q, S_kv]`, True where
+    visible; a row with no visible key gives zeros. Returns `[B, H, S_q, d_c]`.
+    """
+    B, H, S_q, d = q.shape
+    S_kv = latent.shape[1]
+    scores = torch.bmm(q.reshape(B, H * S_q, d) * scale, latent.transpose(1, 2)).view(B, H, S_q, S_kv)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.nan_to_num(nan=0.0)
+    out = torch.bmm(weights.view(B, H * S_q, S_kv), latent[..., :d_c])
+    return out.view(B, H, S_q, d_c)
+
+
+@register
+class MlaBackend(Backend):
+    """DeepSeek's absorbed MLA decode: every head against one shared latent KV cache (eager PyTorch)."""
+
+    name = "mla"
+    family = "mla"
+    description = "DeepSeek-V2/V3 multi-head latent attention, absorbed decode form (one shared latent cache), eager"
+    native_gqa = True
+    supports_backward = False
+
+    def supports(self, case: Case) -> str | None:
+        """Only MLA cases (mla=True: one latent cache, V inside K), forward only."""
+        if not case.mla:
+            return "mla serves latent-cache cases only (mla=True: H_kv=1, d_k = d_c + d_rope, d_v = d_c); this case has separate K and V"
+        if case.mode != "fwd":
+            return "mla is the absorbed decode (inference) form; training uses the decompressed form, plain MHA with d_k=192, d_v=128"
+        return super().supports(case)
+
+    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+        """The latent cache is K's one head (`[B, S_kv, d_c + d_rope]`, a view); time the absorbed attention."""
+        q = inputs.q
+        latent = inputs.k[:, 0]
+        mask = visible_mask(case, device=q.device)
+        scale = 1.0 / math.sqrt(case.d_k)
+        notes = {
+            "form": "absorbed", "d_c": case.d_v, "d_rope": case.d_k - case.d_v,
+            "kv_cache_bytes_per_token": kv_cache_bytes_per_token(case),
+        }
+        return Prepared(fn=lambda: absorbed_mla(q, latent, case.d_v, mask, scale), leaves=(), notes=notes)

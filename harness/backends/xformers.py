@@ -1,0 +1,196 @@
+"""xFormers' `memory_efficient_attention`, CUDA only, with the operator it dispatched to in the record.
+
+GQA/MQA use xFormers' 5-D layout `[B, M, G, H, K]`: queries as G = H_kv groups of g heads, K and V
+expanded along g with stride 0, so nothing is copied. Masks are xFormers' attention-bias objects,
+bottom-right aligned (per sequence with padding), the harness's convention. `xformers_call` is the
+translation, a plain function tested on the CPU (its biases materialise on the CPU too); the
+kernels have no CPU implementation and are unverified until `make gpu-check` runs on a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from harness.backends.base import Backend, Prepared
+from harness.backends.layouts import from_bshd, kv_to_bmghk, pack, to_bshd, unpack, varlen
+from harness.backends.registry import register
+from harness.cases import Case
+from harness.errors import Unsupported
+from harness.inputs import AttentionInputs
+
+
+def import_xformers() -> tuple[Any, str | None]:
+    """`xformers.ops` and, when its compiled extensions failed to load, xFormers' own reason (one line).
+
+    xFormers logs a multi-line warning when its C++/CUDA library does not match torch; it is
+    silenced here and turned into the reason instead.
+    """
+    logger = logging.getLogger("xformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import xformers.ops as xops
+        from xformers import _cpp_lib
+    finally:
+        logger.setLevel(level)
+    exc = getattr(_cpp_lib, "_cpp_library_load_exception", None)
+    reason = " ".join(str(exc).split("Please reinstall")[0].split()) if exc is not None else None
+    return xops, reason
+
+
+@dataclass
+class XformersCall:
+    """Arguments of one `memory_efficient_attention` call and the conversions back to `[B, H, S, d]`."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    attn_bias: Any
+    scale: float
+    #: Runs on the leaves inside the timed call: free views only (reshape of contiguous, stride-0 expand).
+    view: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    out_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    q_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    kv_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    grad_from_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def attention_bias(case: Case, fmha_bias: Any) -> Any:
+    """The xFormers attention bias for a case (`fmha_bias` is `xformers.ops.fmha.attn_bias`), or None without a mask.
+
+    Without padding: bottom-right causal, and bottom-right causal-local for a window of w keys.
+    With padding: block-diagonal masks over packed queries and padded keys, causal "with offset"
+    (aligned to each sequence's own end).
+    """
+    causal = case.causal or case.window is not None
+    if not case.padding:
+        if case.window is not None:
+            return fmha_bias.LowerTriangularFromBottomRightLocalAttentionMask(case.window)
+        return fmha_bias.LowerTriangularFromBottomRightMask() if causal else None
+    vl = varlen(case)
+    q_seqlen, kv_seqlen = [int(n) for n in vl.q_lens], [int(n) for n in vl.kv_lens]
+    if case.window is not None:
+        return fmha_bias.BlockDiagonalCausalLocalAttentionPaddedKeysMask.from_seqlens_local(
+            q_seqlen=q_seqlen, kv_padding=case.S_kv, kv_seqlen=kv_seqlen, window_size=case.window
+        )
+    cls = fmha_bias.BlockDiagonalCausalWithOffsetPaddedKeysMask if causal else fmha_bias.BlockDiagonalPaddedKeysMask
+    return cls.from_seqlens(q_seqlen=q_seqlen, kv_padding=case.S_kv, kv_seqlen=kv_seqlen)
+
+
+def xformers_call(case: Case, inputs: AttentionInputs, attn_bias: Any, *, requires_grad: bool = False) -> XformersCall:
+    """Translate a case into `memory_efficient_attention`'s arguments (copies made here, untimed).
+
+    Leaves are contiguous BSHD copies: q `[B, S_q, H, d_k]` (packed `[1, Σ q_len, H, d_k]` with padding),
+    K/V `[B, S_kv, H_kv, d]` (`[1, B·S_kv, H_kv, d]` with padding: xFormers reads padded keys in place).
+    MHA calls the 4-D form; GQA/MQA the 5-D `[B, M, H_kv, g, d]` form.
+    """
+    g = case.group_size
+
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().requires_grad_(requires_grad)
+
+    q, k, v = (to_bshd(t.detach()) for t in (inputs.q, inputs.k, inputs.v))
+    notes: dict[str, Any] = {"layout": "BMHK" if g == 1 else "BMGHK"}
+    if case.padding:
+        vl = varlen(case, q.device)
+        q = pack(q, vl.q_lens).unsqueeze(0)  # [1, Σ q_len, H, d]
+        k = k.reshape(1, case.B * case.S_kv, case.H_kv, case.d_k)
+        v = v.reshape(1, case.B * case.S_kv, case.H_kv, case.d_v)
+        q_back = lambda t: from_bshd(unpack(t.reshape(-1, case.H, t.shape[-1]), vl.q_lens, case.S_q))  # noqa: E731
+        kv_back = lambda t: from_bshd(t.reshape(case.B, case.S_kv, case.H_kv, t.shape[-1]))  # noqa: E731
+        grad_from = lambda t: pack(to_bshd(t), vl.q_lens).unsqueeze(0)  # noqa: E731
+        notes["q_rows"] = int(vl.q_lens.sum())
+    else:
+        q_back = from_bshd
+        kv_back = from_bshd
+        grad_from = to_bshd
+
+    def view(ql: torch.Tensor, kl: torch.Tensor, vl_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if g == 1:
+            return ql, kl, vl_
+        Bq, M = ql.shape[:2]
+        return ql.view(Bq, M, case.H_kv, g, case.d_k), kv_to_bmghk(kl, g), kv_to_bmghk(vl_, g)
+
+    return XformersCall(
+        leaf(q), leaf(k), leaf(v), attn_bias, 1.0 / math.sqrt(case.d_k), view,
+        out_to_bhsd=q_back, q_to_bhsd=q_back, kv_to_bhsd=kv_back, grad_from_bhsd=grad_from, notes=notes,
+    )
+
+
+@register
+class XformersBackend(Backend):
+    """xformers.ops.memory_efficient_attention (xFormers chooses among its cutlass, flash, ck, triton operators)."""
+
+    name = "xformers"
+    family = "xformers"
+    description = "xformers.ops.memory_efficient_attention; the operator it dispatched to is in notes"
+    devices = ("cuda",)
+    native_gqa = True
+
+    def version(self) -> str:
+        """The installed xFormers version."""
+        from importlib import metadata
+
+        return metadata.version("xformers")
+
+    def available(self) -> str | None:
+        """Installed, its compiled extensions loaded, and a CUDA device (xFormers has no CPU kernel)."""
+        try:
+            _, broken = import_xformers()
+        except ImportError as exc:
+            return f"xformers is not installed (pip install xformers; CUDA only, no CPU kernel): {exc}"
+        except Exception as exc:
+            return f"xformers failed to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        if not torch.cuda.is_available():
+            extra = f"; besides, {broken}" if broken else ""
+            return f"no CUDA device: xFormers' memory_efficient_attention has no CPU kernel{extra}"
+        if broken:
+            return broken
+        return None
+
+    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+        """Translate the inputs (untimed), ask xFormers' dispatcher which operator it will use, and time the call."""
+        xops, _ = import_xformers()
+        from xformers.ops import fmha
+
+        bias = attention_bias(case, fmha.attn_bias)
+        if bias is not None and hasattr(bias, "to"):
+            bias = bias.to(inputs.q.device)
+        call = xformers_call(case, inputs, bias, requires_grad=case.mode != "fwd")
+        notes = dict(call.notes)
+        notes["attn_bias"] = type(bias).__name__ if bias is not None else None
+        ql, kl, vl = call.view(call.q, call.k, call.v)
+        try:
+            inp = fmha.Inputs(query=ql, key=kl, value=vl, attn_bias=bias, scale=call.scale)
+            notes["op_fw"] = fmha.dispatch._dispatch_fw(inp, case.mode != "fwd").NAME
+        except NotImplementedError as exc:
+            raise Unsupported(f"xformers: {_first_reason(exc)}") from None
+        except AttributeError:  # a dispatcher that moved: the call below still tells the truth about support
+            notes["op_fw"] = "unknown (xformers dispatcher not introspectable)"
+        scale, q, k, v = call.scale, call.q, call.k, call.v
+
+        def fn() -> torch.Tensor:
+            out = xops.memory_efficient_attention(*call.view(q, k, v), attn_bias=bias, scale=scale)
+            # 5-D [B, M, G, g, d] → [B, M, H, d]: a view, so the upstream gradient has the leaves' layout.
+            return out.reshape(*out.shape[:2], case.H, case.d_v) if out.dim() == 5 else out
+
+        def check(result: Any) -> Any:
+            from harness.numerics import check_backward, check_forward
+
+            if case.mode == "fwd":
+                return check_forward(case, inputs, call.out_to_bhsd(result))
+            dq, dk, dv = result
+            return check_backward(case, inputs, [call.q_to_bhsd(dq), call.kv_to_bhsd(dk), call.kv_to_bhsd(dv)])
+
+        return Prepared(fn=fn, leaves=(q, k, v), to_bhsd=call.out_to_bhsd, from_bhsd=call.grad_from_bhsd, notes=notes, check=check)
+
+
+def _first_reason(exc: Exception) -> str:
+    """xFormers' 'No operator found' message, condensed to one line."""
+    return " ".join(str(exc).split())[:300]
