@@ -13,9 +13,9 @@ $(STAMP): pyproject.toml scripts/setup-env.sh
 	sh scripts/setup-env.sh "$(PYTHON)" "$(VENV)"
 	touch $(STAMP)
 
-## bench: run `quick` on CPU or `default` on CUDA, write results/<run-id>/, print its folder
+## bench: run `quick` on CPU or `default` on CUDA, write results/<run-id>/ and reports/<run-id>/, print the report's path last
 bench: $(STAMP)
-	$(VPY) -m harness run --suite auto $(ARGS)
+	$(VPY) -m harness run --suite auto --report $(ARGS)
 
 ## test: the CPU test suite (what CI runs)
 test: $(STAMP)

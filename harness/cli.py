@@ -72,6 +72,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
     print(f"{sum(summary.counts.values())} of {summary.total} pairs recorded ({counts}) in {summary.wall_s:.0f} s")
     print(f"results: {summary.run_dir}")
+    if args.report:
+        from harness.report import build_report
+
+        print(f"report: {build_report([summary.run_dir])}")
     return 0
 
 
@@ -116,7 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip the agreement check against float64")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one pair may run before it is killed (default 600)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--report", action="store_true", help="then write reports/<run-id>/index.html and print its path last")
     p.set_defaults(func=cmd_run)
+    from harness.report.cli import add_commands
+
+    add_commands(sub)  # report, compare, recommend
     return parser
 
 

@@ -26,6 +26,7 @@ from harness.env import fingerprint, gpu_telemetry
 from harness.errors import UserError
 from harness.results import RECORDS, RunWriter, read_records, validate_run_id, write_csv
 from harness.runner import Options, base_record
+from harness.roofline import write_peaks
 from harness.suite import Suite, load_suite, pair_key
 
 MANIFEST = "manifest.json"
@@ -129,6 +130,8 @@ class Supervisor:
         (run_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))
         env = {"before": fingerprint(device), "telemetry_before": gpu_telemetry() if device == "cuda" else None}
         (run_dir / "env.json").write_text(json.dumps(env, indent=1, default=str))
+        # The device's own ceilings, measured before any worker starts so nothing competes with them.
+        write_peaks(run_dir, device, sorted({c.dtype for c in suite.cases}))
         return run_dir, manifest
 
     def _pairs(self, manifest: dict[str, Any]) -> dict[str, tuple[Case, str]]:

@@ -57,6 +57,14 @@ class Backend:
     native_gqa: ClassVar[bool] = False
     #: Whether `prepare` accepts backward modes.
     supports_backward: ClassVar[bool] = True
+    #: False for a backend that times part of the layer other than attention (the projections):
+    #: there is no attention output to check, so the runner records `agree` None with a note,
+    #: and takes the row's FLOPs and bytes from `costs` instead of the attention formulas.
+    computes_attention: ClassVar[bool] = True
+
+    def costs(self, case: Case) -> tuple[int, int] | None:
+        """(FLOPs, bytes) of one call when they are not the attention's (theory.flops, min_bytes); None otherwise."""
+        return None
 
     def version(self) -> str:
         """The version of what the backend wraps (torch's by default)."""

@@ -17,7 +17,7 @@ ENV_VAR = "ATTNBENCH_BACKENDS"
 
 #: Modules that define the built-in backends; importing one registers its classes in BUILTINS.
 BUILTIN_MODULES = (
-    "harness.backends.naive", "harness.backends.sdpa",
+    "harness.backends.naive", "harness.backends.sdpa", "harness.backends.projections",
     "harness.backends.compiled", "harness.backends.flex", "harness.backends.xformers", "harness.backends.flash_attn",
     "harness.backends.mla", "harness.backends.layer",
 )

@@ -1,0 +1,92 @@
+"""The `report`, `compare` and `recommend` subcommands: argument parsing here, the work in analysis/report/compare.
+
+Kept light on purpose: nothing heavy (pandas, matplotlib) is imported until a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.errors import UserError
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write reports/<run-id>/index.html and its CSVs, and print the page's path."""
+    from harness.report import build_report
+
+    path = build_report([Path(r) for r in args.runs], out_root=Path(args.out), baseline=args.baseline)
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Compare two runs row by row; exit 1 when --fail-above is given and some row regressed past it."""
+    from harness.compare import EXIT_REGRESSION, compare_runs, parse_threshold, print_comparison
+
+    threshold = parse_threshold(args.fail_above) if args.fail_above is not None else None
+    base, new = Path(args.base), Path(args.new)
+    result = compare_runs(base, new, threshold, force=args.force)
+    print_comparison(result, base.name, new.name, sys.stdout)
+    out = Path(args.out) if args.out else Path("reports") / f"compare-{base.name}-vs-{new.name}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result.table.to_csv(out, index=False)
+    print(f"csv: {out}")
+    return EXIT_REGRESSION if result.failed else 0
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    """Answer which backend to use for a shape, from the run's measured rows only."""
+    from harness import analysis
+    from harness.cases import canonical_dtype
+
+    query: dict = {"B": args.B, "S": args.seq, "H": args.H, "H_kv": args.H_kv, "d_k": args.d_k,
+                   "dtype": canonical_dtype(args.dtype) if args.dtype else None, "causal": args.causal}
+    label = ""
+    if args.model:
+        shape = analysis.model_shape(args.model)
+        for name in ("H", "H_kv", "d_k"):
+            if query[name] is not None and query[name] != shape[name]:
+                raise UserError(f"--{name.replace('_', '-').lower()} {query[name]} contradicts --model {args.model} ({name}={shape[name]})")
+            query[name] = shape[name]
+        label = f"{args.model} (H={shape['H']}, H_kv={shape['H_kv']}, d_k={shape['d_k']}): "
+    if all(v is None for v in query.values()):
+        raise UserError("say which shape: --model NAME and/or --seq, --B, --H, --H-kv, --d-k, --dtype, --causal")
+    data = analysis.load([Path(args.run)])
+    answers = analysis.recommend(data.frame, query)
+    for answer in answers:
+        lines = answer.lines()
+        print(label + lines[0])
+        for line in lines[1:]:
+            print(line)
+    return 0 if any(a.winner for a in answers) else 1
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register report, compare and recommend on the CLI's subparsers."""
+    p = sub.add_parser("report", help="write reports/<run-id>/index.html (self-contained) and CSVs from one or more runs")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folder(s), e.g. results/<run-id>")
+    p.add_argument("--out", default="reports", help="parent folder of report folders (default: reports)")
+    p.add_argument("--baseline", default="sdpa-math", help="backend the speedups are against (default: sdpa-math)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("compare", help="compare two runs per (case, backend); --fail-above 5%% gates on slowdowns")
+    p.add_argument("base", metavar="BASE", help="the reference run folder")
+    p.add_argument("new", metavar="NEW", help="the run folder to judge")
+    p.add_argument("--fail-above", metavar="PCT", help="exit 1 if a row slowed down by more than PCT (e.g. 5%%) beyond both runs' noise, or stopped running")
+    p.add_argument("--out", help="CSV to write (default: reports/compare-BASE-vs-NEW.csv)")
+    p.add_argument("--force", action="store_true", help="compare even when the runs measured different devices")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("recommend", help="the fastest agreeing backend for a shape, from a run's measured rows")
+    p.add_argument("run", metavar="RUN", help="run folder")
+    p.add_argument("--model", help="a model preset, e.g. llama3-8b (sets H, H_kv, d_k)")
+    p.add_argument("--seq", type=int, help="sequence length S (S_q = S_kv = S)")
+    p.add_argument("--B", type=int, help="batch size")
+    p.add_argument("--H", type=int, help="query heads")
+    p.add_argument("--H-kv", dest="H_kv", type=int, help="key/value heads")
+    p.add_argument("--d-k", dest="d_k", type=int, help="head dimension")
+    p.add_argument("--dtype", help="fp32, fp16, bf16 or fp64")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="causal (or --no-causal); default: either")
+    p.set_defaults(func=cmd_recommend)

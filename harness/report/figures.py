@@ -1,0 +1,258 @@
+"""The report's figures, drawn with matplotlib (Agg) from the data and embedded as base64 PNG.
+
+Which figures exist is decided by the rows: one figure per dtype (and pass) for each quantity,
+one panel per combination of the other fixed parameters, one line per backend. Nothing here
+keeps a list of backends or plots by hand.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+
+from harness import analysis, roofline  # noqa: E402
+
+#: At most this many panels per figure; more groups spill into further figures.
+MAX_PANELS = 12
+COLUMNS = 4
+DPI = 80
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One embedded figure: a title, a PNG data URI and a caption (all plain text; the page escapes them)."""
+
+    title: str
+    data_uri: str
+    caption: str = ""
+
+
+def to_data_uri(fig: Any) -> str:
+    """Render a matplotlib figure to a base64 PNG data URI and close it."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def backend_colors(names: Iterable[str]) -> dict[str, Any]:
+    """A stable colour per backend name (sorted order into tab10, then tab20)."""
+    names = sorted(set(names))
+    palette = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20").colors[1::2])
+    return {name: palette[i % len(palette)] for i, name in enumerate(names)}
+
+
+def _panels(n: int) -> tuple[Any, np.ndarray]:
+    cols = min(COLUMNS, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes.flat
+
+
+def _chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
+    for start in range(0, len(items), size):
+        yield start // size, items[start : start + size]
+
+
+def _per_group_figures(
+    rows: pd.DataFrame, value: str, ylabel: str, title: str, caption: str, colors: Mapping[str, Any],
+    *, logy: bool = True, hline: Any = None, annotate: Any = None,
+) -> list[Figure]:
+    """One figure per (dtype, mode), a panel per fixed-parameter group, a line per backend of `value` against S."""
+    figures = []
+    rows = rows[rows[value].notna() & (rows[value] > 0)] if logy else rows[rows[value].notna()]
+    if rows.empty:
+        return figures
+    keys = analysis.group_key_columns(rows, exclude=("dtype", "mode"))
+    for (dtype, mode), by_dtype in rows.groupby(["dtype", "mode"], sort=True):
+        groups = list(analysis._groups(by_dtype, keys))
+        for part, chunk in _chunks(groups, MAX_PANELS):
+            fig, axes = _panels(len(chunk))
+            for ax, (key, sub) in zip(axes, chunk):
+                for backend, line in sub.groupby("backend", sort=True):
+                    line = line.sort_values("S")
+                    label = annotate(backend, key, line) if annotate else backend
+                    ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=label)
+                if hline is not None:
+                    lines = hline(dtype, sub)
+                    for y, text in lines:
+                        ax.axhline(y, color="black", ls="--", lw=1)
+                        ax.annotate(text, xy=(0.01, y), xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
+                        above = sub[sub[value] > y]
+                        if len(above):  # impossible points: marked, never left to look like wins
+                            ax.scatter(above["S"].astype(float), above[value].astype(float), marker="x", s=60, color="red", zorder=5,
+                                       label="above the measured peak: impossible")
+                    if not lines:
+                        ax.annotate(f"no measured {dtype} peak in this run", xy=(0.01, 0.02), xycoords="axes fraction", fontsize=7, color="grey")
+                ax.set_xscale("log", base=2)
+                if logy:
+                    ax.set_yscale("log")
+                ax.set_title(analysis.describe_group({**key, "dtype": None}) or "all", fontsize=9)
+                ax.set_xlabel("S", fontsize=8)
+                ax.set_ylabel(ylabel, fontsize=8)
+                ax.tick_params(labelsize=7)
+                ax.grid(True, which="major", alpha=0.3)
+                ax.legend(fontsize=6, loc="best")
+            suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
+            mode_text = "" if mode == "fwd" else f", {mode}"
+            fig.suptitle(f"{title}: {dtype}{mode_text}{suffix}", fontsize=11)
+            fig.tight_layout()
+            figures.append(Figure(f"{title}: {dtype}{mode_text}{suffix}", to_data_uri(fig), caption))
+    return figures
+
+
+def latency_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
+    """Median latency against S per backend, log-log."""
+    rows = analysis.ok_rows(frame)
+    return _per_group_figures(rows, "latency_ms_median", "median latency (ms)", "Latency against S", "Median of the timed samples; log-log axes. The projections curve, where present, is the layer's Q/K/V/O term.", colors)
+
+
+def tflops_figures(frame: pd.DataFrame, peaks: Mapping[str, Any], colors: Mapping[str, Any]) -> list[Figure]:
+    """Achieved TFLOP/s against S per backend, with each run's measured matmul peak for the dtype drawn as a dashed line."""
+    rows = analysis.ok_rows(frame)
+
+    def hline(dtype: str, sub: pd.DataFrame) -> list[tuple[float, str]]:
+        lines = []
+        for run_id in sorted(set(sub["run_id"])):
+            peak = roofline.peak_tflops(peaks.get(run_id), dtype)
+            if peak:
+                lines.append((peak, f"measured {dtype} matmul peak {peak:.3g} TFLOP/s" + (f" ({run_id})" if len(peaks) > 1 else "")))
+        return lines
+
+    return _per_group_figures(rows, "tflops", "TFLOP/s", "Throughput against S", "Achieved TFLOP/s (FLOPs from harness.theory); dashed: the matmul peak measured at the start of the run. A point above it is impossible and flagged in the roofline table.", colors, hline=hline)
+
+
+def memory_figures(frame: pd.DataFrame, fits: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
+    """Peak memory against S per backend, log-log, each line labelled with its fitted exponent α."""
+    rows = analysis.ok_rows(frame)
+    alpha = {}
+    if not fits.empty:
+        for _, f in fits.iterrows():
+            alpha[(f["backend"], f["group"])] = f["alpha_memory"]
+
+    def annotate(backend: str, key: Mapping[str, Any], line: pd.DataFrame) -> str:
+        a = alpha.get((backend, analysis.describe_group(key)))
+        return f"{backend} (α={a:.2f})" if a is not None and a == a else backend
+
+    return _per_group_figures(rows, "peak_mem_bytes", "peak memory (bytes)", "Peak memory against S", "Measured peak memory of one call above the inputs; log-log axes; α is the fitted exponent (memory ∝ S^α).", colors, annotate=annotate)
+
+
+def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
+    """Per model width D: the projections' and each core's latency against S, with S* marked (and 2D, D for reference)."""
+    if table.empty:
+        return []
+    rows = analysis.ok_rows(frame)
+    keys = analysis.group_key_columns(rows)
+    figures = []
+    for D, by_d in table.groupby("D", sort=True):
+        groups = list(by_d.groupby("group", sort=True))
+        for part, chunk in _chunks(groups, MAX_PANELS):
+            fig, axes = _panels(len(chunk))
+            for ax, (label, entries) in zip(axes, chunk):
+                first = entries.iloc[0]
+                mask = np.ones(len(rows), dtype=bool)
+                for k in keys:
+                    value = first[k]
+                    column = rows[k]
+                    mask &= (column.isna().to_numpy() if value is None or (isinstance(value, float) and value != value) else (column == value).to_numpy())
+                sub = rows[mask]
+                proj = sub[sub["backend"] == analysis.PROJECTIONS].sort_values("S")
+                ax.plot(proj["S"].astype(float), proj["latency_ms_median"], color="black", lw=2.2, marker="s", ms=3, label="projections")
+                for _, e in entries.iterrows():
+                    core = sub[sub["backend"] == e["backend"]].sort_values("S")
+                    color = colors[e["backend"]]
+                    ax.plot(core["S"].astype(float), core["latency_ms_median"], color=color, marker="o", ms=3, lw=1.4, label=f"{e['backend']}: S* {e['S_star_text']}")
+                    if e["S_star"] is not None and e["S_star"] == e["S_star"]:
+                        ax.axvline(float(e["S_star"]), color=color, ls="-", lw=0.8, alpha=0.8)
+                        ax.plot([float(e["S_star"])], [np.interp(math.log(e["S_star"]), np.log(proj["S"].astype(float)), proj["latency_ms_median"])], marker="*", ms=11, color=color, mec="black", zorder=5)
+                ax.axvline(2 * int(D), color="grey", ls=":", lw=1.2, label=f"FLOP model 2D = {2 * int(D)}")
+                ax.axvline(int(D), color="grey", ls="--", lw=0.8, label=f"rule of thumb D = {int(D)}")
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_title(f"D={int(D)}  {label}", fontsize=9)
+                ax.set_xlabel("S", fontsize=8)
+                ax.set_ylabel("median latency (ms)", fontsize=8)
+                ax.tick_params(labelsize=7)
+                ax.grid(True, alpha=0.3)
+                ax.legend(fontsize=6, loc="best")
+            suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
+            fig.suptitle(f"Crossover at D = {int(D)}{suffix}", fontsize=11)
+            fig.tight_layout()
+            figures.append(Figure(f"Crossover at D = {int(D)}{suffix}", to_data_uri(fig), "Black: the projections; coloured: each attention core; stars and solid lines: the measured S*; dotted: the FLOP model's S = 2D; dashed: the rule of thumb S ≈ D."))
+    return figures
+
+
+def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
+    """Per dtype: which backend wins over S × B and over S × H_kv (among agreeing rows), with won/cases in each cell."""
+    wins = analysis.winners(frame)
+    if wins.empty:
+        return []
+    figures = []
+    for dtype in sorted(set(wins["dtype"])):
+        maps = [(axis, analysis.winner_map(frame, axis, dtype)) for axis in ("B", "H_kv")]
+        maps = [(axis, m) for axis, m in maps if not m.empty]
+        if not maps:
+            continue
+        fig, axes = plt.subplots(1, len(maps), figsize=(6.5 * len(maps), 3.6), squeeze=False)
+        for ax, (axis, m) in zip(axes.flat, maps):
+            s_values = sorted(set(m["S"]))
+            a_values = sorted(set(m[axis]))
+            names = sorted(set(m["winner"]))
+            index = {name: i for i, name in enumerate(names)}
+            grid = np.full((len(a_values), len(s_values)), np.nan)
+            for _, cell in m.iterrows():
+                r, c = a_values.index(cell[axis]), s_values.index(cell["S"])
+                grid[r, c] = index[cell["winner"]]
+                ax.text(c, r, f"{cell['winner']}\n{cell['won']}/{cell['cases']}", ha="center", va="center", fontsize=7)
+            cmap = ListedColormap([_light(colors[n]) for n in names])
+            ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(names) - 0.5, aspect="auto", origin="lower")
+            ax.set_xticks(range(len(s_values)), [str(s) for s in s_values], fontsize=8)
+            ax.set_yticks(range(len(a_values)), [str(a) for a in a_values], fontsize=8)
+            ax.set_xlabel("S", fontsize=9)
+            ax.set_ylabel(axis, fontsize=9)
+            ax.set_title(f"winner over S × {axis}", fontsize=10)
+        fig.suptitle(f"Winner maps: {dtype}", fontsize=11)
+        fig.tight_layout()
+        figures.append(Figure(f"Winner maps: {dtype}", to_data_uri(fig), "Each cell: the backend that won the most cases (fastest among rows that agree with the reference) and won/cases; other parameters vary inside a cell."))
+    return figures
+
+
+def _light(color: Any) -> tuple[float, float, float]:
+    r, g, b = color[:3]
+    return (0.55 + 0.45 * r, 0.55 + 0.45 * g, 0.55 + 0.45 * b)
+
+
+def agreement_figure(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
+    """Each checked row's error over its bound, per backend (above 1 = disagrees)."""
+    rows = analysis.ok_rows(frame)
+    rows = rows[rows["max_abs_err"].notna() & rows["err_bound"].notna() & (rows["err_bound"] > 0)]
+    if rows.empty:
+        return []
+    backends = sorted(set(rows["backend"]))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(backends) + 2), 3.4))
+    rng = np.random.default_rng(0)
+    for i, backend in enumerate(backends):
+        sub = rows[rows["backend"] == backend]
+        ratio = (sub["max_abs_err"] / sub["err_bound"]).clip(lower=1e-6).to_numpy(dtype=float)
+        ax.scatter(i + rng.uniform(-0.2, 0.2, len(ratio)), ratio, s=12, color=colors[backend], alpha=0.8)
+    ax.axhline(1.0, color="red", lw=1, ls="--")
+    ax.annotate("bound (err = 2·eager err + atol)", xy=(0.01, 1.0), xycoords=("axes fraction", "data"), fontsize=7, va="bottom", color="red")
+    ax.set_xticks(range(len(backends)), backends, rotation=20, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("max |out − ref| / bound", fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return [Figure("Agreement errors", to_data_uri(fig), "Each dot is one checked row: its largest error against the float64 reference over the row's bound. Below the line agrees.")]

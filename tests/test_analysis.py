@@ -1,0 +1,289 @@
+"""Analysis on synthetic rows with known answers: crossover, power-law fits, roofline arithmetic, winners, recommend, compare."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import analysis, roofline
+from harness.backends.projections import ProjectionsBackend, projection_flops
+from harness.cases import Case
+from harness.cli import main
+from harness.compare import compare_frames, parse_threshold
+from harness.errors import UserError
+from harness.results import RunWriter
+from harness.runner import Options, case_columns, execute
+from harness.theory import layer_flops
+
+
+def synthetic_record(case: Case, backend: str, ms: float, *, status: str = "ok", agree: bool | None = True, mem: float | None = None,
+                     spread: float = 0.01, run_id: str = "synthetic", family: str = "test", flops: float | None = None) -> dict:
+    """A record shaped like the runner's, with a chosen median latency (p20/p80 at ±spread)."""
+    cols = case_columns(case)
+    if flops is not None:
+        cols["flops"] = flops
+    record = {**cols, "backend": backend, "family": family, "status": status, "run_id": run_id, "schema_version": 1,
+              "reason": None if status == "ok" else "synthetic failure"}
+    if status == "ok":
+        seconds = ms / 1e3
+        record.update({
+            "latency_ms_median": ms, "latency_ms_p20": ms * (1 - spread), "latency_ms_p80": ms * (1 + spread),
+            "iqr_ratio": spread, "noisy": False, "suspect": False, "peak_mem_bytes": mem,
+            "tflops": cols["flops"] / seconds / 1e12, "gbps": cols["bytes"] / seconds / 1e9,
+            "agree": agree, "max_abs_err": 1e-7 if agree else 1.0, "err_bound": 1e-6 if agree is not None else None,
+        })
+    return record
+
+
+def write_run(run_dir: Path, records: list[dict], *, peaks: dict | None = None, env: dict | None = None) -> Path:
+    """A run folder as the supervisor leaves it: records.jsonl, env.json, manifest.json and peaks.json."""
+    writer = RunWriter(run_dir)
+    for r in records:
+        writer.append(r)
+    (run_dir / "env.json").write_text(json.dumps(env or {"before": {"device_type": "cpu", "device_name": "synthetic CPU", "torch": "2.x"}}))
+    (run_dir / "manifest.json").write_text(json.dumps({"run_id": run_dir.name, "suite": "synthetic", "pairs": [], "backends": sorted({r["backend"] for r in records})}))
+    if peaks is not None:
+        (run_dir / "peaks.json").write_text(json.dumps(peaks))
+    return run_dir
+
+
+PEAKS = {"device": "cpu", "matmul": {"fp32": {"n": 1024, "tflops": 1.0, "tflops_median": 0.9}}, "copy": {"bytes": 2**26, "gbps": 100.0, "gbps_median": 90.0}, "errors": {}}
+
+
+def frame_of(records: list[dict], peaks: dict | None = PEAKS) -> pd.DataFrame:
+    """Records → the analysis frame (derived and roofline columns), as `analysis.load` builds it."""
+    frame = pd.DataFrame(records)
+    from harness.results import COLUMNS
+
+    for c in COLUMNS:
+        if c not in frame.columns:
+            frame[c] = None
+    return analysis.with_roofline(analysis.derive_columns(frame), {"synthetic": peaks})
+
+
+# -- crossover -------------------------------------------------------------------------------------
+def test_crossing_of_two_power_laws_is_exact():
+    # t_proj = S/700, t_core = S²/700² → they meet at S = 700; log-log interpolation is exact for power laws.
+    S = [64, 128, 256, 512, 1024, 2048]
+    crossing = analysis.find_crossing(S, [s * s / 700**2 for s in S], [s / 700 for s in S])
+    assert crossing.s_star == pytest.approx(700, rel=1e-9)
+    assert crossing.bound is None and crossing.crossings == 1
+    assert crossing.text() == "700" and crossing.over(512) == "1.37"
+
+
+def test_never_crossing_gives_a_bound_not_a_number():
+    S = [64, 128, 256, 512]
+    below = analysis.find_crossing(S, [0.1 * s for s in S], [s for s in S])
+    assert below.s_star is None and below.bound == ">" and below.limit == 512
+    assert below.text() == "> 512" and below.over(256) == "> 2.00"
+    above = analysis.find_crossing(S, [10.0 * s for s in S], [s for s in S])
+    assert above.s_star is None and above.bound == "<" and above.limit == 64 and above.text() == "< 64"
+
+
+def test_noisy_crossing_reports_the_last_upward_one_and_says_so():
+    S = [100, 200, 400, 800]
+    ratio = [0.5, 2.0, 0.5, 2.0]  # up, down, up
+    crossing = analysis.find_crossing(S, ratio, [1.0] * 4)
+    assert crossing.crossings == 3
+    assert crossing.s_star == pytest.approx(math.sqrt(400 * 800))  # log r symmetric about 0 → geometric mean
+    assert "3 times" in crossing.note
+
+
+def test_crossovers_per_backend_and_D_beside_the_model():
+    records = []
+    for H, s_cross_fast in ((4, 300.0), (8, 5000.0)):  # D = 256 crosses inside, D = 512 does not
+        for S in (64, 128, 256, 512, 1024):
+            case = Case(B=1, S_q=S, S_kv=S, H=H, H_kv=H, d_k=64, d_v=64)
+            records.append(synthetic_record(case, "projections", S / 100, agree=None))
+            records.append(synthetic_record(case, "fast", S * S / (100 * s_cross_fast)))
+            records.append(synthetic_record(case, "wrong", S * S / 1e9, agree=False))  # disagrees: never used
+    table = analysis.crossovers(frame_of(records)).set_index(["backend", "D"])
+    assert set(table.index) == {("fast", 256), ("fast", 512)}
+    assert table.loc[("fast", 256), "S_star"] == pytest.approx(300.0)
+    assert table.loc[("fast", 256), "model_S_star"] == 512 and table.loc[("fast", 256), "rule_of_thumb_S"] == 256
+    assert table.loc[("fast", 256), "S_star_over_D"] == f"{300 / 256:.2f}"
+    assert math.isnan(table.loc[("fast", 512), "S_star"]) and table.loc[("fast", 512), "S_star_text"] == "> 1,024"
+
+
+# -- scaling fits ----------------------------------------------------------------------------------
+def test_power_law_fit_recovers_exponent_and_r2():
+    S = [128, 256, 512, 1024]
+    fit = analysis.fit_power_law(S, [3e-6 * s**2 for s in S])
+    assert fit.exponent == pytest.approx(2.0) and fit.r2 == pytest.approx(1.0) and fit.prefactor == pytest.approx(3e-6)
+    noisy = analysis.fit_power_law(S, [s * f for s, f in zip(S, (1.0, 1.3, 0.8, 1.1))])
+    assert 0 < noisy.r2 < 1 and noisy.exponent == pytest.approx(1.0, abs=0.2)
+
+
+def test_power_law_fit_refuses_fewer_than_three_points():
+    fit = analysis.fit_power_law([128, 256], [1.0, 4.0])
+    assert fit.exponent is None and fit.r2 is None and "≥ 3" in fit.note
+    zeros = analysis.fit_power_law([128, 256, 512], [0.0, 4.0, 16.0])  # a zero memory reading is not a point
+    assert zeros.exponent is None and "has 2" in zeros.note
+
+
+def test_scaling_fits_show_quadratic_and_linear_memory():
+    records = []
+    for S in (128, 256, 512, 1024):
+        case = Case(B=2, S_q=S, S_kv=S, H=8, H_kv=8, d_k=64, d_v=64)
+        records.append(synthetic_record(case, "naive", 1e-5 * S**2, mem=2 * 2 * 8 * S * S * 4))
+        records.append(synthetic_record(case, "fused", 1e-5 * S**2, mem=2 * 8 * S * 64 * 4))
+    fits = analysis.scaling_fits(frame_of(records)).set_index("backend")
+    assert fits.loc["naive", "alpha_memory"] == pytest.approx(2.0)
+    assert fits.loc["fused", "alpha_memory"] == pytest.approx(1.0)
+    assert fits.loc["naive", "beta_latency"] == pytest.approx(2.0) and fits.loc["naive", "r2_latency"] == pytest.approx(1.0)
+    memory = analysis.memory_vs_model(frame_of(records)).set_index(["backend", "S"])
+    assert memory.loc[("naive", 256), "ratio"] == pytest.approx(1.0)  # exactly 2·B·H·S² fp32 elements
+    assert memory.loc[("fused", 256), "model_bytes"] == 2 * 8 * 256 * 64 * 4
+
+
+# -- roofline --------------------------------------------------------------------------------------
+def test_roofline_arithmetic():
+    # ridge = 100 TFLOP/s / 2000 GB/s = 50 FLOP/byte
+    compute = roofline.roofline_row(50.0, 500.0, 100.0, 100.0, 2000.0)
+    assert compute["ridge_flop_per_byte"] == pytest.approx(50.0)
+    assert compute["pct_peak_flops"] == pytest.approx(50.0) and compute["pct_peak_bw"] == pytest.approx(25.0)
+    assert compute["bound"] == "compute" and compute["attainable_tflops"] == pytest.approx(100.0) and not compute["impossible"]
+    memory = roofline.roofline_row(10.0, 1000.0, 10.0, 100.0, 2000.0)
+    assert memory["bound"] == "memory" and memory["attainable_tflops"] == pytest.approx(20.0) and memory["pct_roof"] == pytest.approx(50.0)
+    impossible = roofline.roofline_row(120.0, 100.0, 100.0, 100.0, 2000.0)
+    assert impossible["impossible"] and impossible["pct_peak_flops"] == pytest.approx(120.0)
+    unknown = roofline.roofline_row(1.0, 1.0, 1.0, None, None)
+    assert unknown["pct_peak_flops"] is None and unknown["bound"] is None and not unknown["impossible"]
+
+
+def test_roofline_columns_come_from_the_rows_run_peaks():
+    case = Case(B=1, S_q=256, S_kv=256, H=8, H_kv=8, d_k=64, d_v=64)
+    ms = case_columns(case)["flops"] / 0.5e12 * 1e3  # 0.5 TFLOP/s against a 1 TFLOP/s peak
+    frame = frame_of([synthetic_record(case, "a", ms)])
+    row = frame.iloc[0]
+    assert row["pct_peak_flops"] == pytest.approx(50.0)
+    assert row["ridge_flop_per_byte"] == pytest.approx(1e12 / 100e9)
+    assert row["bound"] == ("compute" if row["arithmetic_intensity"] >= 10 else "memory")
+
+
+def test_measured_peaks_are_positive_and_stored(tmp_path):
+    path = roofline.write_peaks(tmp_path, "cpu", ["fp32"])
+    peaks = json.loads(path.read_text())
+    assert peaks["matmul"]["fp32"]["tflops"] > 0 and peaks["copy"]["gbps"] > 0
+    assert peaks["matmul"]["fp32"]["flops"] == 2 * peaks["matmul"]["fp32"]["n"] ** 3
+    assert peaks["copy"]["bytes_moved"] == 2 * peaks["copy"]["bytes"]
+
+
+# -- winners, recommend ----------------------------------------------------------------------------
+def _winner_records():
+    records = []
+    for S in (128, 256):
+        case = Case(B=1, S_q=S, S_kv=S, H=32, H_kv=8, d_k=128, d_v=128, dtype="bf16", causal=True)
+        records.append(synthetic_record(case, "sdpa-math", 4.0))
+        records.append(synthetic_record(case, "sdpa-flash", 1.0))
+        records.append(synthetic_record(case, "sdpa", 1.25))
+        records.append(synthetic_record(case, "cheat", 0.1, agree=False))  # fastest, but wrong
+        records.append(synthetic_record(case, "broken", 0.0, status="error"))
+    return records
+
+
+def test_winner_is_the_fastest_agreeing_row_with_margin_and_speedup():
+    wins = analysis.winners(frame_of(_winner_records()), baseline="sdpa-math")
+    assert list(wins["winner"]) == ["sdpa-flash", "sdpa-flash"]
+    assert list(wins["runner_up"]) == ["sdpa", "sdpa"]
+    assert wins["margin_pct"].iloc[0] == pytest.approx(25.0)
+    assert wins["speedup_vs_baseline"].iloc[0] == pytest.approx(4.0)
+    speed = analysis.speedups(frame_of(_winner_records()), "sdpa-math")
+    assert "cheat" not in speed.columns and speed["sdpa"].iloc[0] == pytest.approx(3.2)
+    cells = analysis.winner_map(frame_of(_winner_records()), "H_kv", "bf16")
+    assert list(cells["winner"]) == ["sdpa-flash", "sdpa-flash"] and list(cells["won"]) == [1, 1]
+
+
+def test_recommend_answers_from_rows_and_refuses_unmeasured_shapes(tmp_path, capsys):
+    run = write_run(tmp_path / "run", _winner_records())
+    assert main(["recommend", str(run), "--model", "llama3-8b", "--seq", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa-flash" in out and "25.0% faster than the runner-up sdpa" in out
+    assert "cheat" in out and "DISAGREES (excluded)" in out
+    assert main(["recommend", str(run), "--model", "llama3-8b", "--seq", "4096"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "S was measured at 128, 256 only" in err
+    assert main(["recommend", str(run), "--H", "16"]) == 2
+    assert main(["recommend", str(run), "--model", "no-such-model"]) == 2
+
+
+def test_model_presets():
+    assert analysis.model_shape("llama3-8b") == {"H": 32, "H_kv": 8, "d_k": 128, "window": None}
+    with pytest.raises(UserError, match="known models"):
+        analysis.model_shape("gpt-17")
+
+
+# -- the projections backend -----------------------------------------------------------------------
+def test_projection_flops_match_the_layer_model():
+    B, S, H, d = 2, 128, 8, 64
+    case = Case(B=B, S_q=S, S_kv=S, H=H, H_kv=H, d_k=d, d_v=d)
+    assert projection_flops(case) == layer_flops(B, S, H * d)["projections"]
+    gqa = Case(B=B, S_q=S, S_kv=S, H=H, H_kv=2, d_k=d, d_v=d)
+    D = H * d
+    assert projection_flops(gqa) == 2 * B * S * (D * D + 2 * D * 2 * d + D * D)
+
+
+def test_projections_rows_are_timed_but_not_checked():
+    case = Case(B=1, S_q=64, S_kv=64, H=2, H_kv=1, d_k=16, d_v=16)
+    from harness.timing import Budget
+
+    record = execute(case, ProjectionsBackend(), Options(budget=Budget(warmup_s=0.0, measure_s=0.005, min_rounds=3)))
+    assert record["status"] == "ok" and record["agree"] is None
+    assert "does not compute attention" in record["reason"]
+    assert record["flops"] == projection_flops(case) and record["latency_ms_median"] > 0
+    assert execute(case.replace(mode="bwd"), ProjectionsBackend(), Options())["status"] == "unsupported"
+
+
+# -- compare ---------------------------------------------------------------------------------------
+def _two_runs(tmp_path: Path, slowdown: float, spread: float = 0.01) -> tuple[Path, Path]:
+    base, new = [], []
+    for S in (128, 256):
+        case = Case(B=1, S_q=S, S_kv=S, H=8, H_kv=8, d_k=64, d_v=64)
+        base.append(synthetic_record(case, "sdpa", 1.0, spread=spread, run_id="base"))
+        new.append(synthetic_record(case, "sdpa", 1.0 * (slowdown if S == 256 else 1.0), spread=spread, run_id="new"))
+    return write_run(tmp_path / "base", base), write_run(tmp_path / "new", new)
+
+
+def test_compare_gates_on_a_planted_slowdown(tmp_path, capsys):
+    base, new = _two_runs(tmp_path, 1.10)
+    out_csv = tmp_path / "cmp.csv"
+    assert main(["compare", str(base), str(new), "--fail-above", "5%", "--out", str(out_csv)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    table = pd.read_csv(out_csv)
+    slow = table[table["case_id"].str.contains("Sq256")].iloc[0]
+    assert slow["ratio"] == pytest.approx(1.10) and slow["verdict"] == "slower" and bool(slow["beyond_noise"])
+    assert main(["compare", str(base), str(new), "--fail-above", "20%", "--out", str(out_csv)]) == 0
+    assert main(["compare", str(base), str(base), "--fail-above", "5%", "--out", str(out_csv)]) == 0
+
+
+def test_compare_ignores_a_slowdown_within_noise_and_flags_lost_rows(tmp_path):
+    base, new = _two_runs(tmp_path, 1.10, spread=0.2)  # p20–p80 ranges overlap: noise
+    from harness.compare import compare_runs
+
+    result = compare_runs(base, new, 0.05)
+    assert not result.failed and set(result.table["verdict"]) == {"within noise"}
+    case = Case(B=1, S_q=128, S_kv=128, H=8, H_kv=8, d_k=64, d_v=64)
+    b = pd.DataFrame([synthetic_record(case, "x", 1.0)])
+    n = pd.DataFrame([synthetic_record(case, "x", 1.0, status="oom")])
+    table, failures = compare_frames(b, n, 0.05)
+    assert len(failures) == 1 and failures.iloc[0]["verdict"] == "status ok → oom"
+
+
+def test_compare_refuses_different_devices_and_warns_on_versions(tmp_path, capsys):
+    base, new = _two_runs(tmp_path, 1.0)
+    (new / "env.json").write_text(json.dumps({"before": {"device_type": "cpu", "device_name": "other CPU", "torch": "2.x"}}))
+    assert main(["compare", str(base), str(new), "--out", str(tmp_path / "c.csv")]) == 2
+    assert "different devices" in capsys.readouterr().err
+    (new / "env.json").write_text(json.dumps({"before": {"device_type": "cpu", "device_name": "synthetic CPU", "torch": "3.y"}}))
+    assert main(["compare", str(base), str(new), "--out", str(tmp_path / "c.csv")]) == 0
+    assert "warning: environments differ: torch: 2.x → 3.y" in capsys.readouterr().out
+
+
+def test_threshold_parsing():
+    assert parse_threshold("5%") == pytest.approx(0.05) and parse_threshold("12.5") == pytest.approx(0.125)
+    with pytest.raises(UserError):
+        parse_threshold("fast")

@@ -1,0 +1,167 @@
+"""The HTML report: complete, escaped, self-contained, and opened in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.cases import Case
+from harness.cli import main
+from harness.report import build_report
+from test_analysis import PEAKS, synthetic_record, write_run
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+EVIL = "<script>alert(1)</script>"
+SECTIONS = ("overview", "choose", "latency", "roofline", "crossover", "scaling", "memory", "agreement", "failures", "environment", "files")
+
+
+def _records() -> list[dict]:
+    """Two dtypes, two batch sizes, MHA and GQA, S 128–1024, the projections, a bad backend name, failures and a wrong row."""
+    records = []
+    for dtype in ("fp32", "bf16"):
+        for B in (1, 2):
+            for H_kv in (8, 2):
+                for S in (128, 256, 512, 1024):
+                    case = Case(B=B, S_q=S, S_kv=S, H=8, H_kv=H_kv, d_k=64, d_v=64, dtype=dtype)
+                    size = 4 if dtype == "fp32" else 2
+                    records.append(synthetic_record(case, "projections", B * S / 400, agree=None, family="layer", flops=8 * B * S * 512**2))
+                    records.append(synthetic_record(case, "naive", B * S * S / 1e5 + 0.01, mem=2 * B * 8 * S * S * size, family="eager"))
+                    records.append(synthetic_record(case, "sdpa-math", B * S * S / 0.8e5 + 0.02, mem=2 * B * 8 * S * S * size))
+                    records.append(synthetic_record(case, EVIL, B * S * S / 2e5 + 0.005, mem=B * 8 * S * 64 * size))
+                    records.append(synthetic_record(case, "too-good", B * S * S / 1e9, agree=False, mem=B * 8 * S * 64 * size))
+                    records.append(synthetic_record(case, "gpu-only", 0.0, status="unsupported"))
+    return records
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("report")
+    run = write_run(root / "results" / "synthetic", _records(), peaks=PEAKS,
+                    env={"before": {"device_type": "cpu", "device_name": f"CPU {EVIL}", "torch": "2.x"}, "telemetry_before": None})
+    return build_report([run], out_root=root / "reports")
+
+
+def test_report_has_every_section_and_its_csvs(report):
+    html = report.read_text()
+    for anchor in SECTIONS:
+        assert f'<section id="{anchor}">' in html
+    assert report.parent.name == "synthetic" and report.name == "index.html"
+    records = pd.read_csv(report.parent / "records.csv")
+    assert len(records) == len(_records()) and {"pct_peak_flops", "pct_peak_bw", "bound", "impossible"} <= set(records.columns)
+    for name in ("winners.csv", "speedup_vs_baseline.csv", "latency_ms.csv", "roofline.csv", "crossover.csv", "scaling.csv", "memory_model.csv", "failures.csv"):
+        assert (report.parent / name).exists(), name
+        assert f'href="{name}"' in html
+    crossover = pd.read_csv(report.parent / "crossover.csv")
+    assert set(crossover["D"]) == {512} and (crossover["model_S_star"] == 1024).all()
+    winners = pd.read_csv(report.parent / "winners.csv")
+    assert set(winners["winner"]) == {EVIL}  # too-good is faster but disagrees: never a winner
+
+
+def test_report_flags_impossible_rows(report):
+    # too-good runs at up to thousands of TFLOP/s against a 1 TFLOP/s peak: flagged, not celebrated.
+    html = report.read_text()
+    assert "IMPOSSIBLE" in html and "impossible" in html
+    roof = pd.read_csv(report.parent / "roofline.csv")
+    assert roof.loc[roof["backend"] == "too-good", "impossible"].all()
+    assert not roof.loc[roof["backend"] == "projections", "impossible"].any()
+
+
+def test_data_strings_are_escaped(report):
+    html = report.read_text()
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_report_is_self_contained(report):
+    html = report.read_text()
+    for attr, value in re.findall(r'\b(src|href)="([^"]*)"', html):
+        if attr == "src":
+            assert value.startswith("data:image/png;base64,"), value[:60]
+        else:
+            assert value.startswith("#") or (report.parent / value).is_file(), value
+    assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/|@import|<link\b|<iframe\b", html.split("<body>", 1)[1].replace("http://www.w3.org", ""))
+
+
+# -- a real browser ---------------------------------------------------------------------------------
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+PROBE = """<script>
+window.__e=[];
+window.addEventListener('error',function(e){window.__e.push(String(e.message||(e.target&&(e.target.src||'').slice(0,40))||'error'))},true);
+window.addEventListener('unhandledrejection',function(e){window.__e.push('rejection: '+e.reason)});
+console.error=function(){window.__e.push('console.error: '+Array.prototype.join.call(arguments,' '))};
+window.addEventListener('load',function(){var im=Array.from(document.images);
+var r={errors:window.__e,images:im.length,zero_width:im.filter(function(i){return !(i.complete&&i.naturalWidth>0)}).length,
+tables:document.querySelectorAll('table').length,sections:Array.from(document.querySelectorAll('section')).map(function(s){return s.id})};
+var p=document.createElement('pre');p.id='attnbench-probe';p.textContent=JSON.stringify(r);document.body.appendChild(p);});
+</script>"""
+
+
+def _browse(html_path: Path, tmp_path: Path) -> tuple[dict, str]:
+    """Open a copy of the page with a probe script in headless Chromium; return the probe's findings and the console log."""
+    probed = html_path.parent / f"probe-{html_path.name}"
+    probed.write_text(html_path.read_text().replace("<head>", "<head>" + PROBE, 1))
+    done = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}",
+         "--virtual-time-budget=5000", "--dump-dom", probed.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    probed.unlink()
+    match = re.search(r'<pre id="attnbench-probe">([^<]*)</pre>', done.stdout)
+    assert match, f"the probe did not run: {done.stderr[-500:]}"
+    console = "\n".join(line for line in done.stderr.splitlines() if "CONSOLE" in line)
+    import html as html_module
+
+    return json.loads(html_module.unescape(match.group(1))), console
+
+
+@pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
+def test_report_in_headless_chromium(report, tmp_path):
+    found, console = _browse(report, tmp_path)
+    assert found["errors"] == [] and console == ""
+    assert found["images"] >= 6 and found["zero_width"] == 0
+    assert found["tables"] >= 8 and tuple(found["sections"]) == SECTIONS
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    shot.unlink(missing_ok=True)
+    subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile2'}",
+                    "--window-size=1400,5000", f"--screenshot={shot}", report.resolve().as_uri()], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
+def test_the_browser_probe_sees_a_broken_image(tmp_path):
+    # The probe must be able to fail: an undecodable image and a console error are caught.
+    page = tmp_path / "broken.html"
+    page.write_text('<!DOCTYPE html><html><head></head><body><img src="data:image/png;base64,AAAA"><table></table>'
+                    '<section id="x"></section></body></html>')
+    found, _ = _browse(page, tmp_path)
+    assert found["images"] == 1 and found["zero_width"] == 1 and found["errors"]
+
+
+# -- end to end -------------------------------------------------------------------------------------
+def test_run_with_report_ends_with_the_report_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    suite = ROOT / "suites" / "example.toml"
+    code = main(["run", "--suite", str(suite), "--out", "results", "--run-id", "e2e", "--quiet", "--report",
+                 "--only", "B1-Sq256-Skv256-H8-Hkv8-dk64-fp32-sdpa-math"])
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == f"report: {Path('reports') / 'e2e' / 'index.html'}"
+    assert (tmp_path / "reports" / "e2e" / "index.html").exists()
+    peaks = json.loads((tmp_path / "results" / "e2e" / "peaks.json").read_text())
+    assert peaks["matmul"]["fp32"]["tflops"] > 0 and peaks["copy"]["gbps"] > 0
+    roof = pd.read_csv(tmp_path / "reports" / "e2e" / "roofline.csv")
+    assert roof["pct_peak_flops"].notna().all() and set(roof["bound"]) <= {"compute", "memory"}
