@@ -79,6 +79,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Check agreement alone (no timing); exit 1 when an available backend disagrees."""
+    from harness.check import run_cli
+
+    return run_cli(suite=args.suite, backends=args.backends, dtypes=args.dtype, modes=args.mode, device=args.device, only=args.only)
+
+
 def _parse_gpus(text: str | None) -> list[int] | None:
     if text is None:
         return None
@@ -122,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true", help="then write reports/<run-id>/index.html and print its path last")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("check", help="check every backend against a float64 reference (no timing); exit 1 on a disagreement")
+    p.add_argument("--suite", help="built-in suite, 'auto' or a .toml file (default: a small built-in check grid)")
+    p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: the suite's, else all)")
+    p.add_argument("--dtype", type=_comma_list, help="check only cases of these dtypes (e.g. fp32,bf16)")
+    p.add_argument("--mode", type=_comma_list, help="check only cases of these modes (fwd, bwd, fwd_bwd)")
+    p.add_argument("--device", help="move every case to this device (cpu or cuda)")
+    p.add_argument("--only", type=_comma_list, help="check only pairs whose key (<case id>-<backend>) contains each of these substrings")
+    p.set_defaults(func=cmd_check)
     from harness.report.cli import add_commands
 
     add_commands(sub)  # report, compare, recommend

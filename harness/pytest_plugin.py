@@ -53,6 +53,25 @@ def benchmark_loop(benchmark: Any, clock: Clock) -> Loop:
     return loop
 
 
+def selected_pairs(config: pytest.Config) -> tuple[Suite, Any, list[tuple[Case, str]]]:
+    """The suite, the registry and the (case, backend) pairs the --attnbench-* options select; touches no run folder."""
+    suite = load_suite(config.getoption("--attnbench-suite"))
+    device = config.getoption("--attnbench-device")
+    if device:
+        suite = suite.on_device(device)
+    registry = load_registry()
+    backends_opt = config.getoption("--attnbench-backends")
+    names = backends_opt.split(",") if backends_opt else (list(suite.backends) if suite.backends else registry.names())
+    for name in names:
+        registry.get(name)  # unknown names fail here, before any test
+    pairs = suite.pairs(names)
+    pairs_file = config.getoption("--attnbench-pairs")
+    if pairs_file:
+        wanted = set(Path(pairs_file).read_text().split())
+        pairs = [p for p in pairs if pair_key(*p) in wanted]
+    return suite, registry, pairs
+
+
 class AttnbenchSession:
     """What one worker needs: the suite, the registry, the run folder and its writer."""
 
@@ -63,22 +82,8 @@ class AttnbenchSession:
         suite_name = config.getoption("--attnbench-suite")
         if not suite_name:
             return
-        suite = load_suite(suite_name)
-        device = config.getoption("--attnbench-device")
-        if device:
-            suite = suite.on_device(device)
-        self.suite = suite
-        self.registry = load_registry()
-        backends_opt = config.getoption("--attnbench-backends")
-        names = backends_opt.split(",") if backends_opt else (list(suite.backends) if suite.backends else self.registry.names())
-        for name in names:
-            self.registry.get(name)  # unknown names fail here, before any test
-        pairs = suite.pairs(names)
-        pairs_file = config.getoption("--attnbench-pairs")
-        if pairs_file:
-            wanted = set(Path(pairs_file).read_text().split())
-            pairs = [p for p in pairs if pair_key(*p) in wanted]
-        self.pairs = pairs
+        self.suite, self.registry, self.pairs = selected_pairs(config)
+        suite = self.suite
         run_dir = config.getoption("--attnbench-run-dir")
         if run_dir is None:
             from harness.supervisor import new_run_id
@@ -117,8 +122,27 @@ def _session(config: pytest.Config) -> AttnbenchSession:
     return config.stash[_SESSION_KEY]
 
 
+_CHECK_KEY = pytest.StashKey[tuple]()
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrise `attn_pair` with every (case, backend) of the suite, ids `<case id>-<backend>`."""
+    """Parametrise `attn_pair` with every (case, backend) of the suite, ids `<case id>-<backend>`.
+
+    `attn_check_pair` gets the same pairs (with the registry) for the agreement module, without the
+    benchmark session's run folder: checking records nothing.
+    """
+    if "attn_check_pair" in metafunc.fixturenames:
+        if not metafunc.config.getoption("--attnbench-suite"):
+            metafunc.parametrize("attn_check_pair", [pytest.param(None, marks=pytest.mark.skip(reason="no --attnbench-suite given"))], ids=["no-suite"])
+            return
+        if _CHECK_KEY not in metafunc.config.stash:
+            try:
+                metafunc.config.stash[_CHECK_KEY] = selected_pairs(metafunc.config)
+            except UserError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        _, registry, pairs = metafunc.config.stash[_CHECK_KEY]
+        metafunc.parametrize("attn_check_pair", [(c, registry.get(b)) for c, b in pairs], ids=[pair_key(c, b) for c, b in pairs])
+        return
     if "attn_pair" not in metafunc.fixturenames:
         return
     session = _session(metafunc.config)

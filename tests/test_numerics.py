@@ -313,6 +313,15 @@ def test_backward_note_names_the_disagreeing_gradients():
     assert result.status == "disagree" and "disagreeing: dq, dk, dv" in result.reason
 
 
+def test_a_backend_that_computes_no_attention_is_not_checked_nor_failed():
+    class NotAttention(NaiveBackend):
+        name = "not-attention"
+        computes_attention = False
+
+    result = check_pair(small_case(), NotAttention())
+    assert result.status == "not checked" and not result.failed
+
+
 def test_records_carry_the_verdict(registry):
     """The benchmark record of a wrong backend says agree False, an honest one's True, with err and bound."""
     options = Options(budget=Budget(warmup_s=0.0, measure_s=0.0, min_rounds=1, max_rounds=1, max_iterations=1))
