@@ -33,6 +33,9 @@ PROJECTIONS = "projections"
 MATERIALIZING_BACKENDS = frozenset({"naive", "sdpa-math", "naive-compiled"})
 MATERIALIZING_FAMILIES = frozenset({"eager"})
 MIN_FIT_POINTS = 3
+#: Families whose rows time something other than the case's attention core (the whole layer, the
+#: projections alone, MLA's latent form): never ranked against the cores, never a crossover curve.
+NON_CORE_FAMILIES = frozenset({"layer", "mla"})
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -126,9 +129,14 @@ def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"]
 
 
+def is_core(frame: pd.DataFrame) -> pd.Series:
+    """True for rows of backends that compute the case's attention core (not the layer, the projections or MLA)."""
+    return ~frame["family"].isin(NON_CORE_FAMILIES) & (frame["backend"] != PROJECTIONS)
+
+
 def agreeing_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows that were measured and agree with the float64 reference: the only rows that may win."""
-    return frame[(frame["status"] == "ok") & frame["agree_ok"]]
+    """Attention-core rows that were measured and agree with the float64 reference: the only rows that may win."""
+    return frame[(frame["status"] == "ok") & frame["agree_ok"] & is_core(frame)]
 
 
 def group_key_columns(frame: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
@@ -233,7 +241,7 @@ def memory_vs_model(frame: pd.DataFrame) -> pd.DataFrame:
     from harness.inputs import torch_dtype
 
     rows = ok_rows(frame)
-    rows = rows[(rows["backend"] != PROJECTIONS) & (rows["mode"] == "fwd")]
+    rows = rows[is_core(rows) & (rows["mode"] == "fwd")]
     out = []
     for _, r in rows.iterrows():
         model, name = memory_model(r["backend"], r.get("family"), int(r["B"]), int(r["H"]), int(r["S_q"]), int(r["S_kv"]), int(r["d_v"]), torch_dtype(str(r["dtype"])).itemsize)
@@ -241,7 +249,8 @@ def memory_vs_model(frame: pd.DataFrame) -> pd.DataFrame:
         out.append({
             "case_id": r["case_id"], "backend": r["backend"], "S": int(r["S"]), "group": describe_group(r),
             "peak_mem_bytes": peak, "model_bytes": model, "model": name,
-            "ratio": peak / model if peak is not None and model > 0 else None,
+            # A zero reading is below the meter's resolution (CPU RSS grows by pages), not a free call.
+            "ratio": peak / model if peak and model > 0 else None,
         })
     return pd.DataFrame(out)
 
@@ -314,7 +323,7 @@ def crossovers(frame: pd.DataFrame) -> pd.DataFrame:
     rows = ok_rows(frame)
     proj = rows[rows["backend"] == PROJECTIONS]
     # Core rows that disagree with the reference are not attention worth timing; unchecked ones are kept.
-    core = rows[(rows["backend"] != PROJECTIONS) & (rows["agree"].map(lambda a: a is not False and a != 0))]
+    core = rows[is_core(rows) & (rows["agree"].map(lambda a: a is not False and a != 0))]
     if proj.empty or core.empty:
         return pd.DataFrame()
     keys = group_key_columns(rows)
@@ -357,6 +366,7 @@ def winners(frame: pd.DataFrame, baseline: str = DEFAULT_BASELINE) -> pd.DataFra
             "runner_up": second["backend"] if second is not None else None,
             "runner_up_ms": float(second["latency_ms_median"]) if second is not None else None,
             "margin_pct": 100.0 * (float(second["latency_ms_median"]) / float(best["latency_ms_median"]) - 1.0) if second is not None else None,
+            "within_noise": bool(second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"])),
             "candidates": len(sub), "baseline": baseline, "baseline_ms": base_ms,
             "speedup_vs_baseline": base_ms / float(best["latency_ms_median"]) if base_ms else None,
         })
@@ -452,6 +462,8 @@ class Recommendation:
     runner_up_ms: float | None
     margin_pct: float | None
     rows: pd.DataFrame
+    #: True when the winner's and the runner-up's p20–p80 ranges overlap: the order may be noise.
+    within_noise: bool = False
 
     def lines(self) -> list[str]:
         """The human answer, then one line per row it used."""
@@ -462,6 +474,8 @@ class Recommendation:
         else:
             head = (f"{self.case_id}: {self.winner} ({self.winner_ms:.4g} ms), {self.margin_pct:.1f}% faster than "
                     f"the runner-up {self.runner_up} ({self.runner_up_ms:.4g} ms)")
+            if self.within_noise:
+                head += "; within noise (their p20–p80 ranges overlap): either is a fair choice"
         out = [head, "  based on these rows:"]
         for _, r in self.rows.sort_values("latency_ms_median", na_position="last").iterrows():
             if r["status"] == "ok":
@@ -478,7 +492,7 @@ def recommend(frame: pd.DataFrame, query: Mapping[str, Any]) -> list[Recommendat
     Unspecified fields match anything; `S` means S_q = S_kv = S. Raises UserError naming the
     measured values when the run holds no case of that shape: it never interpolates or guesses.
     """
-    rows = frame[frame["backend"] != PROJECTIONS]
+    rows = frame[is_core(frame)]
     for name, value in query.items():
         if value is None:
             continue
@@ -490,7 +504,7 @@ def recommend(frame: pd.DataFrame, query: Mapping[str, Any]) -> list[Recommendat
             match = rows[name] == value
         if not match.any():
             column = rows["S_kv"] if name == "S" else rows[name]
-            seen = sorted({str(v) for v in column.dropna().unique()})
+            seen = [str(v) for v in sorted(column.dropna().unique(), key=lambda v: (not isinstance(v, (int, np.integer)), v if isinstance(v, (int, np.integer)) else str(v)))]
             given = ", ".join(f"{k}={v}" for k, v in query.items() if v is not None)
             raise UserError(f"the run measured no case with {given}: {name} was measured at {', '.join(seen) or 'nothing'} only; run a suite with that shape first")
         rows = rows[match]
@@ -503,6 +517,6 @@ def recommend(frame: pd.DataFrame, query: Mapping[str, Any]) -> list[Recommendat
             case_id, best["backend"] if best is not None else None, float(best["latency_ms_median"]) if best is not None else None,
             second["backend"] if second is not None else None, float(second["latency_ms_median"]) if second is not None else None,
             100.0 * (float(second["latency_ms_median"]) / float(best["latency_ms_median"]) - 1.0) if second is not None else None,
-            sub,
+            sub, second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"]),
         ))
     return out

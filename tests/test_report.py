@@ -165,3 +165,15 @@ def test_run_with_report_ends_with_the_report_path(tmp_path, monkeypatch, capsys
     assert peaks["matmul"]["fp32"]["tflops"] > 0 and peaks["copy"]["gbps"] > 0
     roof = pd.read_csv(tmp_path / "reports" / "e2e" / "roofline.csv")
     assert roof["pct_peak_flops"].notna().all() and set(roof["bound"]) <= {"compute", "memory"}
+
+
+def test_environment_shows_clocks_before_and_after_with_throttling_changes_marked():
+    from harness.report import _telemetry
+
+    before = [{"index": 0, "name": "GPU <i>", "sm_clock_mhz": 1980, "throttle_reasons_hex": "0x0"}]
+    after = [{"index": 0, "name": "GPU <i>", "sm_clock_mhz": 1755, "throttle_reasons_hex": "0x4"}]
+    html = _telemetry(before, after)
+    assert "GPU &lt;i&gt;" in html and "1,980" in html and "1,755" in html
+    assert '<td class="bad t">0x4</td>' in html
+    assert "not recorded" in _telemetry(None, None)
+    assert "pynvml) is not installed" in _telemetry({"unavailable": "nvidia-ml-py (pynvml) is not installed"}, None)

@@ -147,13 +147,16 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
 
 def _choose(frame, wins, speed, baseline, colors, out_dir, written) -> str:
     body = [f"<p>For each case, the fastest backend among rows with status <code>ok</code> that agree with the float64 reference; "
-            f"the margin is how much slower the runner-up is; speedups are against <code>{esc(baseline)}</code>.</p>"]
+            f"the margin is how much slower the runner-up is; speedups are against <code>{esc(baseline)}</code>. "
+            f"Backends that time another problem (families {esc(', '.join(sorted(analysis.NON_CORE_FAMILIES)))}: the whole layer, "
+            "the projections alone, MLA) are not ranked against the attention cores.</p>"]
     if wins.empty:
         body.append('<p class="muted">No measured row agrees with the reference: there is no winner to report.</p>')
         return section("choose", "The backend to choose", body)
     _write_csv(wins, out_dir, "winners.csv", written)
     body.append(table(wins, columns=["case_id", "winner", "winner_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates", "speedup_vs_baseline"],
-                      headers=["case", "winner", "winner ms", "runner-up", "runner-up ms", "margin %", "agreeing backends", f"speedup vs {baseline}"]))
+                      headers=["case", "winner", "winner ms", "runner-up", "runner-up ms", "margin %", "agreeing backends", f"speedup vs {baseline}"],
+                      formats={"margin_pct": lambda v, r: (f"{fmt(v)} (within noise)", "bad") if r["within_noise"] else (fmt(v), "")}))
     if not speed.empty:
         _write_csv(speed, out_dir, "speedup_vs_baseline.csv", written, index=True)
         body.append(f"<h3>Speedup against {esc(baseline)} (baseline time ÷ backend time; above 1 is faster)</h3>")
@@ -282,7 +285,8 @@ def _memory(frame, memory, fits, colors, out_dir, written) -> str:
     _write_csv(pivot, out_dir, "memory_ratio.csv", written, index=True)
     models = memory.groupby("backend")["model"].first().reset_index()
     body.append(table(models, headers=["backend", "model"], scroll=False))
-    body.append("<h3>Measured ÷ model, case × backend</h3>")
+    body.append("<h3>Measured ÷ model, case × backend</h3><p class=\"muted\">Blank: no measurement, or a reading of zero "
+                "(below the meter's resolution; on the CPU the resident set grows by whole pages).</p>")
     body.append(table(pivot, index=True))
     return section("memory", "Memory against its model", body)
 
@@ -334,20 +338,36 @@ def _environment(data: analysis.RunData) -> str:
                               **({"after": after.get(k)} if after else {})} for k in keys])
         body.append(f"<h3>{esc(rid)}</h3>")
         body.append(table(rows, scroll=False) if not rows.empty else '<p class="muted">no env.json in this run</p>')
-        for label, key in (("clocks and throttling before", "telemetry_before"), ("clocks and throttling after", "telemetry_after")):
-            tele = env.get(key)
-            if isinstance(tele, list) and tele:
-                body.append(f"<p><b>{esc(label)}</b></p>")
-                body.append(table(pd.DataFrame(tele), scroll=False))
-            elif isinstance(tele, dict):
-                body.append(f"<p><b>{esc(label)}</b>: {esc(tele.get('unavailable', json.dumps(tele)))}</p>")
-            else:
-                body.append(f"<p><b>{esc(label)}</b>: not recorded (CPU run: no GPU clocks to read)</p>")
+        body.append(_telemetry(env.get("telemetry_before"), env.get("telemetry_after")))
         manifest = data.manifests.get(rid) or {}
         if manifest:
             body.append(f'<p class="muted">suite {esc(manifest.get("suite"))}, {esc(len(manifest.get("pairs", [])))} pairs, created {esc(manifest.get("created_utc"))}, '
                         f'backends {esc(", ".join(manifest.get("backends", [])))}</p>')
     return section("environment", "Environment", body)
+
+
+def _telemetry(before: Any, after: Any) -> str:
+    """GPU clocks, temperature, power and throttle reasons, before and after the run side by side."""
+    if not before and not after:
+        return "<p><b>Clocks and throttling</b>: not recorded (a CPU run has no GPU clocks to read).</p>"
+    out = ["<p><b>Clocks and throttling, before and after the run</b></p>"]
+    for label, tele in (("before", before), ("after", after)):
+        if isinstance(tele, dict):  # NVML could not be read: say why
+            out.append(f"<p class=\"muted\">{esc(label)}: {esc(tele.get('unavailable', json.dumps(tele)))}</p>")
+    gpus_before = {g.get("index"): g for g in before} if isinstance(before, list) else {}
+    gpus_after = {g.get("index"): g for g in after} if isinstance(after, list) else {}
+    rows = []
+    for index in sorted(set(gpus_before) | set(gpus_after), key=str):
+        b, a = gpus_before.get(index, {}), gpus_after.get(index, {})
+        for key in dict.fromkeys([*b, *a]):
+            if key == "index":
+                continue
+            rows.append({"gpu": index, "field": key, "before": b.get(key), "after": a.get(key)})
+    if rows:
+        frame = pd.DataFrame(rows).astype({"before": object, "after": object})
+        changed = lambda v, r: (fmt(v), "bad" if r["field"].startswith("throttle") and r["before"] != r["after"] else "")  # noqa: E731
+        out.append(table(frame, scroll=False, formats={"after": changed}))
+    return "".join(out)
 
 
 def _files(written: list[str]) -> str:

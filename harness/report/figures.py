@@ -56,7 +56,8 @@ def backend_colors(names: Iterable[str]) -> dict[str, Any]:
 def _panels(n: int) -> tuple[Any, np.ndarray]:
     cols = min(COLUMNS, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    width, height = (6.5, 4.3) if n <= 2 else (4.2, 3.2)  # one or two panels: draw them readable, not thumbnail-sized
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, axes.flat
