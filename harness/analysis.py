@@ -48,6 +48,8 @@ class RunData:
     env: dict[str, dict[str, Any]] = field(default_factory=dict)
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     dirs: dict[str, Path] = field(default_factory=dict)
+    #: Things the loader decided that a reader should know (rows superseded by a later run).
+    notes: list[str] = field(default_factory=list)
 
 
 def load(run_dirs: Sequence[Path | str]) -> RunData:
@@ -80,7 +82,12 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
             dirs[rid] = run_dir
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    return RunData(with_roofline(derive_columns(frame), peaks), peaks, env, manifests, dirs)
+    notes = []
+    duplicated = frame.duplicated(["case_id", "backend"], keep="last")
+    if duplicated.any():  # the same pair measured by several runs: the later run's row stands
+        notes.append(f"{int(duplicated.sum())} (case, backend) pairs were measured by more than one run; the row of the run given last is used")
+        frame = frame[~duplicated].reset_index(drop=True)
+    return RunData(with_roofline(derive_columns(frame), peaks), peaks, env, manifests, dirs, notes)
 
 
 def derive_columns(frame: pd.DataFrame) -> pd.DataFrame:

@@ -290,3 +290,14 @@ def test_threshold_parsing():
     assert parse_threshold("5%") == pytest.approx(0.05) and parse_threshold("12.5") == pytest.approx(0.125)
     with pytest.raises(UserError):
         parse_threshold("fast")
+
+
+def test_loading_two_runs_keeps_the_later_row_of_a_pair_and_says_so(tmp_path):
+    case = Case(B=1, S_q=128, S_kv=128, H=8, H_kv=8, d_k=64, d_v=64)
+    first = write_run(tmp_path / "first", [synthetic_record(case, "sdpa", 2.0, run_id="first")], peaks=PEAKS)
+    second = write_run(tmp_path / "second", [synthetic_record(case, "sdpa", 1.0, run_id="second"),
+                                             synthetic_record(case, "naive", 3.0, run_id="second")], peaks=PEAKS)
+    data = analysis.load([first, second])
+    assert len(data.frame) == 2 and set(data.peaks) == {"first", "second"}
+    assert data.frame.loc[data.frame["backend"] == "sdpa", "latency_ms_median"].item() == 1.0
+    assert "1 (case, backend) pairs were measured by more than one run" in data.notes[0]

@@ -118,7 +118,7 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
     body = [f'<p class="muted">generated {esc(datetime.now(timezone.utc).isoformat(timespec="seconds"))} from the measured rows of the runs below; '
             "every number here is recomputed from records.jsonl.</p>"]
     body.append("".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>' for k, v in cards))
-    warnings = []
+    warnings = list(data.notes)
     impossible = ok[ok["impossible"].fillna(False).astype(bool)]
     if len(impossible):
         warnings.append(f"{len(impossible)} measured rows exceed a measured peak (over 100 %): they are impossible, so either the ceiling "
