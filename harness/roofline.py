@@ -132,7 +132,8 @@ def write_peaks(run_dir: Path | str, device: str, dtypes: Iterable[str]) -> Path
     dtypes = list(dtypes)
     if str(device).startswith("cuda"):
         command = [sys.executable, "-m", "harness.roofline", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        # From the checkout's root, as the workers are started, so `-m harness` resolves without an install.
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent)
         if done.returncode != 0 or not path.exists():
             tail = " ".join((done.stderr or done.stdout).split())[-300:]
             path.write_text(json.dumps({"device": "cuda", "matmul": {}, "copy": None, "errors": {"measure": f"peak measurement failed (exit {done.returncode}): {tail}"}}, indent=1))
