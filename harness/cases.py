@@ -130,8 +130,60 @@ class Case:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def from_id(cls, case_id: str, device: str = "cpu") -> "Case":
+        """The Case whose `.id` is `case_id` (the id leaves the device out, so give it)."""
+        return parse_case_id(case_id, device)
+
 
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
+
+#: The id's tokens in the order `Case.id` writes them: (field, prefix, required); dtype is matched by name.
+_ID_TOKENS = (("B", "B", True), ("S_q", "Sq", True), ("S_kv", "Skv", True), ("H", "H", True), ("H_kv", "Hkv", True), ("d_k", "dk", True), ("d_v", "dv", False))
+
+
+def parse_case_id(case_id: str, device: str = "cpu") -> Case:
+    """Parse an id such as `B1-Sq1024-Skv1024-H16-Hkv4-dk64-bf16-causal` back into its Case; UserError names a bad token."""
+    tokens = case_id.strip().split("-")
+    fields: dict[str, Any] = {"device": device}
+    position = 0
+
+    def bad(token: str, expected: str) -> UserError:
+        return UserError(f"case id {case_id!r}: token {token!r} is not {expected}")
+
+    for name, prefix, required in _ID_TOKENS:
+        token = tokens[position] if position < len(tokens) else ""
+        # `H` is a prefix of `Hkv`: a token must be the prefix followed by digits only.
+        if token.startswith(prefix) and token[len(prefix):].isdigit():
+            fields[name] = int(token[len(prefix):])
+            position += 1
+        elif required:
+            raise bad(token, f"{prefix}<integer> ({name})") if token else UserError(f"case id {case_id!r}: missing {prefix}<integer> ({name})")
+    fields.setdefault("d_v", fields["d_k"])
+    if position >= len(tokens) or tokens[position] not in DTYPES:
+        raise UserError(f"case id {case_id!r}: expected a dtype ({', '.join(DTYPES)}) after the shapes")
+    fields["dtype"] = tokens[position]
+    position += 1
+    # The optional tokens, each at most once and in the order `.id` writes them.
+    optional = [
+        ("causal", lambda t: t == "causal", lambda t: True),
+        ("window", lambda t: t.startswith("win") and t[3:].isdigit(), lambda t: int(t[3:])),
+        ("padding", lambda t: t == "pad", lambda t: True),
+        ("mla", lambda t: t == "mla", lambda t: True),
+        ("mode", lambda t: t in MODES and t != "fwd", lambda t: t),
+        ("seed", lambda t: t.startswith("seed") and t[4:].isdigit(), lambda t: int(t[4:])),
+    ]
+    for token in tokens[position:]:
+        while optional and not optional[0][1](token):
+            optional.pop(0)
+        if not optional:
+            raise UserError(f"case id {case_id!r}: unexpected token {token!r} (after the dtype come causal, win<N>, pad, mla, bwd|fwd_bwd, seed<N>, in that order)")
+        name, _, value = optional.pop(0)
+        fields[name] = value(token)
+    case = Case(**fields)
+    if case.id != case_id.strip():
+        raise UserError(f"case id {case_id!r} is not canonical: the same case is written {case.id!r}")
+    return case
 
 
 def case_from_fields(fields: Mapping[str, Any]) -> Case:

@@ -67,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         workers=args.workers, gpus=_parse_gpus(args.gpus), force=args.force,
         resume=Path(args.resume) if args.resume else None, check=not args.no_check,
         case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
+        memory_limit=_parse_size("--memory-limit", args.memory_limit),
     )
     summary = Supervisor(config).run()
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
@@ -84,6 +85,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     from harness.check import run_cli
 
     return run_cli(suite=args.suite, backends=args.backends, dtypes=args.dtype, modes=args.mode, device=args.device, only=args.only)
+
+
+def _parse_size(flag: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    from harness.protocol import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise UserError(f"{flag}: {exc}") from None
 
 
 def _parse_gpus(text: str | None) -> list[int] | None:
@@ -126,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", type=_comma_list, help="run only pairs whose key (<case id>-<backend>) contains each of these substrings")
     p.add_argument("--no-check", action="store_true", help="skip the agreement check against float64")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one pair may run before it is killed (default 600)")
+    p.add_argument("--memory-limit", metavar="SIZE",
+                   help="CPU only: cap each worker's address space (RLIMIT_AS) at its start-up size plus SIZE, e.g. 2GiB; "
+                        "a pair that allocates past it is recorded oom")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true", help="then write reports/<run-id>/index.html and print its path last")
     p.set_defaults(func=cmd_run)

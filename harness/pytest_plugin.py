@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,13 @@ import pytest
 from harness.backends.registry import load_registry
 from harness.cases import Case
 from harness.errors import UserError
+from harness import protocol
 from harness.results import RunWriter
-from harness.runner import Options, execute
+from harness.runner import Options, execute, poisons_process
 from harness.suite import Suite, load_suite, pair_key
 from harness.timing import Clock, Loop
 
-CURRENT_SUFFIX = ".current"
+CURRENT_SUFFIX = protocol.CURRENT_SUFFIX
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,6 +38,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attnbench-pairs", default=None, help="file listing the pair keys to run, one per line")
     group.addoption("--attnbench-worker", default="0", help="this worker's name in records")
     group.addoption("--attnbench-no-check", action="store_true", help="skip the agreement check")
+    group.addoption("--attnbench-share", action="store_true",
+                    help="share the pairs with other workers of the run folder: run only pairs this worker claims first")
+    group.addoption("--attnbench-parent-pid", type=int, default=None, help="exit when this process (the supervisor) is gone")
+    group.addoption("--attnbench-memory-limit", type=int, default=None,
+                    help="cap this worker's address space at its start-up size plus this many bytes (RLIMIT_AS)")
 
 
 def benchmark_loop(benchmark: Any, clock: Clock) -> Loop:
@@ -96,18 +103,50 @@ class AttnbenchSession:
             budget=suite.budget, check=not config.getoption("--attnbench-no-check"),
             run_id=self.run_dir.name, worker=self.worker,
         )
-        self.current_path = self.run_dir / f"worker-{self.worker}{CURRENT_SUFFIX}"
+        self.current_path = protocol.current_path(self.run_dir, self.worker)
+        self.share = bool(config.getoption("--attnbench-share"))
+        # Held until this process ends: a supervisor refuses to (re)start the folder while any worker lives.
+        self._workers_lock = protocol.FolderLock(self.run_dir / protocol.WORKERS_LOCK)
+        self._workers_lock.shared()
+        parent = config.getoption("--attnbench-parent-pid")
+        if parent is not None:
+            protocol.watch_parent(parent)
+        limit = config.getoption("--attnbench-memory-limit")
+        if limit is not None:
+            cap = protocol.limit_address_space(limit)
+            _say(config, f"attnbench worker {self.worker}: address space capped at {cap / 2**30:.2f} GiB")
+
+    def claim(self, key: str) -> bool:
+        """Whether this worker should run pair `key`: always alone, first come first served when sharing."""
+        return not self.share or protocol.try_claim(self.run_dir, key, self.worker)
 
     def run(self, case: Case, backend_name: str, benchmark: Any) -> dict[str, Any]:
         """Measure one pair, append its record, and return it."""
         backend = self.registry.get(backend_name)
         # Say which pair is running before starting it, so a supervisor can name a crash.
-        self.current_path.write_text(pair_key(case, backend_name))
+        protocol.atomic_write(self.current_path, pair_key(case, backend_name))
         record = execute(case, backend, self.options, loop_factory=lambda clock: benchmark_loop(benchmark, clock))
         benchmark.extra_info.update({"case_id": case.id, "backend": backend_name, "status": record["status"]})
         self.writer.append(record)
-        self.current_path.write_text("")
+        protocol.atomic_write(self.current_path, "")
+        if poisons_process(record):
+            # The record is on disk; nothing else can run in this process (a dead CUDA context), so end it
+            # here and let the supervisor start a fresh worker on the remaining pairs.
+            _say(self.config, f"attnbench worker {self.worker}: {record['reason']}; exiting for a restart")
+            os._exit(protocol.EXIT_STICKY)
         return record
+
+
+def _say(config: pytest.Config, text: str) -> None:
+    """A line in the worker's log, past pytest's output capture (which would swallow it, or lose it at os._exit)."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        return
+    with capture.global_and_fixture_disabled():
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
 
 
 _SESSION_KEY = pytest.StashKey[AttnbenchSession]()
@@ -150,6 +189,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("attn_pair", [pytest.param(None, marks=pytest.mark.skip(reason="no --attnbench-suite given"))], ids=["no-suite"])
         return
     metafunc.parametrize("attn_pair", session.pairs, ids=[pair_key(c, b) for c, b in session.pairs])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """When workers share a run, skip (silently, without a report) every pair another worker claimed first."""
+    callspec = getattr(item, "callspec", None)
+    pair = callspec.params.get("attn_pair") if callspec is not None else None
+    if pair is None:
+        return None
+    session = _session(item.config)
+    if session.claim(pair_key(*pair)):
+        return None
+    return True
 
 
 @pytest.fixture

@@ -113,6 +113,26 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower())
 
 
+#: Messages of CUDA errors after which the process's CUDA context is unusable for good (cudaErrorIllegalAddress & co).
+STICKY_CUDA_ERRORS = (
+    "illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
+    "illegal instruction", "an illegal address",
+)
+#: How the reason of a pair that hit a sticky CUDA error begins; the worker exits after writing it.
+STICKY_PREFIX = "sticky CUDA error (this process's CUDA context is lost; worker restarted): "
+
+
+def is_sticky_cuda_error(exc: BaseException) -> bool:
+    """True for an error after which no later CUDA call in this process can succeed (the worker must exit)."""
+    text = str(exc).lower()
+    return "cuda" in text and any(marker in text for marker in STICKY_CUDA_ERRORS)
+
+
+def poisons_process(record: dict[str, Any]) -> bool:
+    """True when the record's pair left the process unusable, so the worker must exit after writing it."""
+    return record.get("status") == "crashed" and str(record.get("reason") or "").startswith(STICKY_PREFIX)
+
+
 def _release_memory(device: str) -> None:
     gc.collect()
     if device.startswith("cuda") and torch.cuda.is_available():
@@ -122,12 +142,12 @@ def _release_memory(device: str) -> None:
 def execute(case: Case, backend: Backend, options: Options = Options(), *, loop_factory: Callable[[Clock], Loop] | None = None) -> dict[str, Any]:
     """Run one pair and return its record; never raises for a backend's failure."""
     record = base_record(case, backend, options)
-    reason = backend.available() or backend.supports(case)
-    if reason:
-        return {**record, "status": "unsupported", "reason": reason}
     outcome: dict[str, Any]
     failed: BaseException | None = None
     try:
+        reason = backend.available() or backend.supports(case)
+        if reason:
+            return {**record, "status": "unsupported", "reason": reason}
         outcome = _measure_pair(case, backend, options, loop_factory)
     except Unsupported as exc:
         outcome = {"status": "unsupported", "reason": str(exc)}
@@ -138,6 +158,8 @@ def execute(case: Case, backend: Backend, options: Options = Options(), *, loop_
         # Built outside the except block: the exception's frames hold the case's tensors.
         if _is_oom(failed):
             outcome = {"status": "oom", "reason": " ".join(str(failed).split())[:300]}
+        elif is_sticky_cuda_error(failed):
+            outcome = {"status": "crashed", "reason": STICKY_PREFIX + " ".join(str(failed).split())[:300]}
         else:
             where = traceback.extract_tb(failed.__traceback__)[-1]
             outcome = {"status": "error", "reason": f"{type(failed).__name__}: {' '.join(str(failed).split())[:300]} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"}

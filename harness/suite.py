@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.cases import Case, grid
+from harness.cases import MODES, Case, canonical_dtype, grid
 from harness.errors import UserError
 from harness.timing import QUICK_BUDGET, Budget
 
@@ -78,6 +78,13 @@ def _as_list(where: str, key: str, value: Any) -> list:
         if key in {"dtype", "mode"}:
             if not isinstance(v, str):
                 raise UserError(f"{where}: field {key!r} has value {v!r}, expected a string")
+            if key == "mode" and v not in MODES:
+                raise UserError(f"{where}: field 'mode' has value {v!r}, expected one of {', '.join(MODES)}")
+            if key == "dtype":
+                try:
+                    canonical_dtype(v)
+                except UserError as exc:
+                    raise UserError(f"{where}: field 'dtype' has value {v!r} ({exc})") from None
         elif key in {"causal", "padding", "mla"}:
             if not isinstance(v, bool):
                 raise UserError(f"{where}: field {key!r} has value {v!r}, expected true or false")
@@ -111,6 +118,11 @@ def suite_from_toml(path: Path) -> Suite:
     if device not in ("cpu", "cuda"):
         raise UserError(f"{where}: field 'device' has value {device!r}, expected 'cpu' or 'cuda'")
     seed = data.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UserError(f"{where}: field 'seed' has value {seed!r}, expected a non-negative integer")
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise UserError(f"{where}: field {key!r} has value {data[key]!r}, expected a string")
     cases: list[Case] = []
     for index, spec in enumerate(grids):
         gwhere = f"{where} grid #{index + 1}"
@@ -128,8 +140,8 @@ def suite_from_toml(path: Path) -> Suite:
         except UserError as exc:
             raise UserError(f"{gwhere}: {exc}") from None
     backends = data.get("backends")
-    if backends is not None and (not isinstance(backends, list) or not all(isinstance(b, str) for b in backends)):
-        raise UserError(f"{where}: field 'backends' has value {backends!r}, expected a list of names")
+    if backends is not None and (not isinstance(backends, list) or not backends or not all(isinstance(b, str) for b in backends)):
+        raise UserError(f"{where}: field 'backends' has value {backends!r}, expected a non-empty list of names")
     budget_spec = data.get("budget", {})
     unknown = set(budget_spec) - _BUDGET_KEYS
     if unknown:
@@ -137,6 +149,10 @@ def suite_from_toml(path: Path) -> Suite:
     for key, value in budget_spec.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected a non-negative number")
+        if key in {"min_rounds", "max_rounds", "max_iterations"} and (not isinstance(value, int) or value < 1):
+            raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected a positive integer")
+    if budget_spec.get("min_rounds", 0) > budget_spec.get("max_rounds", float("inf")):
+        raise UserError(f"{where}: budget field 'min_rounds' has value {budget_spec['min_rounds']!r}, more than max_rounds {budget_spec['max_rounds']!r}")
     budget = Budget(**{**QUICK_BUDGET.__dict__, **budget_spec})
     return Suite(
         name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
