@@ -7,6 +7,7 @@ and `prepare` probes it once, untimed, to turn torch's refusal into an `unsuppor
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any, Callable
 
@@ -38,8 +39,16 @@ def _mask_arguments(case: Case, device: torch.device) -> dict[str, Any]:
 
 
 def _refusal_reason(exc: Exception, caught: list[warnings.WarningMessage]) -> str:
-    """One line out of torch's 'no kernel' error and the warnings that explain it."""
-    reasons = [" ".join(str(w.message).split()) for w in caught if "not used because" in str(w.message) or "not compiled" in str(w.message)]
+    """One line out of torch's 'no kernel' error and the warnings that explain it.
+
+    torch warns "<kernel> not used because:" and then, in separate warnings, the reasons; the
+    header and the "(Triggered internally at …)" source locations say nothing to a user.
+    """
+    reasons = []
+    for w in caught:
+        text = " ".join(re.sub(r"\(Triggered internally at [^)]*\)\.?", "", str(w.message)).split())
+        if text and not text.endswith("because:"):
+            reasons.append(text)
     text = "; ".join(dict.fromkeys(reasons)) or " ".join(str(exc).split())
     return text[:300]
 
