@@ -56,6 +56,17 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stability(args: argparse.Namespace) -> int:
+    """Measure one case in several fresh processes and print the spread of their medians."""
+    from harness.stability import case_from_args, run_stability
+    from harness.supervisor import detect_device
+
+    case = case_from_args(args, args.device or detect_device())
+    result = run_stability(case, args.backend, args.processes, args.measure_s, log=sys.stderr if sys.stderr.isatty() else None)
+    print(result.report())
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a suite (or resume a run) under the supervisor and print where the results are."""
     from harness.supervisor import RunConfig, Supervisor
@@ -144,6 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true", help="then write reports/<run-id>/index.html and print its path last")
     p.set_defaults(func=cmd_run)
+
+    from harness.stability import add_case_arguments
+
+    p = sub.add_parser("stability", help="run one case in fresh processes; print the coefficient of variation of their medians")
+    add_case_arguments(p)
+    p.add_argument("--processes", type=int, default=5, help="fresh processes, one measurement each (default 5)")
+    p.add_argument("--backend", default="sdpa", help="backend to measure (default sdpa)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available")
+    p.add_argument("--measure-s", type=float, default=0.5, help="seconds of timed samples per process (default 0.5)")
+    p.set_defaults(func=cmd_stability)
 
     p = sub.add_parser("check", help="check every backend against a float64 reference (no timing); exit 1 on a disagreement")
     p.add_argument("--suite", help="built-in suite, 'auto' or a .toml file (default: a small built-in check grid)")

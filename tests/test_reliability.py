@@ -376,3 +376,35 @@ def test_case_ids_round_trip():
 def test_bad_case_ids_say_what_is_wrong(bad, message):
     with pytest.raises(UserError, match=message):
         parse_case_id(bad)
+
+
+# -- stability ----------------------------------------------------------------------------------------------------------
+
+
+def test_coefficient_of_variation_is_the_sample_stdev_over_the_mean():
+    from harness.stability import StabilityResult, coefficient_of_variation
+
+    assert coefficient_of_variation([1.0, 1.0, 1.0]) == 0.0
+    assert coefficient_of_variation([9.0, 11.0]) == pytest.approx(2 ** 0.5 / 10)  # stdev √2 (n−1), mean 10
+    with pytest.raises(ValueError):
+        coefficient_of_variation([1.0])
+    result = StabilityResult(Case(B=1, S_q=8, S_kv=8, H=1, H_kv=1, d_k=8, d_v=8), "naive", (0.009, 0.011))
+    assert "coefficient of variation 14.14 %" in result.report()
+
+
+def test_stability_cli_measures_in_fresh_processes(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "executions.log"
+    monkeypatch.setenv(ENV_VAR, PLUGIN)
+    monkeypatch.setenv("ATTNBENCH_TEST_LOG", str(log))
+    monkeypatch.setenv("ATTNBENCH_TEST_PREPARE_S", "0")
+    assert main(["stability", "B1-Sq16-Skv16-H2-Hkv2-dk16-fp32", "--processes", "2", "--backend", "t-slow",
+                 "--device", "cpu", "--measure-s", "0.02"]) == 0
+    out = capsys.readouterr().out
+    assert "2 fresh processes" in out and "process 2: median" in out and "coefficient of variation" in out
+    pids = [line.split()[1] for line in log.read_text().splitlines()]
+    assert len(pids) == 2 and len(set(pids)) == 2 and str(os.getpid()) not in pids
+    # The same case by flags; a failing pair is an error, not a number.
+    assert main(["stability", "--B", "1", "--S", "32", "--H", "2", "--d-k", "16", "--backend", "t-oom", "--processes", "2", "--device", "cpu"]) == 2
+    assert "t-oom gives oom for B1-Sq32-Skv32-H2-Hkv2-dk16-fp32" in capsys.readouterr().err
+    assert main(["stability", "B1-Sq16-Skv16-H2-Hkv2-dk16-fp32", "--S", "16"]) == 2
+    assert "not both" in capsys.readouterr().err

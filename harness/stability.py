@@ -1,0 +1,148 @@
+"""`attnbench stability`: one case measured in several fresh processes, and the spread of their medians.
+
+Within one process the samples of a measurement agree far better than two processes do (address
+layout, thread placement, clocks, what else the box is doing), so the honest noise floor for
+"is a 3 % difference real?" is the coefficient of variation of medians across fresh processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence, TextIO
+
+from harness.cases import Case, parse_case_id
+from harness.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float:
+    """Sample standard deviation (n − 1) over the mean."""
+    if len(values) < 2:
+        raise ValueError("the coefficient of variation needs at least two values")
+    mean = sum(values) / len(values)
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance) / mean
+
+
+@dataclass(frozen=True)
+class StabilityResult:
+    """The medians of the fresh processes (seconds) and their spread."""
+
+    case: Case
+    backend: str
+    medians: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        """Mean of the medians."""
+        return sum(self.medians) / len(self.medians)
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation of the medians."""
+        return coefficient_of_variation(self.medians)
+
+    def report(self) -> str:
+        """The lines `attnbench stability` prints."""
+        lines = [f"{self.case.id} on {self.backend} ({self.case.device}), {len(self.medians)} fresh processes:"]
+        lines += [f"  process {i + 1}: median {m * 1e3:.4g} ms" for i, m in enumerate(self.medians)]
+        # Two independent runs differ with a spread of about √2·CV; twice that is a ~95 % band.
+        band = 2 * math.sqrt(2) * self.cv
+        lines.append(f"mean of medians {self.mean * 1e3:.4g} ms, coefficient of variation {self.cv * 100:.2f} %")
+        lines.append(f"a difference between two runs below about {band * 100:.1f} % (2·√2·CV) is within this box's run-to-run noise")
+        return "\n".join(lines)
+
+
+def measure_in_fresh_process(case: Case, backend: str, measure_s: float) -> float:
+    """The median latency (seconds) of one measurement of `case` in a new Python process."""
+    command = [sys.executable, "-m", "harness.stability", "--child", case.id, "--device", case.device,
+               "--backend", backend, "--measure-s", repr(measure_s)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        tail = " ".join(done.stderr.split())[-300:]
+        raise UserError(f"the measuring process failed (exit {done.returncode}): {tail}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if result["status"] != "ok":
+        raise UserError(f"{backend} gives {result['status']} for {case.id}: {result['reason']}")
+    return result["median_s"]
+
+
+def run_stability(case: Case, backend: str, processes: int = 5, measure_s: float = 0.5, log: TextIO | None = None) -> StabilityResult:
+    """Measure `case` once in each of `processes` fresh processes, one after the other."""
+    if processes < 2:
+        raise UserError(f"--processes must be at least 2, got {processes}")
+    if not measure_s > 0:
+        raise UserError(f"--measure-s must be positive, got {measure_s}")
+    from harness.backends.registry import load_registry
+
+    load_registry().get(backend)  # an unknown name fails here, not in the children
+    medians = []
+    for i in range(processes):
+        medians.append(measure_in_fresh_process(case, backend, measure_s))
+        if log is not None:
+            log.write(f"\rprocess {i + 1}/{processes} done")
+            log.flush()
+    if log is not None:
+        log.write("\n")
+    return StabilityResult(case, backend, tuple(medians))
+
+
+def _child(case_id: str, device: str, backend: str, measure_s: float) -> None:
+    from harness.backends.registry import load_registry
+    from harness.runner import Options, execute
+    from harness.timing import QUICK_BUDGET, Budget
+
+    case = parse_case_id(case_id, device)
+    budget = Budget(**{**QUICK_BUDGET.__dict__, "measure_s": measure_s, "max_rounds": 10_000})
+    record = execute(case, load_registry().get(backend), Options(budget=budget, check=False))
+    median_ms = record.get("latency_ms_median")
+    print(json.dumps({"status": record["status"], "reason": record.get("reason"), "median_s": median_ms / 1e3 if median_ms else None}))
+
+
+def add_case_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ways to name one case on the command line: a case id, or shape flags."""
+    parser.add_argument("case", nargs="?", help="a case id such as B1-Sq1024-Skv1024-H8-Hkv8-dk64-fp32 (or give the flags below)")
+    group = parser.add_argument_group("case by flags")
+    for flag in ("B", "S", "S-q", "S-kv", "H", "H-kv", "d-k", "d-v", "window"):
+        group.add_argument(f"--{flag}", type=int, dest=f"case_{flag.replace('-', '_')}")
+    group.add_argument("--dtype", dest="case_dtype")
+    group.add_argument("--mode", dest="case_mode")
+    group.add_argument("--causal", action="store_true", dest="case_causal")
+    group.add_argument("--padding", action="store_true", dest="case_padding")
+
+
+def case_from_args(args: argparse.Namespace, device: str) -> Case:
+    """The case named by `add_case_arguments`' arguments, on `device`."""
+    flags = {k[5:]: v for k, v in vars(args).items() if k.startswith("case_") and v not in (None, False)}
+    if args.case:
+        if flags:
+            raise UserError("give a case id or case flags, not both")
+        return parse_case_id(args.case, device)
+    if "B" not in flags or "H" not in flags or "d_k" not in flags:
+        raise UserError("give a case id, or at least --B, --S (or --S-q and --S-kv), --H and --d-k")
+    s = flags.pop("S", None)
+    if s is not None and ("S_q" in flags or "S_kv" in flags):
+        raise UserError("give either --S or --S-q/--S-kv, not both")
+    if s is None and ("S_q" not in flags or "S_kv" not in flags):
+        raise UserError("give --S, or both --S-q and --S-kv")
+    fields = {"S_q": s, "S_kv": s, **flags} if s is not None else flags
+    fields.setdefault("H_kv", fields["H"])
+    fields.setdefault("d_v", fields["d_k"])
+    return Case(device=device, **fields)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="internal: one measurement for `attnbench stability`")
+    parser.add_argument("--child", required=True)
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--measure-s", type=float, required=True)
+    ns = parser.parse_args()
+    _child(ns.child, ns.device, ns.backend, ns.measure_s)
