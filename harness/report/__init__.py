@@ -247,12 +247,13 @@ def _scaling(frame, fits, out_dir, written) -> str:
     _write_csv(fits, out_dir, "scaling.csv", written)
     summary = fits.groupby("backend").agg(
         groups=("group", "count"),
+        beta_fitted=("beta_latency", lambda s: int(pd.to_numeric(s, errors="coerce").notna().sum())),
         beta_median=("beta_latency", lambda s: pd.to_numeric(s, errors="coerce").median()),
         alpha_median=("alpha_memory", lambda s: pd.to_numeric(s, errors="coerce").median()),
         alpha_fitted=("alpha_memory", lambda s: int(pd.to_numeric(s, errors="coerce").notna().sum())),
     ).reset_index()
     body.append("<h3>Summary per backend (median over the fixed-parameter groups)</h3>")
-    body.append(table(summary, headers=["backend", "groups", "median β (latency)", "median α (memory)", "groups with a memory fit"], scroll=False))
+    body.append(table(summary, headers=["backend", "groups", "groups with a latency fit", "median β (latency)", "median α (memory)", "groups with a memory fit"], scroll=False))
 
     def exponent(name_exp: str, name_r2: str, name_note: str):
         def cell(value, row):
