@@ -6,6 +6,7 @@ prepare (untimed) → one checked call → timed samples → peak memory. Every 
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 import traceback
@@ -62,10 +63,16 @@ def base_record(case: Case, backend: Backend, options: Options) -> dict[str, Any
     return record
 
 
+@functools.lru_cache(maxsize=1)
+def _l2_flusher() -> L2Flusher:
+    """One flush buffer per worker process (hundreds of MB: allocated once, not per pair)."""
+    return L2Flusher()
+
+
 def device_clock(device: str) -> tuple[Clock, Callable[[], None] | None, str]:
     """The clock, the between-sample setup (L2 flush on CUDA) and the timer's name for a device."""
     if device.startswith("cuda"):
-        return CudaEventClock(), L2Flusher(), "cuda-event"
+        return CudaEventClock(), _l2_flusher(), "cuda-event"
     return time.perf_counter, None, "perf_counter"
 
 
