@@ -71,8 +71,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a suite (or resume a run) under the supervisor and print where the results are."""
     from harness.supervisor import RunConfig, Supervisor
 
+    if args.model is not None:
+        if args.suite is not None:
+            raise UserError("give --suite or --model, not both")
+        args.suite = f"model:{args.model}" + (f":{args.seq}" if args.seq else "")
+    elif args.seq is not None:
+        raise UserError("--seq goes with --model")
     if args.resume is None and args.suite is None:
-        raise UserError("give --suite NAME (or --resume RUN_DIR)")
+        raise UserError("give --suite NAME or --model PRESET (or --resume RUN_DIR)")
     config = RunConfig(
         suite=args.suite or "", device=args.device, backends=args.backends, out=Path(args.out), run_id=args.run_id,
         workers=args.workers, gpus=_parse_gpus(args.gpus), force=args.force,
@@ -138,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a suite and write results/<run-id>/")
     p.add_argument("--suite", help="built-in suite (quick, default, …), 'auto' (by device) or a .toml file")
+    p.add_argument("--model", help="a published model's attention instead of a suite (harness/models.py: llama3-405b, mistral-7b, deepseek-v3, …)")
+    p.add_argument("--seq", help="with --model: comma-separated sequence lengths (default 1024,4096,16384; CPU: 128)")
     p.add_argument("--device", choices=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: the suite's, else all)")
     p.add_argument("--out", default="results", help="parent folder of run folders (default: results)")
@@ -166,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-s", type=float, default=0.5, help="seconds of timed samples per process (default 0.5)")
     p.set_defaults(func=cmd_stability)
 
+    sub.add_parser("gpu-check", help="CUDA: every backend on a small grid, fwd/bwd, checked and timed (--cpu: tiny, on the CPU); exit 2 without CUDA")
+
     p = sub.add_parser("check", help="check every backend against a float64 reference (no timing); exit 1 on a disagreement")
     p.add_argument("--suite", help="built-in suite, 'auto' or a .toml file (default: a small built-in check grid)")
     p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: the suite's, else all)")
@@ -183,7 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `attnbench` console script and of `python -m harness`."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["gpu-check"]:  # its own options (harness.gpu_check); listed in --help by the subparser below
+            from harness import gpu_check
+
+            return gpu_check.main(argv[1:])
         args = parser.parse_args(argv)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)

@@ -28,6 +28,9 @@ class Suite:
     backends: tuple[str, ...] | None = None
     budget: Budget = QUICK_BUDGET
     tags: tuple[str, ...] = field(default_factory=tuple)
+    #: The smaller grid the same suite runs on a CPU (None: `cases` on any device), and its budget there.
+    cpu_cases: tuple[Case, ...] | None = None
+    cpu_budget: Budget | None = None
 
     def pairs(self, backend_names: Iterable[str]) -> list[tuple[Case, str]]:
         """Every (case, backend) pair in a stable order: cases outer, backends inner."""
@@ -35,8 +38,11 @@ class Suite:
         return [(case, name) for case in self.cases for name in names]
 
     def on_device(self, device: str) -> "Suite":
-        """The same suite with every case moved to `device`."""
-        return Suite(self.name, self.description, tuple(c.replace(device=device) for c in self.cases), self.backends, self.budget, self.tags)
+        """The same suite with every case moved to `device`; on the CPU, its `cpu_cases` when it has them."""
+        cpu = device == "cpu"
+        cases = self.cpu_cases if cpu and self.cpu_cases is not None else self.cases
+        budget = self.cpu_budget if cpu and self.cpu_budget is not None else self.budget
+        return Suite(self.name, self.description, tuple(c.replace(device=device) for c in cases), self.backends, budget, self.tags)
 
 
 def pair_key(case: Case, backend: str) -> str:
@@ -52,7 +58,11 @@ def builtin_suites() -> list[str]:
 
 
 def load_suite(name_or_path: str) -> Suite:
-    """A built-in suite by name, or a suite from a TOML file; UserError for anything else."""
+    """A built-in suite by name, `model:<preset>[:<S>,…]` (harness.models), or a TOML file; UserError for anything else."""
+    if name_or_path.startswith("model:"):
+        from harness.models import model_suite
+
+        return model_suite(name_or_path)
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
         return suite_from_toml(path)

@@ -25,6 +25,8 @@ from harness.backends.registry import register
 from harness.cases import Case
 from harness.inputs import AttentionInputs, kv_lengths, torch_dtype, visible_mask
 
+#: Largest float64 copy of the four weight matrices the CPU check may make (the check runs beside the layer).
+CPU_WEIGHT_LIMIT = 2**30
 #: Projection FLOPs per mode: backward computes dX and dW (twice the forward), fwd_bwd both.
 PROJECTION_MODE_FACTOR = {"fwd": 1, "bwd": 2, "fwd_bwd": 3}
 
@@ -85,6 +87,9 @@ class MhaLayerBackend(Backend):
             return "nn.MultiheadAttention has no grouped or shared K/V heads (GQA/MQA)"
         if case.d_v != case.d_k or case.mla:
             return "nn.MultiheadAttention projects to D = H·d_k for Q, K and V alike (needs d_v = d_k)"
+        D = case.H * case.d_k
+        if case.device == "cpu" and 4 * D * D * 8 > CPU_WEIGHT_LIMIT:
+            return f"on a CPU the layer's float64 reference needs {4 * D * D * 8 / 2**30:.1f} GiB of weights at D={D} (limit {CPU_WEIGHT_LIMIT / 2**30:.0f} GiB)"
         return super().supports(case)
 
     def costs(self, case: Case) -> tuple[int, int]:

@@ -1,0 +1,148 @@
+"""`make gpu-check`: every available backend on a small grid on one CUDA GPU, checked and timed, in minutes.
+
+Meant for a CUDA machine without network and with only what is installed there (python3 with a
+CUDA torch, and whatever attention libraries the box has): it runs from the checkout with
+`python3 -m harness gpu-check`, needs no pip install, and uses neither pytest nor pandas.
+
+Each backend runs in its own child process (a kernel that kills its process, or leaves a sticky
+CUDA error, costs that backend only) over: fwd and bwd, causal and not, GQA at S = 1024, d_k 128,
+bf16; MHA at d_k 64; a padded batch (varlen); decoding against a 4 Ki cache; DeepSeek's absorbed MLA.
+Every output and gradient is checked against the float64 reference; a short table comes last.
+Exit 0 when every pair that ran agrees, 1 when one disagrees or fails, 2 when there is no CUDA device.
+`--cpu` runs the same on the CPU with tiny shapes, for testing the command itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from harness.cases import Case
+from harness.timing import Budget
+
+#: Short measurements: this is a check that kernels run and agree, with a rough time beside it.
+CHECK_BUDGET = Budget(warmup_s=0.01, measure_s=0.03, min_sample_s=0.0, min_rounds=3, max_rounds=50)
+#: Seconds one backend's child may take (flex compiles each case, about 10–20 s on a GPU).
+CHILD_TIMEOUT_S = 180.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def check_cases(device: str) -> list[Case]:
+    """The grid: realistic but small on CUDA, tiny on the CPU (--cpu)."""
+    if device == "cuda":
+        B, S, H, H_kv, d, dtype, L, mla = 2, 1024, 16, 4, 128, "bf16", 4096, (128, 576, 512)
+    else:
+        B, S, H, H_kv, d, dtype, L, mla = 2, 64, 4, 2, 32, "bf16", 256, (8, 72, 64)
+    cases = [
+        Case(B=B, S_q=S, S_kv=S, H=H, H_kv=H_kv, d_k=d, d_v=d, dtype=dtype, device=device, causal=causal, mode=mode)
+        for mode in ("fwd", "bwd") for causal in (False, True)
+    ]
+    cases += [
+        Case(B=B, S_q=S, S_kv=S, H=H, H_kv=H, d_k=d // 2, d_v=d // 2, dtype=dtype, device=device, causal=True),
+        Case(B=B, S_q=S, S_kv=S, H=H, H_kv=H_kv, d_k=d, d_v=d, dtype=dtype, device=device, causal=True, padding=True),
+        Case(B=B, S_q=1, S_kv=L, H=H, H_kv=H_kv, d_k=d, d_v=d, dtype=dtype, device=device, padding=True),
+        Case(B=B, S_q=1, S_kv=L, H=mla[0], H_kv=1, d_k=mla[1], d_v=mla[2], dtype=dtype, device=device, mla=True),
+    ]
+    return cases
+
+
+def run_backend(name: str, device: str) -> list[dict[str, Any]]:
+    """Run every check case on one backend in this process; one short row per case."""
+    from harness.backends.registry import load_registry
+    from harness.runner import Options, execute
+
+    backend = load_registry().get(name)
+    rows = []
+    for case in check_cases(device):
+        record = execute(case, backend, Options(budget=CHECK_BUDGET, check=True, run_id="gpu-check"))
+        rows.append({
+            "backend": name, "case": case.id, "status": record["status"], "agree": record.get("agree"),
+            "ms": record.get("latency_ms_median"), "tflops": record.get("tflops"), "gbps": record.get("gbps"),
+            "compile_s": record.get("compile_s"), "reason": record.get("reason"),
+            "op": (record.get("notes") or {}).get("op_fw") if isinstance(record.get("notes"), dict) else None,
+        })
+    return rows
+
+
+def _child(name: str, device: str) -> list[dict[str, Any]]:
+    """One backend in a child process; a crash or a hang becomes rows that say so."""
+    command = [sys.executable, "-m", "harness", "gpu-check", "--one", name] + (["--cpu"] if device == "cpu" else [])
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return [{"backend": name, "case": "*", "status": "timeout", "agree": None, "reason": f"over {CHILD_TIMEOUT_S:.0f} s"}]
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = " ".join((done.stderr or done.stdout).split())[-300:]
+        return [{"backend": name, "case": "*", "status": "crashed", "agree": None, "reason": f"exit {done.returncode}: {tail}"}]
+    return [json.loads(ln) for ln in lines]
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Per backend: pairs ok / agreeing / unsupported / failed, the median time of the first ok case, and the first problem."""
+    out = [f"{'backend':<16} {'ok':>3} {'agree':>5} {'unsup':>5} {'fail':>4}  {'first ok case':<44} {'ms':>9}  note"]
+    for name in dict.fromkeys(r["backend"] for r in rows):
+        mine = [r for r in rows if r["backend"] == name]
+        ok = [r for r in mine if r["status"] == "ok"]
+        agree = sum(1 for r in ok if r.get("agree") is True)
+        unsup = sum(1 for r in mine if r["status"] == "unsupported")
+        failed = [r for r in mine if r["status"] not in ("ok", "unsupported")]
+        bad = [r for r in ok if r.get("agree") is False]
+        first = ok[0] if ok else None
+        problem = (failed or bad or [None])[0]
+        if problem is not None:
+            note = f"{problem['status']}{' (disagrees)' if problem in bad else ''} on {problem['case']}: {str(problem.get('reason') or '')[:80]}"
+        elif not ok and mine:
+            note = f"unsupported: {str(mine[0].get('reason') or '')[:90]}"
+        else:
+            note = ""
+        ms = f"{first['ms']:.3f}" if first and first.get("ms") is not None else "-"
+        out.append(f"{name:<16} {len(ok):>3} {agree:>5} {unsup:>5} {len(failed):>4}  {(first['case'] if first else '-'):<44} {ms:>9}  {note}")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`attnbench gpu-check [--cpu] [--backends a,b]`: run, print the table last, exit 0/1 (2 without CUDA)."""
+    parser = argparse.ArgumentParser(prog="attnbench gpu-check", description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU with tiny shapes (to test the command)")
+    parser.add_argument("--backends", help="comma-separated backend names (default: every registered one)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    import torch
+
+    device = "cpu" if args.cpu else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        print(f"attnbench gpu-check: no CUDA device is present (torch {torch.__version__} sees none); nothing to check", file=sys.stderr)
+        return 2
+    if args.one:
+        for row in run_backend(args.one, device):
+            print(json.dumps(row, default=str))
+        return 0
+    from harness.backends.registry import load_registry
+
+    registry = load_registry()
+    names = args.backends.split(",") if args.backends else registry.names()
+    for name in names:
+        registry.get(name)
+    where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (--cpu)"
+    print(f"gpu-check on {where}, torch {torch.__version__}: {len(check_cases(device))} cases × {len(names)} backends", flush=True)
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        t0 = time.monotonic()
+        mine = _child(name, device)
+        rows += mine
+        ok = sum(1 for r in mine if r["status"] == "ok")
+        print(f"  {name}: {ok} ok, {sum(1 for r in mine if r['status'] == 'unsupported')} unsupported in {time.monotonic() - t0:.0f} s", flush=True)
+        for r in mine:
+            if r["status"] not in ("ok", "unsupported") or r.get("agree") is False:
+                print(f"    {r['case']}: {r['status']}{' disagrees' if r.get('agree') is False else ''}: {r.get('reason')}", flush=True)
+    print(f"\n{len(rows)} pairs in {time.monotonic() - started:.0f} s")
+    print(format_table(rows))
+    failed = [r for r in rows if r["status"] not in ("ok", "unsupported") or r.get("agree") is False]
+    return 1 if failed else 0

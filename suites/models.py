@@ -1,0 +1,19 @@
+"""models: the attention of published models (harness/models.py), prefill and decode.
+
+CUDA: every preset at S 1 Ki, 4 Ki and 16 Ki (capped at its context), bf16, causal prefill in fwd plus
+one-token decode against a cache of S (DeepSeek-V3 in MLA's absorbed form). On a CPU: the same heads
+at S = 128 in fp32. One model alone: `attnbench run --model llama3-405b [--seq 1024,8192]`.
+"""
+
+from harness.models import CPU_SEQ, DEFAULT_SEQ, PRESETS, model_cases
+from harness.suite import Suite
+from harness.timing import CUDA_BUDGET, QUICK_BUDGET
+
+SUITE = Suite(
+    name="models",
+    description="published models' attention (Transformer base … Llama 3.1 405B, Mistral 7B, DeepSeek-V3 MLA): prefill and decode",
+    cases=tuple(dict.fromkeys(c for p in PRESETS.values() for c in model_cases(p, DEFAULT_SEQ, device="cuda"))),
+    cpu_cases=tuple(dict.fromkeys(c for p in PRESETS.values() for c in model_cases(p, CPU_SEQ, dtype="fp32", device="cpu"))),
+    budget=CUDA_BUDGET,
+    cpu_budget=QUICK_BUDGET,
+)

@@ -1,0 +1,118 @@
+"""FLOP and byte formulas against hand-computed values, including causal with S_q ≠ S_kv, padding, windows and MLA."""
+
+import numpy as np
+import pytest
+
+from harness import theory
+from harness.cases import Case
+from harness.inputs import kv_lengths, visible_key_rows, visible_mask, visible_pairs
+
+
+def case(**kw):
+    base = dict(B=1, S_q=4, S_kv=4, H=2, H_kv=2, d_k=8, d_v=8, dtype="fp32")
+    return Case(**{**base, **kw})
+
+
+def test_unmasked_forward_flops_is_four_b_h_s2_d():
+    c = case()
+    assert theory.forward_flops(c) == 4 * 1 * 2 * 4 * 4 * 8 == 1024
+
+
+def test_causal_square_counts_s_s_plus_1_over_2_pairs():
+    c = case(causal=True)
+    assert visible_pairs(c) == 10
+    assert theory.forward_flops(c) == 2 * 2 * 16 * 10
+
+
+def test_causal_fewer_queries_than_keys_is_bottom_right():
+    # S_q = 2, S_kv = 5: query 0 sees keys 0..3, query 1 sees 0..4 → 4 + 5 = 9 = S_q(2·S_kv − S_q + 1)/2.
+    c = case(S_q=2, S_kv=5, causal=True)
+    assert visible_pairs(c) == 9
+    m = visible_mask(c)[0, 0]
+    assert m.tolist() == [[True, True, True, True, False], [True] * 5]
+    assert theory.forward_flops(c) == 2 * 2 * 16 * 9
+
+
+def test_causal_more_queries_than_keys_leaves_early_rows_empty():
+    # S_q = 5, S_kv = 2: queries 0..2 see nothing, query 3 sees key 0, query 4 sees keys 0..1.
+    c = case(S_q=5, S_kv=2, causal=True)
+    assert visible_pairs(c) == 3
+    assert visible_mask(c)[0, 0].sum(dim=-1).tolist() == [0, 0, 0, 1, 2]
+
+
+def test_window_of_w_keys_includes_the_query_itself():
+    c = case(S_q=6, S_kv=6, window=2)
+    assert visible_pairs(c) == 1 + 2 * 5
+    assert visible_mask(c)[0, 0, 3].tolist() == [False, False, True, True, False, False]
+
+
+def test_backward_is_two_and_a_half_forward_and_fwd_bwd_three_and_a_half():
+    fwd = theory.flops(case(causal=True))
+    assert theory.flops(case(causal=True, mode="bwd")) == 2.5 * fwd
+    assert theory.flops(case(causal=True, mode="fwd_bwd")) == 3.5 * fwd
+
+
+def test_padding_counts_real_keys_and_pads_queries_in_self_attention():
+    c = case(B=3, S_q=8, S_kv=8, padding=True, seed=4)
+    lens = kv_lengths(c)
+    assert lens[0] == 8 and all(4 <= n <= 8 for n in lens)
+    assert visible_pairs(c) == int((lens**2).sum())  # padded query rows see nothing
+    causal = c.replace(causal=True)
+    assert visible_pairs(causal) == int((lens * (lens + 1) // 2).sum())
+
+
+def test_decode_with_padding_sees_each_sequences_cache():
+    c = case(B=4, S_q=1, S_kv=64, padding=True, causal=True, seed=2)
+    assert visible_pairs(c) == int(kv_lengths(c).sum())
+
+
+def test_speculative_decode_is_causal_per_sequence():
+    # S_q = 3 new tokens at the end of each sequence's own cache of len_b keys.
+    c = case(B=2, S_q=3, S_kv=16, padding=True, causal=True, seed=1)
+    lens = kv_lengths(c)
+    assert visible_pairs(c) == int(sum(3 * n - 3 for n in lens))  # (n−2) + (n−1) + n
+    m = visible_mask(c)
+    assert int(m[1, 0, 0].sum()) == lens[1] - 2
+
+
+def test_decode_bytes_are_the_kv_cache_plus_q_and_o():
+    c = Case(B=2, S_q=1, S_kv=100, H=8, H_kv=2, d_k=16, d_v=16, dtype="bf16")
+    expected = (2 * 8 * 16 + 2 * 100 * 2 * (16 + 16) + 2 * 8 * 16) * 2
+    assert theory.min_bytes(c) == expected
+    padded = c.replace(padding=True)
+    lens = kv_lengths(padded)
+    assert theory.min_bytes(padded) == (2 * 8 * 16 * 2 + int(lens.sum()) * 2 * 32) * 2
+
+
+def test_window_shrinks_the_keys_a_decode_reads():
+    c = Case(B=1, S_q=1, S_kv=64, H=4, H_kv=4, d_k=8, d_v=8, window=5)
+    assert visible_key_rows(c) == 5
+    assert theory.min_bytes(c) == (4 * 8 + 5 * 4 * 16 + 4 * 8) * 4
+
+
+def test_backward_bytes_read_q_k_v_o_do_and_write_dq_dk_dv():
+    c = case(mode="bwd")
+    t = theory.touched_bytes(c)
+    assert theory.min_bytes(c) == 2 * (t["q"] + t["k"] + t["v"]) + 2 * t["o"]
+    assert theory.min_bytes(c.replace(mode="fwd_bwd")) == theory.min_bytes(c) + theory.min_bytes(c.replace(mode="fwd"))
+
+
+def test_kv_cache_ratio_mha_gqa_mqa_is_one_to_g_over_h_to_one_over_h():
+    sizes = [theory.kv_cache_bytes(Case(B=2, S_q=1, S_kv=128, H=8, H_kv=g, d_k=16, d_v=16)) for g in (8, 2, 1)]
+    assert sizes[0] == 2 * 128 * 8 * 32 * 4
+    assert np.allclose([s / sizes[0] for s in sizes], [1, 2 / 8, 1 / 8])
+
+
+def test_mla_caches_one_latent_per_token():
+    c = Case(B=1, S_q=1, S_kv=10, H=128, H_kv=1, d_k=576, d_v=512, dtype="bf16", mla=True)
+    assert theory.kv_cache_bytes_per_token(c) == 1152
+    assert theory.kv_cache_bytes(c) == 11520
+    assert theory.touched_bytes(c)["v"] == 0
+
+
+@pytest.mark.parametrize("kw", [dict(H_kv=2), dict(d_v=8, d_k=4)])
+def test_mla_case_needs_one_kv_head_and_dv_within_dk(kw):
+    from harness.errors import UserError
+
+    with pytest.raises(UserError):
+        Case(B=1, S_q=1, S_kv=4, H=4, **{"H_kv": 1, "d_k": 8, "d_v": 4, **kw}, mla=True)
