@@ -10,5 +10,13 @@ SUITE = Suite(
     cases=tuple(
         grid(B=[1, 4], S=[128, 256, 512, 1024], H=[8], H_kv=["H", 2, 1], d_k=[64], dtype=["fp32", "bf16"], causal=[False, True])
     ),
+    # Every CPU-capable core backend, the projections (for the S* crossover) and the GPU-only
+    # kernels, which answer `unsupported` with their reason at no cost. The compiled backends
+    # (flex, naive-compiled) compile once per shape and the layer/MLA backends answer other
+    # questions: they have their own suites (train, decode, models).
+    backends=(
+        "naive", "sdpa", "sdpa-math", "sdpa-flash", "projections",
+        "sdpa-efficient", "sdpa-cudnn", "xformers", "flash-attn2", "flash-attn3", "flash-attn4",
+    ),
     budget=QUICK_BUDGET,
 )
