@@ -18,6 +18,10 @@ else
         echo "setup: installing $TORCH_SPEC (CPU build where one is offered)"
         "$VENV/bin/python" -m pip install --quiet "$TORCH_SPEC"
     fi
+    # xFormers imports on a CPU (no CPU kernels): enough to list it honestly and to test its
+    # adapter's argument translation with its own mask objects. --no-deps because its wheel pins
+    # a CUDA torch; on a GPU box install the xFormers built for your torch yourself.
+    "$VENV/bin/python" -m pip install --quiet --no-deps "xformers==0.0.35" || echo "setup: xformers not installed (its tests will skip)"
 fi
 "$VENV/bin/python" -m pip install --quiet -e ".[test]"
 "$VENV/bin/python" -c "import torch, harness; print('setup: attnbench', harness.__version__, 'with torch', torch.__version__)"
