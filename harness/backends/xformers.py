@@ -180,6 +180,18 @@ class XformersBackend(Backend):
             # 5-D [B, M, G, g, d] → [B, M, H, d]: a view, so the upstream gradient has the leaves' layout.
             return out.reshape(*out.shape[:2], case.H, case.d_v) if out.dim() == 5 else out
 
+        if case.mode != "fwd":
+            # xFormers picks its backward operator only when backward runs, and none of its CUDA backward
+            # operators takes the 5-D GQA layout (flash/cutlass BwOp: SUPPORTS_BMGHK = False). One untimed
+            # forward and backward here turns that refusal into `unsupported` instead of an error mid-run.
+            try:
+                with torch.enable_grad():
+                    out = fn()
+                    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+            except NotImplementedError as exc:
+                raise Unsupported(f"xformers backward: {_first_reason(exc)}") from None
+            del out
+
         def check(result: Any) -> Any:
             from harness.numerics import check_backward, check_forward
 
