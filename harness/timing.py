@@ -222,30 +222,79 @@ class FakeClock:
         self.now += seconds
 
 
-class CudaEventClock:
-    """Device time from CUDA events: each reading records an event and waits for it.
+#: Bounds of the spin the CUDA clock queues after each reading (seconds), and its multiple of the host gap.
+SPIN_MIN_S = 20e-6
+SPIN_MAX_S = 2e-3
+SPIN_FIRST_S = 100e-6
+SPIN_FACTOR = 2.0
+_SPIN_RATES: dict = {}
 
-    Readings accumulate the event-to-event intervals in a Python float, because
-    `Event.elapsed_time` is single precision in milliseconds and loses microseconds
-    when measured against an event recorded long ago.
+
+def spin_seconds(host_gaps: Sequence[float]) -> float:
+    """How long the GPU should spin after a reading: twice the longest recent host gap between readings, bounded."""
+    if not host_gaps:
+        return SPIN_FIRST_S
+    return min(SPIN_MAX_S, max(SPIN_MIN_S, SPIN_FACTOR * max(host_gaps)))
+
+
+class CudaEventClock:
+    """Device time from CUDA events, without the host's launch overhead in the interval.
+
+    Each reading records an event and waits for it, then queues a spin kernel (`torch.cuda._sleep`)
+    and records, after it, the event the next interval starts from. While the GPU spins, the host
+    enqueues the timed call, so the interval holds device work only, not the time Python takes to
+    reach the first kernel launch (which would dominate µs-scale decode kernels: an idle GPU starts
+    the interval at the reading, not at the first kernel). The spin lasts twice the longest recent
+    host gap between readings (bounded by SPIN_MAX_S); a call whose host side takes longer than that
+    still includes the excess. Readings accumulate the intervals in a Python float, because
+    `Event.elapsed_time` is single precision in milliseconds and loses microseconds when measured
+    against an event recorded long ago.
     """
 
-    def __init__(self, device: object = None) -> None:
-        import torch
-
-        self._torch = torch
+    def __init__(self, device: object = None, *, torch_module: object = None, host_clock: Clock = time.perf_counter) -> None:
+        if torch_module is None:
+            import torch as torch_module
+        self._torch = torch_module
         self._device = device
-        self._last = torch.cuda.Event(enable_timing=True)
-        self._last.record()
-        self._last.synchronize()
+        self._host = host_clock
+        self._gaps: list[float] = []
+        self._returned_at: float | None = None
         self._elapsed_s = 0.0
+        self._cycles_per_s = self._spin_rate()
+        first = self._event()
+        first.synchronize()
+        self._last = self._spin_then_mark(SPIN_FIRST_S)
 
-    def __call__(self) -> float:
+    def _event(self) -> object:
         event = self._torch.cuda.Event(enable_timing=True)
         event.record()
+        return event
+
+    def _spin_rate(self) -> float:
+        """Spin-kernel cycles per second on this device (measured once per process and device)."""
+        key = (id(self._torch), str(self._device))
+        if key not in _SPIN_RATES:
+            cycles = 1_000_000
+            a = self._event()
+            self._torch.cuda._sleep(cycles)
+            b = self._event()
+            b.synchronize()
+            _SPIN_RATES[key] = cycles / max(a.elapsed_time(b) / 1e3, 1e-9)
+        return _SPIN_RATES[key]
+
+    def _spin_then_mark(self, seconds: float) -> object:
+        self._torch.cuda._sleep(max(1, int(seconds * self._cycles_per_s)))
+        return self._event()
+
+    def __call__(self) -> float:
+        entered = self._host()
+        if self._returned_at is not None:
+            self._gaps = (self._gaps + [entered - self._returned_at])[-16:]
+        event = self._event()
         event.synchronize()
         self._elapsed_s += self._last.elapsed_time(event) / 1e3
-        self._last = event
+        self._last = self._spin_then_mark(spin_seconds(self._gaps))
+        self._returned_at = self._host()
         return self._elapsed_s
 
 
