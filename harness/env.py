@@ -46,23 +46,29 @@ def gpu_telemetry() -> list[dict[str, Any]] | dict[str, str]:
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
 
-            def read(fn, *args):
-                try:
-                    return fn(handle, *args)
-                except Exception:
-                    return None
+            def read(*names, args=()):
+                # By name, first one present: nvidia-ml-py renames functions over releases (clocks
+                # "throttle" reasons became "event" reasons in 12.x), and a missing one is one None.
+                for fn_name in names:
+                    fn = getattr(pynvml, fn_name, None)
+                    if fn is not None:
+                        try:
+                            return fn(handle, *[getattr(pynvml, a, None) for a in args])
+                        except Exception:
+                            return None
+                return None
 
-            name = read(pynvml.nvmlDeviceGetName)
-            throttle = read(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+            name = read("nvmlDeviceGetName")
+            throttle = read("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
             gpus.append({
                 "index": index,
                 "name": name.decode() if isinstance(name, bytes) else name,
-                "sm_clock_mhz": read(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM),
-                "mem_clock_mhz": read(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_MEM),
-                "max_sm_clock_mhz": read(pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM),
-                "temperature_c": read(pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU),
-                "power_w": (lambda mw: mw / 1000 if mw is not None else None)(read(pynvml.nvmlDeviceGetPowerUsage)),
-                "power_limit_w": (lambda mw: mw / 1000 if mw is not None else None)(read(pynvml.nvmlDeviceGetEnforcedPowerLimit)),
+                "sm_clock_mhz": read("nvmlDeviceGetClockInfo", args=("NVML_CLOCK_SM",)),
+                "mem_clock_mhz": read("nvmlDeviceGetClockInfo", args=("NVML_CLOCK_MEM",)),
+                "max_sm_clock_mhz": read("nvmlDeviceGetMaxClockInfo", args=("NVML_CLOCK_SM",)),
+                "temperature_c": read("nvmlDeviceGetTemperature", args=("NVML_TEMPERATURE_GPU",)),
+                "power_w": (lambda mw: mw / 1000 if mw is not None else None)(read("nvmlDeviceGetPowerUsage")),
+                "power_limit_w": (lambda mw: mw / 1000 if mw is not None else None)(read("nvmlDeviceGetEnforcedPowerLimit")),
                 "throttle_reasons": throttle,
                 "throttle_reasons_hex": hex(throttle) if throttle is not None else None,
             })

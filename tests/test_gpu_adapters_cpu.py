@@ -142,3 +142,37 @@ def test_spin_is_twice_the_longest_recent_host_gap_within_bounds():
     assert spin_seconds([1e-6]) == SPIN_MIN_S
     assert spin_seconds([30e-6, 50e-6]) == pytest.approx(100e-6)
     assert spin_seconds([1.0]) == SPIN_MAX_S
+
+
+def _fake_pynvml(**functions):
+    import types
+
+    mod = types.ModuleType("pynvml")
+    mod.NVML_CLOCK_SM, mod.NVML_CLOCK_MEM, mod.NVML_TEMPERATURE_GPU = 0, 2, 0
+    mod.nvmlInit = mod.nvmlShutdown = lambda: None
+    mod.nvmlDeviceGetCount = lambda: 1
+    mod.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
+    mod.nvmlSystemGetDriverVersion = lambda: b"550.54"
+    mod.nvmlDeviceGetName = lambda h: b"NVIDIA H100 80GB HBM3"
+    mod.nvmlDeviceGetClockInfo = lambda h, kind: {0: 1980, 2: 2619}[kind]
+    for name, fn in functions.items():
+        setattr(mod, name, fn)
+    return mod
+
+
+@pytest.mark.parametrize("reasons_name", ["nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"])
+def test_gpu_telemetry_reads_either_name_and_survives_missing_functions(monkeypatch, reasons_name):
+    import sys
+
+    from harness.env import gpu_telemetry
+
+    def power(h):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(**{reasons_name: lambda h: 4, "nvmlDeviceGetPowerUsage": power}))
+    (gpu,) = gpu_telemetry()
+    assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["driver"] == "550.54"
+    assert gpu["sm_clock_mhz"] == 1980 and gpu["mem_clock_mhz"] == 2619
+    assert gpu["throttle_reasons"] == 4 and gpu["throttle_reasons_hex"] == "0x4"
+    # Absent (max clock, temperature, power limit) or failing (power) functions are None, not a crash.
+    assert gpu["max_sm_clock_mhz"] is None and gpu["power_w"] is None and gpu["power_limit_w"] is None
