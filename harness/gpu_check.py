@@ -8,7 +8,8 @@ Each backend runs in its own child process (a kernel that kills its process, or 
 CUDA error, costs that backend only) over: fwd and bwd, causal and not, GQA at S = 1024, d_k 128,
 bf16; MHA at d_k 64; a padded batch (varlen); decoding against a 4 Ki cache; DeepSeek's absorbed MLA.
 Every output and gradient is checked against the float64 reference; a short table comes last.
-Exit 0 when every pair that ran agrees, 1 when one disagrees or fails, 2 when there is no CUDA device.
+Exit 0 when every pair that ran agrees, 1 when one disagrees or fails (or a backend was skipped because
+the 270 s budget was spent), 2 when there is no CUDA device.
 `--cpu` runs the same on the CPU with tiny shapes, for testing the command itself.
 """
 
@@ -29,6 +30,13 @@ from harness.timing import Budget
 CHECK_BUDGET = Budget(warmup_s=0.01, measure_s=0.03, min_sample_s=0.0, min_rounds=3, max_rounds=50)
 #: Seconds one backend's child may take (flex compiles each case, about 10–20 s on a GPU).
 CHILD_TIMEOUT_S = 180.0
+#: The whole check's budget: `make gpu-check` must finish within 5 minutes. Backends that compile
+#: (torch.compile, FlexAttention) run last; a backend reached after the budget is spent is reported
+#: `skipped` (counted as a failure: it was not checked), never silently passed.
+TOTAL_BUDGET_S = 270.0
+#: A child is not started with less than this left (python, torch and CUDA start-up alone take seconds).
+MIN_CHILD_S = 15.0
+COMPILING_FAMILIES = ("flex", "compiled")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -69,13 +77,13 @@ def run_backend(name: str, device: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _child(name: str, device: str) -> list[dict[str, Any]]:
+def _child(name: str, device: str, timeout_s: float = CHILD_TIMEOUT_S) -> list[dict[str, Any]]:
     """One backend in a child process; a crash or a hang becomes rows that say so."""
     command = [sys.executable, "-m", "harness", "gpu-check", "--one", name] + (["--cpu"] if device == "cpu" else [])
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, cwd=ROOT)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        return [{"backend": name, "case": "*", "status": "timeout", "agree": None, "reason": f"over {CHILD_TIMEOUT_S:.0f} s"}]
+        return [{"backend": name, "case": "*", "status": "timeout", "agree": None, "reason": f"over {timeout_s:.0f} s"}]
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = " ".join((done.stderr or done.stdout).split())[-300:]
@@ -127,15 +135,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     registry = load_registry()
     names = args.backends.split(",") if args.backends else registry.names()
-    for name in names:
-        registry.get(name)
+    compiling = {name for name in names if registry.get(name).family in COMPILING_FAMILIES}
+    names = [n for n in names if n not in compiling] + [n for n in names if n in compiling]
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (--cpu)"
     print(f"gpu-check on {where}, torch {torch.__version__}: {len(check_cases(device))} cases × {len(names)} backends", flush=True)
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     for name in names:
         t0 = time.monotonic()
-        mine = _child(name, device)
+        left = TOTAL_BUDGET_S - (t0 - started)
+        if left < MIN_CHILD_S:
+            reason = f"not run: gpu-check's {TOTAL_BUDGET_S:.0f} s budget was spent; check it alone with --backends {name}"
+            rows.append({"backend": name, "case": "*", "status": "skipped", "agree": None, "reason": reason})
+            print(f"  {name}: skipped ({reason})", flush=True)
+            continue
+        mine = _child(name, device, min(CHILD_TIMEOUT_S, left))
         rows += mine
         ok = sum(1 for r in mine if r["status"] == "ok")
         print(f"  {name}: {ok} ok, {sum(1 for r in mine if r['status'] == 'unsupported')} unsupported in {time.monotonic() - t0:.0f} s", flush=True)

@@ -176,3 +176,24 @@ def test_gpu_telemetry_reads_either_name_and_survives_missing_functions(monkeypa
     assert gpu["throttle_reasons"] == 4 and gpu["throttle_reasons_hex"] == "0x4"
     # Absent (max clock, temperature, power limit) or failing (power) functions are None, not a crash.
     assert gpu["max_sm_clock_mhz"] is None and gpu["power_w"] is None and gpu["power_limit_w"] is None
+
+
+def test_gpu_check_keeps_its_budget_runs_compilers_last_and_reports_what_it_skipped(capsys, monkeypatch):
+    import harness.gpu_check as gc
+
+    now = [0.0]
+    ran = []
+
+    def child(name, device, timeout_s):
+        ran.append((name, timeout_s))
+        now[0] += 50.0  # each backend's child takes 50 s
+        return [{"backend": name, "case": "c", "status": "ok", "agree": True, "ms": 1.0, "reason": None}]
+
+    monkeypatch.setattr(gc, "_child", child)
+    monkeypatch.setattr(gc, "TOTAL_BUDGET_S", 100.0)
+    monkeypatch.setattr(gc.time, "monotonic", lambda: now[0])
+    assert gc.main(["--cpu", "--backends", "flex,naive,sdpa"]) == 1
+    # flex compiles: it runs last, and the budget is gone by then; each child gets what is left.
+    assert ran == [("naive", 100.0), ("sdpa", 50.0)]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("flex") and "skipped" in lines[-1] and "--backends flex" in lines[-1]
