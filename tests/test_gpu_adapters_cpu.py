@@ -197,3 +197,14 @@ def test_gpu_check_keeps_its_budget_runs_compilers_last_and_reports_what_it_skip
     assert ran == [("naive", 100.0), ("sdpa", 50.0)]
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("flex") and "skipped" in lines[-1] and "--backends flex" in lines[-1]
+
+
+def test_flash_attn2_is_unavailable_when_flash_attn_is_only_fa4s_namespace(monkeypatch):
+    import sys
+    import types
+
+    from harness.backends.flash_attn import FlashAttn2Backend
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))  # what flash-attn-4 alone leaves
+    reason = FlashAttn2Backend().available()
+    assert reason and "flash_attn_func" in reason and "not installed" in reason

@@ -118,11 +118,16 @@ class _FlashBase(Backend):
     def available(self) -> str | None:
         """Installed, importable, a CUDA device, and one of the architectures the build has kernels for."""
         try:
-            self._import()
+            mod = self._import()
         except ImportError as exc:
             return f"{self.module} is not installed ({self.package}; FlashAttention runs on CUDA only, no CPU kernel): {exc}"
         except Exception as exc:  # a broken build (ABI mismatch with torch) is unavailable, not a crash
             return f"{self.module} failed to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        # flash-attn-4 alone leaves `flash_attn` importable as a bare namespace (only `flash_attn.cute`):
+        # that is FlashAttention 2 missing, not a backend that fails on its first call.
+        missing = [f for f in ("flash_attn_func", "flash_attn_varlen_func") if not hasattr(mod, f)]
+        if missing:
+            return f"{self.module} has no {' or '.join(missing)}: {self.name} is not installed ({self.package})"
         cc = cuda_capability()
         if cc is None:
             return f"no CUDA device: {self.name} has no CPU kernel"
