@@ -83,3 +83,11 @@ def test_sdpa_records_whether_it_expanded_kv():
     case = Case(B=1, S_q=32, S_kv=32, H=8, H_kv=2, d_k=16, d_v=16)
     prepared = REGISTRY.get("sdpa-math").prepare(case, make_inputs(case))
     assert prepared.notes["kv_expanded"] is False  # enable_gqa serves it natively in torch ≥ 2.5
+
+
+def test_projections_refuse_mla_cases():
+    """H·d_k of an absorbed-MLA case (128 × 576) is no model's width: 4 weights of 73728² would be 87 GB."""
+    mla = Case(B=1, S_q=1, S_kv=128, H=128, H_kv=1, d_k=576, d_v=512, mla=True)
+    reason = REGISTRY.get("projections").supports(mla)
+    assert reason and "MLA" in reason
+    assert REGISTRY.get("projections").supports(mla.replace(mla=False, d_k=64, d_v=64, H_kv=128)) is None

@@ -57,6 +57,14 @@ class ProjectionsBackend(Backend):
     supports_backward = False
     computes_attention = False
 
+    def supports(self, case: Case) -> str | None:
+        """Not for MLA cases: their d_k is the latent width, and D = H·d_k would be a projection no model has."""
+        reason = super().supports(case)
+        if reason is None and case.mla:
+            return ("an MLA case's d_k is the shared latent (d_c + d_rope), so H·d_k is not the model width; "
+                    "MLA's down/up projections are a different layer")
+        return reason
+
     def costs(self, case: Case) -> tuple[int, int]:
         """The projections' FLOPs and bytes, not the attention core's."""
         return projection_flops(case), projection_bytes(case)
