@@ -175,11 +175,19 @@ def execute(case: Case, backend: Backend, options: Options = Options(), *, loop_
     return {**record, **outcome}
 
 
+def _fingerprints(inputs: AttentionInputs) -> list[tuple[float, float]]:
+    """Float64 sum and absolute sum of q, k, v: notices a backend writing into its inputs without keeping a copy."""
+    with torch.no_grad():
+        return [(float(t.detach().sum(dtype=torch.float64)), float(t.detach().abs().sum(dtype=torch.float64)))
+                for t in (inputs.q, inputs.k, inputs.v)]
+
+
 def _measure_pair(case: Case, backend: Backend, options: Options, loop_factory: Callable[[Clock], Loop] | None) -> dict[str, Any]:
     inputs = make_inputs(case)
     if case.mode != "fwd":
         for t in (inputs.q, inputs.k, inputs.v):
             t.requires_grad_(True)
+    drawn = _fingerprints(inputs)
     with torch.set_grad_enabled(case.mode != "fwd"):
         prepared = backend.prepare(case, inputs)
         step = build_step(case, prepared, inputs)
@@ -192,6 +200,11 @@ def _measure_pair(case: Case, backend: Backend, options: Options, loop_factory: 
         loop = loop_factory(clock) if loop_factory else None
         measured: Measurement = measure(step, clock, options.budget, setup=setup, loop=loop)
         peak = measure_peak(step, case.device)
+    changed = [name for name, before, now in zip("qkv", drawn, _fingerprints(inputs)) if before != now]
+    if changed:
+        # Every later call (and the check) then ran on inputs nobody drew: the row cannot vouch for anything.
+        agreement = Agreement(agreement.max_abs_err, agreement.err_bound, agreement.rel_err, False, agreement.check_note)
+        agreement = agreement.with_note(f"backend modified its inputs in place ({', '.join(changed)})")
     stats = measured.stats
     flops, nbytes = backend.costs(case) or (theory.flops(case), theory.min_bytes(case))
     return {

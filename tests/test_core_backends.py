@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from harness.backends.base import expand_kv
-from harness.backends.naive import naive_attention
+from harness.backends.naive import NaiveBackend, naive_attention
 from harness.backends.registry import Registry, load_registry
 from harness.cases import Case
 from harness.errors import Unsupported, UserError
@@ -91,3 +91,32 @@ def test_projections_refuse_mla_cases():
     reason = REGISTRY.get("projections").supports(mla)
     assert reason and "MLA" in reason
     assert REGISTRY.get("projections").supports(mla.replace(mla=False, d_k=64, d_v=64, H_kv=128)) is None
+
+
+class _ScalesQueriesInPlace(NaiveBackend):
+    """Correct on its first call, then it has scaled q in place: later calls time other inputs."""
+
+    name = "test-inplace"
+
+    def prepare(self, case, inputs):
+        prepared = super().prepare(case, inputs)
+        inner = prepared.fn
+
+        def fn():
+            out = inner()
+            inputs.q.mul_(1.5)
+            return out
+
+        prepared.fn = fn
+        return prepared
+
+
+def test_a_backend_that_writes_into_its_inputs_never_agrees():
+    from harness.runner import execute
+
+    case = Case(B=1, S_q=32, S_kv=32, H=4, H_kv=4, d_k=16, d_v=16)
+    record = execute(case, _ScalesQueriesInPlace())
+    assert record["status"] == "ok"
+    assert record["agree"] is False
+    assert "modified its inputs in place (q)" in record["reason"]
+    assert execute(case, REGISTRY.get("naive"))["agree"] is True
