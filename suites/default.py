@@ -13,5 +13,13 @@ SUITE = Suite(
             dtype=["bf16", "fp16"], causal=[False, True], device="cuda",
         )
     ),
+    # Every kernel that serves the plain attention core without compiling per shape, plus the
+    # projections for S*. flex and naive-compiled compile once per shape (576 shapes here would
+    # be hours of compiling): they run in `train` and `models`, or add them with --backends.
+    # mha-layer and mla answer other questions (the whole layer; MLA decoding).
+    backends=(
+        "naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn",
+        "xformers", "flash-attn2", "flash-attn3", "flash-attn4", "projections",
+    ),
     budget=CUDA_BUDGET,
 )
