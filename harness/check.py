@@ -20,7 +20,7 @@ from harness.cases import Case, canonical_dtype, grid
 from harness.errors import Unsupported, UserError
 from harness.inputs import make_inputs
 from harness.numerics import Agreement, weights_violations
-from harness.runner import build_step
+from harness.runner import build_step, flag_modified_inputs, input_fingerprints, is_oom
 from harness.runner import check as check_result
 
 #: Exit status when some available backend disagrees (2 stays the usage-error status).
@@ -65,11 +65,6 @@ class CheckResult:
         return self.status in FAILING
 
 
-def _is_oom(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text or "can't allocate memory" in text
-
-
 def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
@@ -88,7 +83,7 @@ def check_pair(case: Case, backend: Backend) -> CheckResult:
     if case.mode != "fwd":
         for t in (inputs.q, inputs.k, inputs.v):
             t.requires_grad_(True)
-    pristine = [t.detach().clone() for t in (inputs.q, inputs.k, inputs.v)]
+    drawn = input_fingerprints(inputs)
     failure: BaseException | None = None
     try:
         with torch.set_grad_enabled(case.mode != "fwd"):
@@ -100,18 +95,13 @@ def check_pair(case: Case, backend: Backend) -> CheckResult:
     except Exception as exc:  # noqa: BLE001 - every failure is a verdict
         failure = exc
     if failure is not None:
-        status = "oom" if _is_oom(failure) else "error"
+        status = "oom" if is_oom(failure) else "error"
         return CheckResult(case, backend.name, status, reason=_one_line(failure))
-    changed = [n for n, before, t in zip("qkv", pristine, (inputs.q, inputs.k, inputs.v)) if not torch.equal(before, t.detach())]
-    if changed:
-        # The reference followed the changed tensors, so its verdict is about inputs nobody drew.
-        agreement = Agreement(agreement.max_abs_err, agreement.err_bound, agreement.rel_err, False, agreement.check_note)
-        agreement = agreement.with_note(f"backend modified its inputs in place ({', '.join(changed)})")
+    agreement = flag_modified_inputs(agreement, drawn, inputs)
     if case.mode == "fwd" and callable(getattr(backend, "weights", None)):
         problems = _weights_problems(case, backend)
         if problems:
-            agreement = Agreement(agreement.max_abs_err, agreement.err_bound, agreement.rel_err, False, agreement.check_note)
-            agreement = agreement.with_note("weights: " + "; ".join(problems))
+            agreement = agreement.disagreeing("weights: " + "; ".join(problems))
     if agreement.agree is None:
         return CheckResult(case, backend.name, "not checked", agreement, agreement.check_note)
     return CheckResult(case, backend.name, "agree" if agreement.agree else "disagree", agreement, agreement.check_note)

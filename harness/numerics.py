@@ -78,6 +78,10 @@ class Agreement:
         """As record columns."""
         return asdict(self)
 
+    def disagreeing(self, note: str) -> "Agreement":
+        """The same errors, but failed, with `note` saying why (a problem the error numbers cannot show)."""
+        return Agreement(self.max_abs_err, self.err_bound, self.rel_err, False, self.check_note).with_note(note)
+
     def with_note(self, note: str | None) -> "Agreement":
         """The same result with `note` appended to its check note."""
         if not note:

@@ -112,10 +112,9 @@ def check(case: Case, prepared: Prepared, inputs: AttentionInputs, result: Any) 
     return check_backward(case, inputs, [prepared.to_bhsd(g) for g in result])
 
 
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    if isinstance(exc, (MemoryError,)):
+def is_oom(exc: BaseException) -> bool:
+    """True for torch's and the allocator's out-of-memory errors (CUDA and CPU)."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower())
 
@@ -163,7 +162,7 @@ def execute(case: Case, backend: Backend, options: Options = Options(), *, loop_
         outcome = {}
     if failed is not None:
         # Built outside the except block: the exception's frames hold the case's tensors.
-        if _is_oom(failed):
+        if is_oom(failed):
             outcome = {"status": "oom", "reason": " ".join(str(failed).split())[:300]}
         elif is_sticky_cuda_error(failed):
             outcome = {"status": "crashed", "reason": STICKY_PREFIX + " ".join(str(failed).split())[:300]}
@@ -175,11 +174,17 @@ def execute(case: Case, backend: Backend, options: Options = Options(), *, loop_
     return {**record, **outcome}
 
 
-def _fingerprints(inputs: AttentionInputs) -> list[tuple[float, float]]:
+def input_fingerprints(inputs: AttentionInputs) -> list[tuple[float, float]]:
     """Float64 sum and absolute sum of q, k, v: notices a backend writing into its inputs without keeping a copy."""
     with torch.no_grad():
         return [(float(t.detach().sum(dtype=torch.float64)), float(t.detach().abs().sum(dtype=torch.float64)))
                 for t in (inputs.q, inputs.k, inputs.v)]
+
+
+def flag_modified_inputs(agreement: Agreement, drawn: list[tuple[float, float]], inputs: AttentionInputs) -> Agreement:
+    """Fail the agreement when q, k or v changed since `drawn`: the check (and every timed call) then ran on inputs nobody drew."""
+    changed = [name for name, before, now in zip("qkv", drawn, input_fingerprints(inputs)) if before != now]
+    return agreement.disagreeing(f"backend modified its inputs in place ({', '.join(changed)})") if changed else agreement
 
 
 def _measure_pair(case: Case, backend: Backend, options: Options, loop_factory: Callable[[Clock], Loop] | None) -> dict[str, Any]:
@@ -187,7 +192,7 @@ def _measure_pair(case: Case, backend: Backend, options: Options, loop_factory: 
     if case.mode != "fwd":
         for t in (inputs.q, inputs.k, inputs.v):
             t.requires_grad_(True)
-    drawn = _fingerprints(inputs)
+    drawn = input_fingerprints(inputs)
     with torch.set_grad_enabled(case.mode != "fwd"):
         prepared = backend.prepare(case, inputs)
         step = build_step(case, prepared, inputs)
@@ -200,11 +205,7 @@ def _measure_pair(case: Case, backend: Backend, options: Options, loop_factory: 
         loop = loop_factory(clock) if loop_factory else None
         measured: Measurement = measure(step, clock, options.budget, setup=setup, loop=loop)
         peak = measure_peak(step, case.device)
-    changed = [name for name, before, now in zip("qkv", drawn, _fingerprints(inputs)) if before != now]
-    if changed:
-        # Every later call (and the check) then ran on inputs nobody drew: the row cannot vouch for anything.
-        agreement = Agreement(agreement.max_abs_err, agreement.err_bound, agreement.rel_err, False, agreement.check_note)
-        agreement = agreement.with_note(f"backend modified its inputs in place ({', '.join(changed)})")
+    agreement = flag_modified_inputs(agreement, drawn, inputs)
     stats = measured.stats
     flops, nbytes = backend.costs(case) or (theory.flops(case), theory.min_bytes(case))
     return {

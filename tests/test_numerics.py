@@ -27,13 +27,7 @@ KINDS = {"MHA": 4, "GQA": 2, "MQA": 1}
 MASKS = {"none": {}, "causal": {"causal": True}, "pad": {"padding": True}, "causal-pad": {"causal": True, "padding": True}}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tensors are tiny: on a shared machine, intra-op threads only spin against each other (60x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
