@@ -1,3 +1,3 @@
 """Root conftest: the attnbench pytest plugin serves both suites/ and tests/."""
 
-pytest_plugins = ("harness.pytest_plugin",)
+pytest_plugins = ("harness.run.pytest_plugin",)

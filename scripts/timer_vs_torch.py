@@ -16,9 +16,9 @@ import torch
 import torch.utils.benchmark as tub
 
 from harness.backends.registry import load_registry
-from harness.cases import Case
-from harness.inputs import make_inputs
-from harness.timing import Budget, measure
+from harness.suite.cases import Case
+from harness.suite.inputs import make_inputs
+from harness.measure.timing import Budget, measure
 
 
 def main() -> None:

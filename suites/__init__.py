@@ -1,1 +1,1 @@
-"""Built-in sweeps: each module defines SUITE (see harness.suite)."""
+"""Built-in sweeps: each module defines SUITE (see harness.suite.catalog)."""

@@ -5,9 +5,9 @@ reaches 8·D at the smallest width and 2·D (the FLOP model's S*) at the largest
 with `--device cuda` (the cases move) or write a wider sweep; the analysis finds S* in any of them.
 """
 
-from harness.cases import grid
-from harness.suite import Suite
-from harness.timing import QUICK_BUDGET
+from harness.suite.cases import grid
+from harness.suite.catalog import Suite
+from harness.measure.timing import QUICK_BUDGET
 
 #: The projections backend gives one curve, each attention backend the other.
 BACKENDS = ("projections", "naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn")

@@ -6,9 +6,9 @@ absorbed MLA (128 heads against one 576-wide latent). The records' `kv_cache_byt
 MHA : GQA : MQA = 1 : 8/32 : 1/32 on the same L and B. On a CPU the same shapes shrink (`cpu_cases`).
 """
 
-from harness.cases import grid
-from harness.suite import Suite
-from harness.timing import CUDA_BUDGET, QUICK_BUDGET
+from harness.suite.cases import grid
+from harness.suite.catalog import Suite
+from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET
 
 L_CUDA = [1024 * 2**i for i in range(8)]  # 1 Ki … 128 Ki
 

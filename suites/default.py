@@ -1,8 +1,8 @@
 """default: the CUDA sweep `make bench` runs on a GPU box (the naive backend running out of memory at the top is a result)."""
 
-from harness.cases import grid
-from harness.suite import Suite
-from harness.timing import CUDA_BUDGET
+from harness.suite.cases import grid
+from harness.suite.catalog import Suite
+from harness.measure.timing import CUDA_BUDGET
 
 SUITE = Suite(
     name="default",

@@ -5,9 +5,9 @@ one-token decode against a cache of S (DeepSeek-V3 in MLA's absorbed form). On a
 at S = 128 in fp32. One model alone: `attnbench run --model llama3-405b [--seq 1024,8192]`.
 """
 
-from harness.models import CPU_SEQ, DEFAULT_SEQ, PRESETS, model_cases
-from harness.suite import Suite
-from harness.timing import CUDA_BUDGET, QUICK_BUDGET
+from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, PRESETS, model_cases
+from harness.suite.catalog import Suite
+from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET
 
 SUITE = Suite(
     name="models",

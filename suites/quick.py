@@ -1,8 +1,8 @@
 """quick: the CPU sweep `make bench` runs without a GPU; under 5 minutes on 2 cores."""
 
-from harness.cases import grid
-from harness.suite import Suite
-from harness.timing import QUICK_BUDGET
+from harness.suite.cases import grid
+from harness.suite.catalog import Suite
+from harness.measure.timing import QUICK_BUDGET
 
 SUITE = Suite(
     name="quick",

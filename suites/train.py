@@ -4,9 +4,9 @@ CUDA: B = 4, S 1 Ki–8 Ki, H = 16 (MHA and GQA with 4 K/V heads), d_k 64 and 12
 and a sliding window (Mistral's pattern) at S = 4 Ki. On a CPU the same modes at S 128 and 256.
 """
 
-from harness.cases import MODES, grid
-from harness.suite import Suite
-from harness.timing import CUDA_BUDGET, QUICK_BUDGET
+from harness.suite.cases import MODES, grid
+from harness.suite.catalog import Suite
+from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET
 
 _cuda = [
     *grid(B=[4], S=[1024, 2048, 4096, 8192], H=[16], H_kv=["H", 4], d_k=[64, 128], dtype=["bf16"], causal=[True], mode=MODES, device="cuda"),

@@ -18,9 +18,9 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.naive import naive_attention
-from harness.cases import Case
-from harness.inputs import AttentionInputs, visible_mask
-from harness.suite import pair_key
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, visible_mask
+from harness.suite.catalog import pair_key
 
 #: Weak references to the big tensors the OOM backend held when it raised (tests check they are freed).
 HELD: list[weakref.ref] = []

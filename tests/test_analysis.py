@@ -9,15 +9,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import analysis, roofline
+from harness.analysis import frame as analysis
+
+from harness.measure import roofline
 from harness.backends.projections import ProjectionsBackend, projection_flops
-from harness.cases import Case
-from harness.cli import main
-from harness.compare import compare_frames, parse_threshold
+from harness.suite.cases import Case
+from harness.cli.main import main
+from harness.analysis.compare import compare_frames, parse_threshold
 from harness.errors import UserError
-from harness.results import RunWriter
-from harness.runner import Options, case_columns, execute
-from harness.theory import layer_flops
+from harness.results.store import RunWriter
+from harness.measure.execute import Options, case_columns, execute
+from harness.measure.theory import layer_flops
 
 
 def synthetic_record(case: Case, backend: str, ms: float, *, status: str = "ok", agree: bool | None = True, mem: float | None = None,
@@ -57,7 +59,7 @@ PEAKS = {"device": "cpu", "matmul": {"fp32": {"n": 1024, "tflops": 1.0, "tflops_
 def frame_of(records: list[dict], peaks: dict | None = PEAKS) -> pd.DataFrame:
     """Records → the analysis frame (derived and roofline columns), as `analysis.load` builds it."""
     frame = pd.DataFrame(records)
-    from harness.results import COLUMNS
+    from harness.results.store import COLUMNS
 
     for c in COLUMNS:
         if c not in frame.columns:
@@ -240,7 +242,7 @@ def test_projection_flops_match_the_layer_model():
 
 def test_projections_rows_are_timed_but_not_checked():
     case = Case(B=1, S_q=64, S_kv=64, H=2, H_kv=1, d_k=16, d_v=16)
-    from harness.timing import Budget
+    from harness.measure.timing import Budget
 
     record = execute(case, ProjectionsBackend(), Options(budget=Budget(warmup_s=0.0, measure_s=0.005, min_rounds=3)))
     assert record["status"] == "ok" and record["agree"] is None
@@ -273,7 +275,7 @@ def test_compare_gates_on_a_planted_slowdown(tmp_path, capsys):
 
 def test_compare_ignores_a_slowdown_within_noise_and_flags_lost_rows(tmp_path):
     base, new = _two_runs(tmp_path, 1.10, spread=0.2)  # p20–p80 ranges overlap: noise
-    from harness.compare import compare_runs
+    from harness.analysis.compare import compare_runs
 
     result = compare_runs(base, new, 0.05)
     assert not result.failed and set(result.table["verdict"]) == {"within noise"}

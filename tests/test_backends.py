@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from harness.backends.registry import load_registry
-from harness.cases import Case
-from harness.runner import Options, execute
-from harness.suite import load_suite
-from harness.timing import Budget
+from harness.suite.cases import Case
+from harness.measure.execute import Options, execute
+from harness.suite.catalog import load_suite
+from harness.measure.timing import Budget
 
 REGISTRY = load_registry(plugins=False)
 FAST = Options(budget=Budget(warmup_s=0.0, measure_s=0.005, min_sample_s=0.0, min_rounds=1, max_rounds=3))
@@ -117,7 +117,7 @@ def test_mha_layer_agrees_with_its_own_float64_reference(case):
 def test_mha_layer_check_can_fail():
     case = Case(B=1, S_q=8, S_kv=8, H=2, H_kv=2, d_k=8, d_v=8, causal=True)
     layer = REGISTRY.get("mha-layer")
-    from harness.inputs import make_inputs
+    from harness.suite.inputs import make_inputs
 
     prepared = layer.prepare(case, make_inputs(case))
     out = prepared.fn().detach()
@@ -171,7 +171,7 @@ def test_model_suite_by_name():
 
 
 def test_gpu_check_says_no_cuda_and_exits_2(capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine")
@@ -181,7 +181,7 @@ def test_gpu_check_says_no_cuda_and_exits_2(capsys):
 
 
 def test_gpu_check_on_cpu_prints_its_table_last(capsys):
-    from harness.gpu_check import main
+    from harness.cli.gpu_check import main
 
     assert main(["--cpu", "--backends", "naive,xformers"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.cases import Case, case_from_fields, grid
+from harness.suite.cases import Case, case_from_fields, grid
 from harness.errors import UserError
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main
+from harness.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 WRONG = "tests.wrong_backends:add_all"

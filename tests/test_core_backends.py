@@ -6,10 +6,10 @@ import torch
 from harness.backends.base import expand_kv
 from harness.backends.naive import NaiveBackend, naive_attention
 from harness.backends.registry import Registry, load_registry
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.errors import Unsupported, UserError
-from harness.inputs import make_inputs
-from harness.numerics import check_forward
+from harness.suite.inputs import make_inputs
+from harness.measure.numerics import check_forward
 
 REGISTRY = load_registry()
 CORE = ["naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"]
@@ -112,7 +112,7 @@ class _ScalesQueriesInPlace(NaiveBackend):
 
 
 def test_a_backend_that_writes_into_its_inputs_never_agrees():
-    from harness.runner import execute
+    from harness.measure.execute import execute
 
     case = Case(B=1, S_q=32, S_kv=32, H=4, H_kv=4, d_k=16, d_v=16)
     record = execute(case, _ScalesQueriesInPlace())

@@ -8,9 +8,9 @@ simulated device timeline.
 import pytest
 import torch
 
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.errors import Unsupported
-from harness.inputs import make_inputs
+from harness.suite.inputs import make_inputs
 
 
 class _RefusingBackward(torch.autograd.Function):
@@ -108,7 +108,7 @@ class _Timeline:
 
 @pytest.mark.parametrize("host_s,device_s", [(30e-6, 10e-6), (200e-6, 5e-6), (20e-6, 3e-3)])
 def test_cuda_event_clock_keeps_launch_overhead_out_of_device_time(host_s, device_s):
-    from harness.timing import CudaEventClock
+    from harness.measure.timing import CudaEventClock
 
     tl = _Timeline()
     clock = CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
@@ -136,7 +136,7 @@ def test_cuda_event_clock_without_spin_would_count_the_launch():
 
 
 def test_spin_is_twice_the_longest_recent_host_gap_within_bounds():
-    from harness.timing import SPIN_FIRST_S, SPIN_MAX_S, SPIN_MIN_S, spin_seconds
+    from harness.measure.timing import SPIN_FIRST_S, SPIN_MAX_S, SPIN_MIN_S, spin_seconds
 
     assert spin_seconds([]) == SPIN_FIRST_S
     assert spin_seconds([1e-6]) == SPIN_MIN_S
@@ -179,7 +179,7 @@ def test_gpu_telemetry_reads_either_name_and_survives_missing_functions(monkeypa
 
 
 def test_gpu_check_keeps_its_budget_runs_compilers_last_and_reports_what_it_skipped(capsys, monkeypatch):
-    import harness.gpu_check as gc
+    import harness.cli.gpu_check as gc
 
     now = [0.0]
     ran = []

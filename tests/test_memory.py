@@ -3,9 +3,9 @@
 import pytest
 
 from harness.backends.registry import load_registry
-from harness.cases import Case
-from harness.inputs import make_inputs
-from harness.memory import cpu_peak, cpu_peak_supported
+from harness.suite.cases import Case
+from harness.suite.inputs import make_inputs
+from harness.measure.memory import cpu_peak, cpu_peak_supported
 
 pytestmark = pytest.mark.skipif(cpu_peak_supported() is not None, reason=f"{cpu_peak_supported()}")
 

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from harness import numerics
+from harness.measure import numerics
 from harness.backends.naive import NaiveBackend, naive_attention
 from harness.backends.registry import load_registry
-from harness.cases import Case
-from harness.check import check_pair
-from harness.inputs import AttentionInputs, make_inputs, visible_mask
-from harness.numerics import (
+from harness.suite.cases import Case
+from harness.cli.check import check_pair
+from harness.suite.inputs import AttentionInputs, make_inputs, visible_mask
+from harness.measure.numerics import (
     check_backward, check_forward, error_against, gradient_slices, poisoned_like, query_rows, reference_attention, weights_violations,
 )
-from harness.runner import Options, execute
-from harness.timing import Budget
+from harness.measure.execute import Options, execute
+from harness.measure.timing import Budget
 from tests.wrong_backends import LeakedMaskBackend, PartialWriteBackend, ScaleOffBackend, WrongGqaBackend, leak_one
 
 CPU_BACKENDS = ("naive", "sdpa", "sdpa-math", "sdpa-flash")
@@ -254,7 +254,7 @@ def test_bf16_cannot_resolve_one_percent_so_the_check_grid_pairs_it_with_fp32():
     """In bf16 eager itself is about as far from float64 as a 1 % scale error (numerics' docstring): the
     principled fix is the dtype the check includes, not a tighter bf16 bound. Every bf16 shape of the
     default check grid has an fp32 twin, and checking bf16 alone warns."""
-    from harness.check import default_cases, resolution_warning
+    from harness.cli.check import default_cases, resolution_warning
 
     cases = default_cases()
     shapes = {c.replace(dtype="fp32") for c in cases if c.dtype == "fp32"}

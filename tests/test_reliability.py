@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import protocol
+from harness.run import protocol
 from harness.backends.registry import ENV_VAR, load_registry
-from harness.cases import Case, grid, parse_case_id
-from harness.cli import main
+from harness.suite.cases import Case, grid, parse_case_id
+from harness.cli.main import main
 from harness.errors import UserError
-from harness.results import read_records
-from harness.runner import Options, execute, is_sticky_cuda_error, poisons_process
-from harness.suite import load_suite
+from harness.results.store import read_records
+from harness.measure.execute import Options, execute, is_sticky_cuda_error, poisons_process
+from harness.suite.catalog import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = "tests.failing_backends:add_all"
@@ -382,7 +382,7 @@ def test_bad_case_ids_say_what_is_wrong(bad, message):
 
 
 def test_coefficient_of_variation_is_the_sample_stdev_over_the_mean():
-    from harness.stability import StabilityResult, coefficient_of_variation
+    from harness.cli.stability import StabilityResult, coefficient_of_variation
 
     assert coefficient_of_variation([1.0, 1.0, 1.0]) == 0.0
     assert coefficient_of_variation([9.0, 11.0]) == pytest.approx(2 ** 0.5 / 10)  # stdev √2 (n−1), mean 10

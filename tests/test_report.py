@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.cases import Case
-from harness.cli import main
+from harness.suite.cases import Case
+from harness.cli.main import main
 from harness.report import build_report
 from test_analysis import PEAKS, synthetic_record, write_run
 

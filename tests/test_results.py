@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from harness.backends.registry import load_registry
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.errors import UserError
-from harness.results import COLUMNS, RECORDS, SCHEMA_VERSION, RunWriter, load_run, read_records, write_csv
-from harness.runner import Options, execute
+from harness.results.store import COLUMNS, RECORDS, SCHEMA_VERSION, RunWriter, load_run, read_records, write_csv
+from harness.measure.execute import Options, execute
 
 CASE = Case(B=1, S_q=64, S_kv=64, H=4, H_kv=2, d_k=32, d_v=32, dtype="fp32", causal=True)
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from harness import theory
-from harness.cases import Case
-from harness.inputs import kv_lengths, visible_key_rows, visible_mask, visible_pairs
+from harness.measure import theory
+from harness.suite.cases import Case
+from harness.suite.inputs import kv_lengths, visible_key_rows, visible_mask, visible_pairs
 
 
 def case(**kw):

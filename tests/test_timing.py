@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from harness.timing import Budget, FakeClock, Stats, direct_loop, measure, plan
+from harness.measure.timing import Budget, FakeClock, Stats, direct_loop, measure, plan
 
 
 def test_stats_from_known_samples_are_exact():

@@ -12,9 +12,9 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.naive import naive_attention
-from harness.cases import Case
-from harness.inputs import AttentionInputs, visible_mask
-from harness.numerics import poisoned_like
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, visible_mask
+from harness.measure.numerics import poisoned_like
 
 
 class ScaleOffBackend(Backend):

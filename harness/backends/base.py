@@ -7,8 +7,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from harness.cases import Case
-from harness.inputs import AttentionInputs
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -36,7 +36,7 @@ class Prepared:
     compile_s: float | None = None
     #: For a backend whose result is not the core's `[B, H, S_q, d_v]` output (the whole layer, with its
     #: projections): its own agreement check of one step's result (the output, or the leaves' gradients),
-    #: returning a `harness.numerics.Agreement`. None: the runner compares with the attention reference.
+    #: returning a `harness.measure.numerics.Agreement`. None: the runner compares with the attention reference.
     check: Callable[[Any], Any] | None = None
 
 

@@ -13,8 +13,8 @@ from harness.backends.base import Backend, Prepared
 from harness.backends.flex import compile_timed, compiler_reason, fresh_compile
 from harness.backends.naive import naive_attention
 from harness.backends.registry import register
-from harness.cases import Case
-from harness.inputs import AttentionInputs, visible_mask
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, visible_mask
 
 
 @register

@@ -8,7 +8,7 @@
 sequence lengths, window sizes); it is a plain function of CPU-runnable torch code, tested on the CPU
 against FlashAttention's documented contract. The kernels themselves need a GPU and are unverified
 until `make gpu-check` runs on one. FlashAttention aligns causal masks bottom-right, per sequence in
-varlen mode: the harness's convention (harness.inputs), so no case needs to be refused for alignment.
+varlen mode: the harness's convention (harness.suite.inputs), so no case needs to be refused for alignment.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 from harness.backends.base import Backend, Prepared
 from harness.backends.layouts import Varlen, from_bshd, is_causal, pack, to_bshd, unpack, varlen, window_size
 from harness.backends.registry import register
-from harness.cases import Case
-from harness.inputs import AttentionInputs
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs
 
 
 @dataclass
@@ -164,7 +164,7 @@ class _FlashBase(Backend):
             return first(kernel(q, k, v, **kwargs))
 
         def check(result: Any) -> Any:
-            from harness.numerics import check_backward, check_forward
+            from harness.measure.numerics import check_backward, check_forward
 
             if case.mode == "fwd":
                 return check_forward(case, inputs, call.q_to_bhsd(result))

@@ -17,15 +17,15 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.errors import Unsupported
-from harness.inputs import AttentionInputs, kv_lengths, q_lengths
+from harness.suite.inputs import AttentionInputs, kv_lengths, q_lengths
 
 
 def mask_mod_for(case: Case, device: str | torch.device = "cpu") -> Callable[..., Any] | None:
     """The case's mask as a FlexAttention `mask_mod(b, h, q_idx, kv_idx) -> bool`, or None when nothing is masked.
 
-    Query i of sequence b sits at `i + kv_len[b] − q_len[b]` (bottom-right, per sequence: harness.inputs);
+    Query i of sequence b sits at `i + kv_len[b] − q_len[b]` (bottom-right, per sequence: harness.suite.inputs);
     without padding the offset is the constant S_kv − S_q.
     """
     if not case.masked:

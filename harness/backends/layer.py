@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from harness import theory
+from harness.measure import theory
 from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
-from harness.cases import Case
-from harness.inputs import AttentionInputs, kv_lengths, torch_dtype, visible_mask
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, kv_lengths, torch_dtype, visible_mask
 
 #: Largest float64 copy of the four weight matrices the CPU check may make (the check runs beside the layer).
 CPU_WEIGHT_LIMIT = 2**30
@@ -143,7 +143,7 @@ def check_layer(case: Case, tensors: tuple[torch.Tensor, ...], result: Any, grad
     Forward compares the output's real query rows; backward compares the gradients of x (real rows)
     and of the four parameters, and reports the worst.
     """
-    from harness.numerics import Agreement, error_against
+    from harness.measure.numerics import Agreement, error_against
 
     def run(dtype: torch.dtype) -> Any:
         leaves = [t.detach().to(dtype).requires_grad_(grad_out is not None) for t in tensors]

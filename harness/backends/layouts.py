@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.cases import Case
-from harness.inputs import kv_lengths, q_lengths
+from harness.suite.cases import Case
+from harness.suite.inputs import kv_lengths, q_lengths
 
 
 def to_bshd(t: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,7 @@ class Varlen:
 
 
 def varlen(case: Case, device: str | torch.device = "cpu") -> Varlen:
-    """Lengths and cumulative offsets of a case's real query and key rows (harness.inputs' definition)."""
+    """Lengths and cumulative offsets of a case's real query and key rows (harness.suite.inputs' definition)."""
     q_lens, kv_lens = q_lengths(case), kv_lengths(case)
     return Varlen(
         q_lens, kv_lens, cu_seqlens(q_lens, device), cu_seqlens(kv_lens, device), int(q_lens.max()), int(kv_lens.max()),

@@ -6,7 +6,7 @@ queries and W_UV into the output projection, so every head attends with a query 
 `d_c + d_rope` over the one shared cache `[c_KV; k_rope]`, and the values are `c_KV` itself.
 
 As a Case that is exactly: `mla=True`, H_kv = 1, d_k = d_c + d_rope (576), d_v = d_c (512); the
-harness then draws V as the first d_c columns of K (harness.inputs), so every backend and the
+harness then draws V as the first d_c columns of K (harness.suite.inputs), so every backend and the
 float64 reference compute the same function. Other backends see it as MQA with d_k = 576 and read
 K and V separately; this one reads the shared latent once. KV-cache bytes per token are
 `(d_c + d_rope)·bytes` (1,152 in bf16), in the record's `kv_cache_bytes` and in its notes.
@@ -24,9 +24,9 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
-from harness.cases import Case
-from harness.inputs import AttentionInputs, visible_mask
-from harness.theory import kv_cache_bytes_per_token
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, visible_mask
+from harness.measure.theory import kv_cache_bytes_per_token
 
 
 def absorbed_mla(q: torch.Tensor, latent: torch.Tensor, d_c: int, mask: torch.Tensor | None, scale: float) -> torch.Tensor:

@@ -8,8 +8,8 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
-from harness.cases import Case
-from harness.inputs import AttentionInputs, visible_mask
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, visible_mask
 
 
 def naive_attention(

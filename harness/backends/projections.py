@@ -12,9 +12,9 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
-from harness.cases import Case
-from harness.inputs import AttentionInputs, torch_dtype
-from harness.theory import element_size
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, torch_dtype
+from harness.measure.theory import element_size
 
 
 def projection_shapes(case: Case) -> dict[str, tuple[int, int]]:

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from harness.backends.base import Backend, Prepared, expand_kv
 from harness.backends.registry import register
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.errors import Unsupported
-from harness.inputs import AttentionInputs, visible_mask
+from harness.suite.inputs import AttentionInputs, visible_mask
 
 #: enable_gqa arrived in torch 2.5; the builtin has no inspectable signature, so read its docstring.
 _HAS_ENABLE_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")

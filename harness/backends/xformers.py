@@ -19,9 +19,9 @@ import torch
 from harness.backends.base import Backend, Prepared
 from harness.backends.layouts import from_bshd, kv_to_bmghk, pack, to_bshd, unpack, varlen
 from harness.backends.registry import register
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.errors import Unsupported
-from harness.inputs import AttentionInputs
+from harness.suite.inputs import AttentionInputs
 
 
 def import_xformers() -> tuple[Any, str | None]:
@@ -193,7 +193,7 @@ class XformersBackend(Backend):
             del out
 
         def check(result: Any) -> Any:
-            from harness.numerics import check_backward, check_forward
+            from harness.measure.numerics import check_backward, check_forward
 
             if case.mode == "fwd":
                 return check_forward(case, inputs, call.out_to_bhsd(result))

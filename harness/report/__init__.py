@@ -16,7 +16,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from harness import analysis, roofline
+from harness.analysis import frame as analysis
+
+from harness.measure import roofline
 from harness.report import figures as figs
 from harness.report.page import esc, figure, fmt, page, section, table
 
@@ -54,7 +56,7 @@ def _write_csv(frame: pd.DataFrame, out_dir: Path, name: str, written: list[str]
 
 def _tidy_records(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per record: the schema's flat columns and the derived roofline columns (samples stay in the JSONL)."""
-    from harness.results import COLUMNS
+    from harness.results.store import COLUMNS
 
     tidy = frame[[c for c in COLUMNS if c in frame.columns] + [c for c in DERIVED if c in frame.columns]].copy()
     if "notes" in tidy.columns:
@@ -131,7 +133,7 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
     if len(noisy):
         warnings.append(f"{len(noisy)} of {len(ok)} measured rows are suspect (IQR ≥ 25 % of the median): their medians should not be trusted.")
     if len(data.dirs) > 1:
-        from harness.compare import environment_differences
+        from harness.analysis.compare import environment_differences
 
         envs = list(data.env.items())
         for rid, env in envs[1:]:

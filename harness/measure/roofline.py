@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from harness.cases import canonical_dtype
-from harness.timing import Budget, Clock, measure
+from harness.suite.cases import canonical_dtype
+from harness.measure.timing import Budget, Clock, measure
 
 PEAKS = "peaks.json"
 
@@ -47,7 +47,7 @@ def _timed(fn: Callable[[], object], clock: Clock, budget: Budget) -> dict[str, 
 
 def _matmul_peak(torch: Any, dtype: str, device: str, clock: Clock, budget: Budget) -> dict[str, Any]:
     """TFLOP/s of an n×n product in `dtype`: the size grows on CPU until one call is long enough to time."""
-    from harness.inputs import torch_dtype
+    from harness.suite.inputs import torch_dtype
 
     tdtype = torch_dtype(dtype)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -89,7 +89,7 @@ def measure_peaks(device: str, dtypes: Iterable[str]) -> dict[str, Any]:
     device = "cuda" if str(device).startswith("cuda") else "cpu"
     names = sorted({canonical_dtype(d) for d in dtypes}) or ["fp32"]
     if device == "cuda":
-        from harness.timing import CudaEventClock
+        from harness.measure.timing import CudaEventClock
 
         clock: Clock = CudaEventClock()
         budget, copy_bytes = CUDA_BUDGET, CUDA_COPY_BYTES
@@ -131,9 +131,9 @@ def write_peaks(run_dir: Path | str, device: str, dtypes: Iterable[str]) -> Path
     path = Path(run_dir) / PEAKS
     dtypes = list(dtypes)
     if str(device).startswith("cuda"):
-        command = [sys.executable, "-m", "harness.roofline", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)]
+        command = [sys.executable, "-m", "harness.measure.roofline", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)]
         # From the checkout's root, as the workers are started, so `-m harness` resolves without an install.
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
         if done.returncode != 0 or not path.exists():
             tail = " ".join((done.stderr or done.stdout).split())[-300:]
             path.write_text(json.dumps({"device": "cuda", "matmul": {}, "copy": None, "errors": {"measure": f"peak measurement failed (exit {done.returncode}): {tail}"}}, indent=1))
@@ -192,10 +192,10 @@ def roofline_row(tflops: float | None, gbps: float | None, intensity: float | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.roofline --device cuda --dtypes bf16,fp16 --out peaks.json` (what write_peaks runs on CUDA)."""
+    """`python -m harness.measure.roofline --device cuda --dtypes bf16,fp16 --out peaks.json` (what write_peaks runs on CUDA)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m harness.roofline", description="measure the device's matmul and copy ceilings")
+    parser = argparse.ArgumentParser(prog="python -m harness.measure.roofline", description="measure the device's matmul and copy ceilings")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtypes", default="fp32")
     parser.add_argument("--out", default=None)

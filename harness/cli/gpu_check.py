@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.cases import Case
-from harness.timing import Budget
+from harness.suite.cases import Case
+from harness.measure.timing import Budget
 
 #: Short measurements: this is a check that kernels run and agree, with a rough time beside it.
 CHECK_BUDGET = Budget(warmup_s=0.01, measure_s=0.03, min_sample_s=0.0, min_rounds=3, max_rounds=50)
@@ -37,7 +37,7 @@ TOTAL_BUDGET_S = 270.0
 #: A child is not started with less than this left (python, torch and CUDA start-up alone take seconds).
 MIN_CHILD_S = 15.0
 COMPILING_FAMILIES = ("flex", "compiled")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def check_cases(device: str) -> list[Case]:
@@ -62,7 +62,7 @@ def check_cases(device: str) -> list[Case]:
 def run_backend(name: str, device: str) -> list[dict[str, Any]]:
     """Run every check case on one backend in this process; one short row per case."""
     from harness.backends.registry import load_registry
-    from harness.runner import Options, execute
+    from harness.measure.execute import Options, execute
 
     backend = load_registry().get(name)
     rows = []

@@ -1,6 +1,6 @@
 """From measured rows to answers: roofline, the S² crossover, scaling laws, memory against its model, winners.
 
-Everything here reads records (a pandas DataFrame from `harness.results.load_run`) and the
+Everything here reads records (a pandas DataFrame from `harness.results.store.load_run`) and the
 peaks stored with a run; nothing rewrites a record. Rules that every table obeys:
 
 - a winner is chosen only among rows with `status == ok` and `agree` true;
@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from harness import roofline
+from harness.measure import roofline
 from harness.errors import UserError
 
 #: Case fields held fixed when something is plotted or fitted against S (S_q and S_kv vary).
@@ -56,7 +56,7 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
     """Load runs, their peaks, env.json and manifest, and add the derived columns (S, D, roofline)."""
     import json
 
-    from harness.results import load_run
+    from harness.results.store import load_run
 
     if not run_dirs:
         raise UserError("give at least one run folder")
@@ -245,7 +245,7 @@ def memory_model(backend: str, family: str | None, B: int, H: int, S_q: int, S_k
 
 def memory_vs_model(frame: pd.DataFrame) -> pd.DataFrame:
     """Measured peak beside the analytic one, with their ratio, for every measured attention row (fwd)."""
-    from harness.inputs import torch_dtype
+    from harness.suite.inputs import torch_dtype
 
     rows = ok_rows(frame)
     rows = rows[is_core(rows) & (rows["mode"] == "fwd")]
@@ -325,7 +325,7 @@ def find_crossing(S: Sequence[float], t_core: Sequence[float], t_proj: Sequence[
 
 def crossovers(frame: pd.DataFrame) -> pd.DataFrame:
     """S* per attention backend, model width D and fixed parameters, beside the FLOP model's 2D and the rule S ≈ D."""
-    from harness.theory import model_crossover
+    from harness.measure.theory import model_crossover
 
     rows = ok_rows(frame)
     proj = rows[rows["backend"] == PROJECTIONS]
@@ -414,7 +414,7 @@ def winner_map(frame: pd.DataFrame, axis: str, dtype: str) -> pd.DataFrame:
 
 # -- model presets and recommend --------------------------------------------------------------
 #: Attention shapes of published models (H, H_kv, d_k, and the sliding window where there is one).
-#: Used only when `harness.models` (the presets of `attnbench run --model`) is not there.
+#: Used only when `harness.suite.presets` (the presets of `attnbench run --model`) is not there.
 MODEL_SHAPES: dict[str, dict[str, int | None]] = {
     "transformer-base": {"H": 8, "H_kv": 8, "d_k": 64},
     "gpt2-xl": {"H": 25, "H_kv": 25, "d_k": 64},
@@ -437,10 +437,10 @@ def _shape_from(entry: Any) -> dict[str, Any] | None:
 
 
 def model_shape(name: str) -> dict[str, Any]:
-    """H, H_kv, d_k (and window) of a model preset: from `harness.models` when it exists, else MODEL_SHAPES."""
+    """H, H_kv, d_k (and window) of a model preset: from `harness.suite.presets` when it exists, else MODEL_SHAPES."""
     key = name.strip().lower()
     try:
-        models = importlib.import_module("harness.models")
+        models = importlib.import_module("harness.suite.presets")
     except ImportError:
         models = None
     known: list[str] = []

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.cases import DTYPES, Case
+from harness.suite.cases import DTYPES, Case
 
 
 def torch_dtype(case_or_name: Case | str) -> torch.dtype:

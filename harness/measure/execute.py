@@ -15,15 +15,15 @@ from typing import Any, Callable
 
 import torch
 
-from harness import theory
+from harness.measure import theory
 from harness.backends.base import Backend, Prepared
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.errors import Unsupported
-from harness.inputs import AttentionInputs, make_inputs
-from harness.memory import measure_peak
-from harness.numerics import Agreement, check_backward, check_forward
-from harness.results import COLUMNS, SCHEMA_VERSION
-from harness.timing import QUICK_BUDGET, Budget, Clock, CudaEventClock, L2Flusher, Loop, Measurement, measure
+from harness.suite.inputs import AttentionInputs, make_inputs
+from harness.measure.memory import measure_peak
+from harness.measure.numerics import Agreement, check_backward, check_forward
+from harness.results.store import COLUMNS, SCHEMA_VERSION
+from harness.measure.timing import QUICK_BUDGET, Budget, Clock, CudaEventClock, L2Flusher, Loop, Measurement, measure
 
 
 @dataclass(frozen=True)

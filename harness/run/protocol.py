@@ -1,4 +1,4 @@
-"""The files through which a supervisor and its workers share one run folder (the protocol is described in harness.supervisor).
+"""The files through which a supervisor and its workers share one run folder (the protocol is described in harness.run.supervisor).
 
 Everything here is plain files and POSIX calls, so workers need no channel to the supervisor but
 the run folder: the same workers can run under a cluster scheduler on a shared file system.

@@ -2,7 +2,7 @@
 
 Each (case, backend) pair gets fresh seeded inputs, one call through the same path a benchmark
 record's check takes (`runner.build_step` and `runner.check`), and the float64 rule of
-`harness.numerics`. Unsupported pairs are listed as such and are not failures; a disagreement, a
+`harness.measure.numerics`. Unsupported pairs are listed as such and are not failures; a disagreement, a
 non-finite output, a backend that changes its inputs, wrong attention weights or an exception in
 a pair the backend claims to support is a failure, and the command exits 1 naming each one.
 """
@@ -16,12 +16,12 @@ from typing import Callable, Iterable, Sequence, TextIO
 import torch
 
 from harness.backends.base import Backend
-from harness.cases import Case, canonical_dtype, grid
+from harness.suite.cases import Case, canonical_dtype, grid
 from harness.errors import Unsupported, UserError
-from harness.inputs import make_inputs
-from harness.numerics import Agreement, weights_violations
-from harness.runner import build_step, flag_modified_inputs, input_fingerprints, is_oom
-from harness.runner import check as check_result
+from harness.suite.inputs import make_inputs
+from harness.measure.numerics import Agreement, weights_violations
+from harness.measure.execute import build_step, flag_modified_inputs, input_fingerprints, is_oom
+from harness.measure.execute import check as check_result
 
 #: Exit status when some available backend disagrees (2 stays the usage-error status).
 EXIT_DISAGREE = 1
@@ -35,7 +35,7 @@ def default_cases(device: str = "cpu") -> list[Case]:
     """The built-in check grid: small, and covering what the rule must see.
 
     fp32 beside fp16 and bf16 on every shape, because bf16 cannot resolve errors near 1 % (see
-    harness.numerics); MHA, GQA and MQA (a head-grouping bug only shows with 1 < H_kv < H);
+    harness.measure.numerics); MHA, GQA and MQA (a head-grouping bug only shows with 1 < H_kv < H);
     causal, padding and window masks, including S_q ≠ S_kv where bottom-right alignment matters;
     d_v ≠ d_k; and forward+backward, so that gradients are checked too.
     """
@@ -183,8 +183,8 @@ def run_cli(*, suite: str | None, backends: Sequence[str] | None, dtypes: Sequen
             out: TextIO | None = None) -> int:
     """What `attnbench check` does: resolve the cases and backends, check every pair, print, and return the exit status."""
     from harness.backends.registry import load_registry
-    from harness.suite import load_suite, pair_key
-    from harness.supervisor import detect_device
+    from harness.suite.catalog import load_suite, pair_key
+    from harness.run.supervisor import detect_device
 
     out = out or sys.stdout
     registry = load_registry()

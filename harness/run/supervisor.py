@@ -4,7 +4,7 @@ A worker that dies costs only the pair it was running, recorded `crashed` with i
 code; a pair that overruns its time limit is killed and recorded `timeout`; the worker is then
 restarted on what is left. Out-of-memory inside a pair is caught in the worker itself (`oom`).
 
-The protocol (all of it plain files in the run folder, see `harness.protocol`), so the same
+The protocol (all of it plain files in the run folder, see `harness.run.protocol`), so the same
 workers can be started by a cluster scheduler on a shared file system instead of by this module:
 
 - `manifest.json` lists every pair key (`<case id>-<backend>`) of the run; `suite.toml` is a frozen
@@ -40,20 +40,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness import protocol
+from harness.run import protocol
 from harness.backends.base import Backend
 from harness.backends.registry import Registry, load_registry
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.env import fingerprint, gpu_telemetry
 from harness.errors import UserError
-from harness.results import RECORDS, RunWriter, read_records, validate_run_id, write_csv
-from harness.runner import Options, base_record
-from harness.roofline import write_peaks
-from harness.suite import Suite, load_suite, pair_key
+from harness.results.store import RECORDS, RunWriter, read_records, validate_run_id, write_csv
+from harness.measure.execute import Options, base_record
+from harness.measure.roofline import write_peaks
+from harness.suite.catalog import Suite, load_suite, pair_key
 
 MANIFEST = "manifest.json"
 SUITE_COPY = "suite.toml"
-SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+SUITES_DIR = Path(__file__).resolve().parents[2] / "suites"
 #: pytest's exit codes for a session that ran to its end (all passed, some failed, nothing to run).
 _PYTEST_FINISHED = (0, 1, 5)
 #: How long a new supervisor waits for orphaned workers of a killed one to die (they get SIGKILL at once on Linux).
@@ -366,7 +366,7 @@ class Supervisor:
         log_path = run_dir / f"worker-{slot.name}.log"
         command = [
             sys.executable, "-m", "pytest", str(SUITES_DIR / "test_bench.py"),
-            "-p", "harness.pytest_plugin", "-p", "no:cacheprovider", "-q", "--no-header",
+            "-p", "harness.run.pytest_plugin", "-p", "no:cacheprovider", "-q", "--no-header",
             "--rootdir", str(SUITES_DIR.parent),
             "--attnbench-suite", self._suite_arg(run_dir, manifest), "--attnbench-device", manifest["device"],
             "--attnbench-backends", ",".join(b for b in manifest["backends"] if b not in manifest.get("broken", {})),

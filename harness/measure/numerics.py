@@ -15,7 +15,7 @@ reference, so a softmax scale off by 1 % (an error near 2e-2) fails by four orde
 In bf16, eager itself rounds every score and weight to 8 significant bits and lands ~1e-2 from the
 reference, which is the size of that same 1 % scale error: no bound that honest bf16 kernels pass
 can reliably reject it. Bugs that do not depend on the dtype (scale, mask, head grouping) must
-therefore be checked on fp32 cases too; `harness.check` does so by default (see `CHECK_CASES`).
+therefore be checked on fp32 cases too; `harness.cli.check` does so by default (see `CHECK_CASES`).
 
 The reference is written here, independently of every backend (including the naive one): K/V
 heads are picked per (batch, K/V head) slice, so query heads g·h … g·h+g−1 read K/V head h.
@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from harness.backends.naive import naive_attention
-from harness.cases import Case
-from harness.inputs import AttentionInputs, visible_mask
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, visible_mask
 
 #: Unit roundoff u (half the spacing of numbers just above 1) per dtype: the relative error of one rounding.
 UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}

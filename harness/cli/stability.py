@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from harness.cases import Case, parse_case_id
+from harness.suite.cases import Case, parse_case_id
 from harness.errors import UserError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float:
@@ -62,7 +62,7 @@ class StabilityResult:
 
 def measure_in_fresh_process(case: Case, backend: str, measure_s: float) -> float:
     """The median latency (seconds) of one measurement of `case` in a new Python process."""
-    command = [sys.executable, "-m", "harness.stability", "--child", case.id, "--device", case.device,
+    command = [sys.executable, "-m", "harness.cli.stability", "--child", case.id, "--device", case.device,
                "--backend", backend, "--measure-s", repr(measure_s)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
@@ -96,8 +96,8 @@ def run_stability(case: Case, backend: str, processes: int = 5, measure_s: float
 
 def _child(case_id: str, device: str, backend: str, measure_s: float) -> None:
     from harness.backends.registry import load_registry
-    from harness.runner import Options, execute
-    from harness.timing import QUICK_BUDGET, Budget
+    from harness.measure.execute import Options, execute
+    from harness.measure.timing import QUICK_BUDGET, Budget
 
     case = parse_case_id(case_id, device)
     budget = Budget(**{**QUICK_BUDGET.__dict__, "measure_s": measure_s, "max_rounds": 10_000})

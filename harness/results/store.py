@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from harness.cases import CASE_FIELDS
+from harness.suite.cases import CASE_FIELDS
 from harness.errors import UserError
 
 SCHEMA_VERSION = 1

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.cases import MODES, Case, canonical_dtype, grid
+from harness.suite.cases import MODES, Case, canonical_dtype, grid
 from harness.errors import UserError
-from harness.timing import QUICK_BUDGET, Budget
+from harness.measure.timing import QUICK_BUDGET, Budget
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,9 @@ def builtin_suites() -> list[str]:
 
 
 def load_suite(name_or_path: str) -> Suite:
-    """A built-in suite by name, `model:<preset>[:<S>,…]` (harness.models), or a TOML file; UserError for anything else."""
+    """A built-in suite by name, `model:<preset>[:<S>,…]` (harness.suite.presets), or a TOML file; UserError for anything else."""
     if name_or_path.startswith("model:"):
-        from harness.models import model_suite
+        from harness.suite.presets import model_suite
 
         return model_suite(name_or_path)
     path = Path(name_or_path)

@@ -23,7 +23,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Compare two runs row by row; exit 1 when --fail-above is given and some row regressed past it."""
-    from harness.compare import EXIT_REGRESSION, compare_runs, parse_threshold, print_comparison
+    from harness.analysis.compare import EXIT_REGRESSION, compare_runs, parse_threshold, print_comparison
 
     threshold = parse_threshold(args.fail_above) if args.fail_above is not None else None
     base, new = Path(args.base), Path(args.new)
@@ -38,8 +38,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     """Answer which backend to use for a shape, from the run's measured rows only."""
-    from harness import analysis
-    from harness.cases import canonical_dtype
+    from harness.analysis import frame as analysis
+    from harness.suite.cases import canonical_dtype
 
     query: dict = {"B": args.B, "S": args.seq, "H": args.H, "H_kv": args.H_kv, "d_k": args.d_k,
                    "dtype": canonical_dtype(args.dtype) if args.dtype else None, "causal": args.causal}

@@ -46,7 +46,7 @@ def environment_differences(base: Mapping[str, Any], new: Mapping[str, Any], key
 
 
 def _load(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    from harness.results import load_run
+    from harness.results.store import load_run
 
     if not Path(run_dir).is_dir():
         raise UserError(f"{run_dir} is not a run folder")

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 from harness.backends.registry import load_registry
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.errors import UserError
-from harness import protocol
-from harness.results import RunWriter
-from harness.runner import Options, execute, poisons_process
-from harness.suite import Suite, load_suite, pair_key
-from harness.timing import Clock, Loop
+from harness.run import protocol
+from harness.results.store import RunWriter
+from harness.measure.execute import Options, execute, poisons_process
+from harness.suite.catalog import Suite, load_suite, pair_key
+from harness.measure.timing import Clock, Loop
 
 CURRENT_SUFFIX = protocol.CURRENT_SUFFIX
 
@@ -94,7 +94,7 @@ class AttnbenchSession:
         suite = self.suite
         run_dir = config.getoption("--attnbench-run-dir")
         if run_dir is None:
-            from harness.supervisor import new_run_id
+            from harness.run.supervisor import new_run_id
 
             run_dir = str(Path("results") / new_run_id(suite.name))
         self.run_dir = Path(run_dir)

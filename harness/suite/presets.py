@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from harness.cases import Case
+from harness.suite.cases import Case
 from harness.errors import UserError
 
 
@@ -109,8 +109,8 @@ def model_suite(spec: str):
 
     On a CPU the same heads run at S = 128 in fp32 (the suite's `cpu_cases`).
     """
-    from harness.suite import Suite
-    from harness.timing import CUDA_BUDGET, QUICK_BUDGET
+    from harness.suite.catalog import Suite
+    from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET
 
     parts = spec.split(":")
     if len(parts) not in (2, 3) or parts[0] != "model":

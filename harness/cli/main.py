@@ -48,7 +48,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     """Print the environment fingerprint a run would record."""
     from harness.env import fingerprint, gpu_telemetry
-    from harness.supervisor import detect_device
+    from harness.run.supervisor import detect_device
 
     device = detect_device()
     info = {"fingerprint": fingerprint(device), "gpu_telemetry": gpu_telemetry() if device == "cuda" else None}
@@ -58,8 +58,8 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_stability(args: argparse.Namespace) -> int:
     """Measure one case in several fresh processes and print the spread of their medians."""
-    from harness.stability import case_from_args, run_stability
-    from harness.supervisor import detect_device
+    from harness.cli.stability import case_from_args, run_stability
+    from harness.run.supervisor import detect_device
 
     case = case_from_args(args, args.device or detect_device())
     result = run_stability(case, args.backend, args.processes, args.measure_s, log=sys.stderr if sys.stderr.isatty() else None)
@@ -69,7 +69,7 @@ def cmd_stability(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a suite (or resume a run) under the supervisor and print where the results are."""
-    from harness.supervisor import RunConfig, Supervisor
+    from harness.run.supervisor import RunConfig, Supervisor
 
     if args.model is not None:
         if args.suite is not None:
@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Check agreement alone (no timing); exit 1 when an available backend disagrees."""
-    from harness.check import run_cli
+    from harness.cli.check import run_cli
 
     return run_cli(suite=args.suite, backends=args.backends, dtypes=args.dtype, modes=args.mode, device=args.device, only=args.only)
 
@@ -107,7 +107,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _parse_size(flag: str, text: str | None) -> int | None:
     if text is None:
         return None
-    from harness.protocol import parse_size
+    from harness.run.protocol import parse_size
 
     try:
         return parse_size(text)
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="then write reports/<run-id>/index.html and print its path last")
     p.set_defaults(func=cmd_run)
 
-    from harness.stability import add_case_arguments
+    from harness.cli.stability import add_case_arguments
 
     p = sub.add_parser("stability", help="run one case in fresh processes; print the coefficient of variation of their medians")
     add_case_arguments(p)
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="move every case to this device (cpu or cuda)")
     p.add_argument("--only", type=_comma_list, help="check only pairs whose key (<case id>-<backend>) contains each of these substrings")
     p.set_defaults(func=cmd_check)
-    from harness.report.cli import add_commands
+    from harness.cli.report import add_commands
 
     add_commands(sub)  # report, compare, recommend
     return parser
@@ -195,8 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["gpu-check"]:  # its own options (harness.gpu_check); listed in --help by the subparser below
-            from harness import gpu_check
+        if argv[:1] == ["gpu-check"]:  # its own options (harness.cli.gpu_check); listed in --help by the subparser below
+            from harness.cli import gpu_check
 
             return gpu_check.main(argv[1:])
         args = parser.parse_args(argv)

@@ -6,8 +6,8 @@ disputed count (causal, S_q ≠ S_kv) is settled in one place.
 
 from __future__ import annotations
 
-from harness.cases import Case
-from harness.inputs import kv_lengths, q_lengths, torch_dtype, visible_key_rows, visible_pairs
+from harness.suite.cases import Case
+from harness.suite.inputs import kv_lengths, q_lengths, torch_dtype, visible_key_rows, visible_pairs
 
 #: Backward costs 2.5× the forward (two matmuls become five); forward+backward 3.5×.
 MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
