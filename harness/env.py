@@ -116,3 +116,10 @@ def fingerprint(device: str = "cpu") -> dict[str, Any]:
     else:
         info["device_name"] = cpu_model()
     return info
+
+
+def detect_device() -> str:
+    """`cuda` when torch sees a GPU, else `cpu`."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

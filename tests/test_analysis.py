@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.analysis import frame as analysis
+from harness import analysis
 
 from harness.measure import roofline
 from harness.backends.projections import ProjectionsBackend, projection_flops
@@ -18,36 +18,40 @@ from harness.cli.main import main
 from harness.analysis.compare import compare_frames, parse_threshold
 from harness.errors import UserError
 from harness.results.store import RunWriter
-from harness.measure.execute import Options, case_columns, execute
+from harness.run.rundir import write_peaks
+from harness.measure import theory
+from harness.measure.execute import PairRunner, execute
+from harness.results.record import Record, Status
 from harness.measure.theory import layer_flops
 
 
 def synthetic_record(case: Case, backend: str, ms: float, *, status: str = "ok", agree: bool | None = True, mem: float | None = None,
-                     spread: float = 0.01, run_id: str = "synthetic", family: str = "test", flops: float | None = None) -> dict:
-    """A record shaped like the runner's, with a chosen median latency (p20/p80 at ±spread)."""
-    cols = case_columns(case)
-    if flops is not None:
-        cols["flops"] = flops
-    record = {**cols, "backend": backend, "family": family, "status": status, "run_id": run_id, "schema_version": 1,
-              "reason": None if status == "ok" else "synthetic failure"}
+                     spread: float = 0.01, run_id: str = "synthetic", family: str = "test", flops: float | None = None) -> Record:
+    """A record shaped like the executor's, with a chosen median latency (p20/p80 at ±spread)."""
+    attention_flops, nbytes = theory.flops(case), theory.min_bytes(case)
+    record = Record(
+        case_id=case.id, **case.fields(), attention_kind=case.attention_kind, backend=backend, family=family, status=Status(status),
+        run_id=run_id, reason=None if status == "ok" else "synthetic failure", flops=flops if flops is not None else attention_flops,
+        bytes=nbytes, kv_cache_bytes=theory.kv_cache_bytes(case), arithmetic_intensity=attention_flops / nbytes,
+    )
     if status == "ok":
         seconds = ms / 1e3
-        record.update({
-            "latency_ms_median": ms, "latency_ms_p20": ms * (1 - spread), "latency_ms_p80": ms * (1 + spread),
-            "iqr_ratio": spread, "noisy": False, "suspect": False, "peak_mem_bytes": mem,
-            "tflops": cols["flops"] / seconds / 1e12, "gbps": cols["bytes"] / seconds / 1e9,
-            "agree": agree, "max_abs_err": 1e-7 if agree else 1.0, "err_bound": 1e-6 if agree is not None else None,
-        })
+        record.latency_ms_median, record.latency_ms_p20, record.latency_ms_p80 = ms, ms * (1 - spread), ms * (1 + spread)
+        record.iqr_ratio, record.noisy, record.suspect, record.peak_mem_bytes = spread, False, False, mem
+        record.tflops, record.gbps = record.flops / seconds / 1e12, record.bytes / seconds / 1e9
+        record.agree, record.max_abs_err, record.err_bound = agree, 1e-7 if agree else 1.0, 1e-6 if agree is not None else None
     return record
 
 
-def write_run(run_dir: Path, records: list[dict], *, peaks: dict | None = None, env: dict | None = None) -> Path:
+def write_run(run_dir: Path, records: list[Record], *, peaks: dict | None = None, env: dict | None = None,
+              capabilities: dict | None = None) -> Path:
     """A run folder as the supervisor leaves it: records.jsonl, env.json, manifest.json and peaks.json."""
     writer = RunWriter(run_dir)
     for r in records:
         writer.append(r)
     (run_dir / "env.json").write_text(json.dumps(env or {"before": {"device_type": "cpu", "device_name": "synthetic CPU", "torch": "2.x"}}))
-    (run_dir / "manifest.json").write_text(json.dumps({"run_id": run_dir.name, "suite": "synthetic", "pairs": [], "backends": sorted({r["backend"] for r in records})}))
+    manifest = {"run_id": run_dir.name, "suite": "synthetic", "pairs": [], "backends": sorted({r.backend for r in records}), "capabilities": capabilities or {}}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
     if peaks is not None:
         (run_dir / "peaks.json").write_text(json.dumps(peaks))
     return run_dir
@@ -56,15 +60,11 @@ def write_run(run_dir: Path, records: list[dict], *, peaks: dict | None = None, 
 PEAKS = {"device": "cpu", "matmul": {"fp32": {"n": 1024, "tflops": 1.0, "tflops_median": 0.9}}, "copy": {"bytes": 2**26, "gbps": 100.0, "gbps_median": 90.0}, "errors": {}}
 
 
-def frame_of(records: list[dict], peaks: dict | None = PEAKS) -> pd.DataFrame:
+def frame_of(records: list[Record], peaks: dict | None = PEAKS, capabilities: dict | None = None) -> pd.DataFrame:
     """Records → the analysis frame (derived and roofline columns), as `analysis.load` builds it."""
-    frame = pd.DataFrame(records)
-    from harness.results.store import COLUMNS
-
-    for c in COLUMNS:
-        if c not in frame.columns:
-            frame[c] = None
-    return analysis.with_roofline(analysis.derive_columns(frame), {"synthetic": peaks})
+    frame = pd.DataFrame([r.to_dict() for r in records])
+    declared = analysis.declared_capabilities(set(frame["backend"]), [{"capabilities": capabilities or {}}])
+    return analysis.with_roofline(analysis.derive_columns(frame, declared), {"synthetic": peaks})
 
 
 # -- crossover -------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ def test_roofline_arithmetic():
 
 def test_roofline_columns_come_from_the_rows_run_peaks():
     case = Case(B=1, S_q=256, S_kv=256, H=8, H_kv=8, d_k=64, d_v=64)
-    ms = case_columns(case)["flops"] / 0.5e12 * 1e3  # 0.5 TFLOP/s against a 1 TFLOP/s peak
+    ms = theory.flops(case) / 0.5e12 * 1e3  # 0.5 TFLOP/s against a 1 TFLOP/s peak
     frame = frame_of([synthetic_record(case, "a", ms)])
     row = frame.iloc[0]
     assert row["pct_peak_flops"] == pytest.approx(50.0)
@@ -170,7 +170,7 @@ def test_roofline_columns_come_from_the_rows_run_peaks():
 
 
 def test_measured_peaks_are_positive_and_stored(tmp_path):
-    path = roofline.write_peaks(tmp_path, "cpu", ["fp32"])
+    path = write_peaks(tmp_path, "cpu", ["fp32"])
     peaks = json.loads(path.read_text())
     assert peaks["matmul"]["fp32"]["tflops"] > 0 and peaks["copy"]["gbps"] > 0
     assert peaks["matmul"]["fp32"]["flops"] == 2 * peaks["matmul"]["fp32"]["n"] ** 3
@@ -180,7 +180,7 @@ def test_measured_peaks_are_positive_and_stored(tmp_path):
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks how a failed CUDA measurement is recorded")
 def test_a_failed_cuda_peak_measurement_is_recorded_not_fatal(tmp_path):
     # On this CPU-only machine the CUDA child process fails; the run keeps a peaks.json that says why.
-    peaks = json.loads(roofline.write_peaks(tmp_path, "cuda", ["bf16"]).read_text())
+    peaks = json.loads(write_peaks(tmp_path, "cuda", ["bf16"]).read_text())
     assert peaks["matmul"] == {} and peaks["copy"] is None and "peak measurement failed" in peaks["errors"]["measure"]
     assert roofline.peak_tflops(peaks, "bf16") is None and roofline.peak_gbps(peaks) is None
 
@@ -199,20 +199,24 @@ def _winner_records():
     return records
 
 
+#: What the synthetic whole-layer backend declares: it times another problem than the attention core.
+WINNER_CAPABILITIES = {"whole-layer": {"attention_core": False}}
+
+
 def test_winner_is_the_fastest_agreeing_row_with_margin_and_speedup():
-    wins = analysis.winners(frame_of(_winner_records()), baseline="sdpa-math")
+    wins = analysis.winners(frame_of(_winner_records(), capabilities=WINNER_CAPABILITIES), baseline="sdpa-math")
     assert list(wins["winner"]) == ["sdpa-flash", "sdpa-flash"]
     assert list(wins["runner_up"]) == ["sdpa", "sdpa"]
     assert wins["margin_pct"].iloc[0] == pytest.approx(25.0)
     assert wins["speedup_vs_baseline"].iloc[0] == pytest.approx(4.0) and not wins["within_noise"].any()
-    speed = analysis.speedups(frame_of(_winner_records()), "sdpa-math")
+    speed = analysis.speedups(frame_of(_winner_records(), capabilities=WINNER_CAPABILITIES), "sdpa-math")
     assert "cheat" not in speed.columns and "whole-layer" not in speed.columns and speed["sdpa"].iloc[0] == pytest.approx(3.2)
-    cells = analysis.winner_map(frame_of(_winner_records()), "H_kv", "bf16")
+    cells = analysis.winner_map(frame_of(_winner_records(), capabilities=WINNER_CAPABILITIES), "H_kv", "bf16")
     assert list(cells["winner"]) == ["sdpa-flash", "sdpa-flash"] and list(cells["won"]) == [1, 1]
 
 
 def test_recommend_answers_from_rows_and_refuses_unmeasured_shapes(tmp_path, capsys):
-    run = write_run(tmp_path / "run", _winner_records())
+    run = write_run(tmp_path / "run", _winner_records(), capabilities=WINNER_CAPABILITIES)
     assert main(["recommend", str(run), "--model", "llama3-8b", "--seq", "256"]) == 0
     out = capsys.readouterr().out
     assert "sdpa-flash" in out and "25.0% faster than the runner-up sdpa" in out and "within noise" not in out
@@ -244,11 +248,11 @@ def test_projections_rows_are_timed_but_not_checked():
     case = Case(B=1, S_q=64, S_kv=64, H=2, H_kv=1, d_k=16, d_v=16)
     from harness.measure.timing import Budget
 
-    record = execute(case, ProjectionsBackend(), Options(budget=Budget(warmup_s=0.0, measure_s=0.005, min_rounds=3)))
-    assert record["status"] == "ok" and record["agree"] is None
-    assert "does not compute attention" in record["reason"]
-    assert record["flops"] == projection_flops(case) and record["latency_ms_median"] > 0
-    assert execute(case.replace(mode="bwd"), ProjectionsBackend(), Options())["status"] == "unsupported"
+    record = execute(case, ProjectionsBackend(), PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.005, min_rounds=3)))
+    assert record.status is Status.OK and record.agree is None
+    assert "does not compute attention" in record.reason
+    assert record.flops == projection_flops(case) and record.latency_ms_median > 0
+    assert execute(case.replace(mode="bwd"), ProjectionsBackend()).status is Status.UNSUPPORTED
 
 
 # -- compare ---------------------------------------------------------------------------------------

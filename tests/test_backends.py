@@ -11,12 +11,12 @@ import torch
 
 from harness.backends.registry import load_registry
 from harness.suite.cases import Case
-from harness.measure.execute import Options, execute
+from harness.measure.execute import PairRunner, execute
 from harness.suite.catalog import load_suite
 from harness.measure.timing import Budget
 
 REGISTRY = load_registry(plugins=False)
-FAST = Options(budget=Budget(warmup_s=0.0, measure_s=0.005, min_sample_s=0.0, min_rounds=1, max_rounds=3))
+FAST = PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.005, min_sample_s=0.0, min_rounds=1, max_rounds=3))
 GPU_ONLY = ("xformers", "flash-attn2", "flash-attn3", "flash-attn4", "sdpa-efficient", "sdpa-cudnn")
 EAGER = ("naive", "sdpa", "sdpa-math", "sdpa-flash")
 
@@ -33,7 +33,7 @@ def test_gpu_only_backends_are_unavailable_on_cpu_with_a_reason(name):
     reason = REGISTRY.get(name).available()
     assert reason and ("CUDA" in reason or "not installed" in reason)
     record = execute(Case(B=1, S_q=8, S_kv=8, H=2, H_kv=2, d_k=16, d_v=16, dtype="bf16"), REGISTRY.get(name), FAST)
-    assert record["status"] == "unsupported" and record["reason"] == reason
+    assert record.status == "unsupported" and record.reason == reason
 
 
 def test_supports_answers_for_every_backend():
@@ -57,8 +57,8 @@ def test_limits_are_said_in_words():
 
 def run_ok(name, case):
     record = execute(case, REGISTRY.get(name), FAST)
-    assert record["status"] == "ok", (name, case.id, record["reason"])
-    assert record["agree"] is True, (name, case.id, record["max_abs_err"], record["err_bound"], record["reason"])
+    assert record.status == "ok", (name, case.id, record.reason)
+    assert record.agree is True, (name, case.id, record.max_abs_err, record.err_bound, record.reason)
     return record
 
 
@@ -84,7 +84,7 @@ def test_masks_and_decoding_agree_with_the_reference(name, case):
 @pytest.mark.parametrize("mode", ["bwd", "fwd_bwd"])
 def test_gradients_agree_with_the_reference(name, case, mode):
     record = run_ok(name, case.replace(mode=mode))
-    assert record["flops"] == pytest.approx({"bwd": 2.5, "fwd_bwd": 3.5}[mode] * execute(case, REGISTRY.get("naive"), FAST)["flops"])
+    assert record.flops == pytest.approx({"bwd": 2.5, "fwd_bwd": 3.5}[mode] * execute(case, REGISTRY.get("naive"), FAST).flops)
 
 
 @pytest.mark.parametrize("case", [
@@ -93,14 +93,14 @@ def test_gradients_agree_with_the_reference(name, case, mode):
 ], ids=lambda c: c.id)
 def test_mla_agrees_and_records_its_latent_cache(case):
     record = run_ok("mla", case)
-    assert record["notes"]["kv_cache_bytes_per_token"] == case.d_k * (2 if case.dtype == "bf16" else 4)
+    assert record.notes["kv_cache_bytes_per_token"] == case.d_k * (2 if case.dtype == "bf16" else 4)
     run_ok("sdpa", case)  # the same problem through an MQA kernel that reads K and V separately
 
 
 def test_mla_refuses_plain_cases_and_backward():
     mla = REGISTRY.get("mla")
-    assert execute(MASKED[0], mla, FAST)["status"] == "unsupported"
-    assert execute(Case(B=1, S_q=1, S_kv=8, H=4, H_kv=1, d_k=24, d_v=16, mla=True, mode="bwd"), mla, FAST)["status"] == "unsupported"
+    assert execute(MASKED[0], mla, FAST).status == "unsupported"
+    assert execute(Case(B=1, S_q=1, S_kv=8, H=4, H_kv=1, d_k=24, d_v=16, mla=True, mode="bwd"), mla, FAST).status == "unsupported"
 
 
 @pytest.mark.parametrize("case", [
@@ -111,7 +111,7 @@ def test_mla_refuses_plain_cases_and_backward():
 def test_mha_layer_agrees_with_its_own_float64_reference(case):
     record = run_ok("mha-layer", case)
     D = case.H * case.d_k
-    assert record["flops"] > 8 * case.B * case.S_q * D * D  # projections included
+    assert record.flops > 8 * case.B * case.S_q * D * D  # projections included
 
 
 def test_mha_layer_check_can_fail():
@@ -131,7 +131,7 @@ def test_mha_layer_check_can_fail():
 def test_compiled_backends_agree_and_record_compile_time(name):
     case = Case(B=2, S_q=16, S_kv=16, H=4, H_kv=2, d_k=16, d_v=16, causal=True, padding=True, seed=1)
     record = run_ok(name, case)
-    assert record["compile_s"] is not None and record["compile_s"] >= 0
+    assert record.compile_s is not None and record.compile_s >= 0
 
 
 def test_compiled_naive_backward_with_a_window():
@@ -149,7 +149,7 @@ def test_suites_run_on_cpu_for_every_cpu_capable_backend(suite):
         served = [c for c in cases if REGISTRY.get(name).supports(c) is None]
         for case in served[:2]:
             record = execute(case, REGISTRY.get(name), FAST)
-            assert record["status"] == "ok" and record["agree"] is not False, (suite, name, case.id, record["reason"])
+            assert record.status == "ok" and record.agree is not False, (suite, name, case.id, record.reason)
 
 
 def test_cuda_suites_cover_the_issue_grid():

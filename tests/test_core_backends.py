@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from harness.backends.base import expand_kv
-from harness.backends.naive import NaiveBackend, naive_attention
+from harness.backends.naive import NaiveBackend
+from harness.measure.eager import naive_attention
 from harness.backends.registry import Registry, load_registry
 from harness.suite.cases import Case
 from harness.errors import Unsupported, UserError
@@ -116,7 +117,7 @@ def test_a_backend_that_writes_into_its_inputs_never_agrees():
 
     case = Case(B=1, S_q=32, S_kv=32, H=4, H_kv=4, d_k=16, d_v=16)
     record = execute(case, _ScalesQueriesInPlace())
-    assert record["status"] == "ok"
-    assert record["agree"] is False
-    assert "modified its inputs in place (q)" in record["reason"]
-    assert execute(case, REGISTRY.get("naive"))["agree"] is True
+    assert record.status == "ok"
+    assert record.agree is False
+    assert "modified its inputs in place (q)" in record.reason
+    assert execute(case, REGISTRY.get("naive")).agree is True

@@ -180,6 +180,7 @@ def test_gpu_telemetry_reads_either_name_and_survives_missing_functions(monkeypa
 
 def test_gpu_check_keeps_its_budget_runs_compilers_last_and_reports_what_it_skipped(capsys, monkeypatch):
     import harness.cli.gpu_check as gc
+    from harness.results.record import Status
 
     now = [0.0]
     ran = []
@@ -187,7 +188,7 @@ def test_gpu_check_keeps_its_budget_runs_compilers_last_and_reports_what_it_skip
     def child(name, device, timeout_s):
         ran.append((name, timeout_s))
         now[0] += 50.0  # each backend's child takes 50 s
-        return [{"backend": name, "case": "c", "status": "ok", "agree": True, "ms": 1.0, "reason": None}]
+        return [gc.Row(name, "c", Status.OK, True, 1.0, None)]
 
     monkeypatch.setattr(gc, "_child", child)
     monkeypatch.setattr(gc, "TOTAL_BUDGET_S", 100.0)

@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from harness.measure import numerics
-from harness.backends.naive import NaiveBackend, naive_attention
+from harness.backends.naive import NaiveBackend
+from harness.measure.eager import naive_attention
 from harness.backends.registry import load_registry
 from harness.suite.cases import Case
 from harness.cli.check import check_pair
 from harness.suite.inputs import AttentionInputs, make_inputs, visible_mask
-from harness.measure.numerics import (
-    check_backward, check_forward, error_against, gradient_slices, poisoned_like, query_rows, reference_attention, weights_violations,
-)
-from harness.measure.execute import Options, execute
+from harness.measure import reference
+from harness.measure.numerics import check_forward, error_against, weights_violations
+from harness.measure.reference import gradient_slices, poisoned_like, query_rows, reference_attention
+from harness.measure.execute import PairRunner, execute
 from harness.measure.timing import Budget
 from tests.wrong_backends import LeakedMaskBackend, PartialWriteBackend, ScaleOffBackend, WrongGqaBackend, leak_one
 
@@ -51,7 +52,7 @@ def test_cpu_backends_agree(registry, dtype, kind, mask, mode):
     case = small_case(dtype, kind, mask, mode=mode)
     for backend in CPU_BACKENDS:  # inner loop: the case's float64 reference is computed once and reused
         result = check_pair(case, registry.get(backend))
-        assert result.status == "agree", (backend, result.status, result.reason, result.agreement)
+        assert result.verdict == "agree", (backend, result.verdict, result.reason, result.agreement)
         a = result.agreement
         assert math.isfinite(a.max_abs_err) and a.max_abs_err <= a.err_bound, backend
         assert 0 <= a.rel_err < 0.05, backend
@@ -61,7 +62,7 @@ def test_cross_attention_bottom_right_causal_agrees(registry):
     """S_q < S_kv with a causal mask: the reference's bottom-right alignment is the one SDPA's lower-right bias uses."""
     case = Case(B=2, S_q=5, S_kv=40, H=4, H_kv=2, d_k=16, d_v=16, causal=True)
     for name in ("naive", "sdpa", "sdpa-math"):
-        assert check_pair(case, registry.get(name)).status == "agree", name
+        assert check_pair(case, registry.get(name)).verdict == "agree", name
 
 
 # --- the reference itself ---------------------------------------------------------------------------------------------
@@ -101,13 +102,13 @@ def test_reference_matches_an_explicit_loop(changes):
 def test_reference_gradients_are_finite_on_rows_that_see_nothing():
     case = Case(B=1, S_q=6, S_kv=4, H=2, H_kv=1, d_k=8, d_v=8, causal=True, mode="fwd_bwd")
     inputs = make_inputs(case)
-    grads = numerics._gradients(case, inputs, numerics._reference_kernel(0.25), torch.float64, torch.device("cpu"), gradient_slices(case))
+    grads = reference.gradients(case, inputs, reference.reference_kernel(0.25), torch.float64, torch.device("cpu"), gradient_slices(case))
     assert all(bool(torch.isfinite(g).all()) for g in grads)
     assert bool((grads[0][0, :, :2] == 0).all())  # queries 0 and 1 see no key: no gradient
 
 
 def test_scale_is_one_over_sqrt_dk():
-    assert numerics.default_scale(small_case(d_k=64)) == 0.125
+    assert reference.default_scale(small_case(d_k=64)) == 0.125
 
 
 # --- the rule ---------------------------------------------------------------------------------------------------------
@@ -160,14 +161,14 @@ def test_poisoned_like_is_all_nan():
 def test_an_unwritten_output_element_is_caught(dtype):
     """A kernel that writes into a harness-style poisoned `out` but skips a row leaves NaN there: it disagrees."""
     result = check_pair(small_case(dtype, "GQA", "causal"), PartialWriteBackend())
-    assert result.status == "disagree" and "non-finite" in result.reason
+    assert result.verdict == "disagree" and "non-finite" in result.reason
 
 
 def test_unwritten_reference_slices_are_a_loud_harness_error():
     """The reference's own buffers are poisoned too: comparing a slice it never computed raises instead of agreeing."""
     case = small_case(kind="GQA", mode="fwd_bwd")
     inputs = make_inputs(case)
-    ref = numerics._gradients(case, inputs, numerics._reference_kernel(0.25), torch.float64, torch.device("cpu"), gradient_slices(case)[:1])
+    ref = reference.gradients(case, inputs, reference.reference_kernel(0.25), torch.float64, torch.device("cpu"), gradient_slices(case)[:1])
     with pytest.raises(RuntimeError, match="non-finite"):
         error_against(ref[0].float(), ref[0], ref[0], "fp32")
 
@@ -198,7 +199,7 @@ def test_a_backend_that_modifies_its_inputs_disagrees():
             return type(prepared)(fn=fn, leaves=prepared.leaves)
 
     result = check_pair(small_case(), Mutating())
-    assert result.status == "disagree" and "modified its inputs" in result.reason
+    assert result.verdict == "disagree" and "modified its inputs" in result.reason
 
 
 def test_kept_reference_is_only_reused_for_equal_inputs():
@@ -213,8 +214,8 @@ def test_kept_reference_is_only_reused_for_equal_inputs():
 
 
 def test_query_rows_sample_includes_first_and_last(monkeypatch):
-    monkeypatch.setattr(numerics, "MAX_REFERENCE_SCORES", 1000)
-    monkeypatch.setattr(numerics, "SAMPLED_ROWS", 10)
+    monkeypatch.setattr(reference, "MAX_REFERENCE_SCORES", 1000)
+    monkeypatch.setattr(reference, "SAMPLED_ROWS", 10)
     case = small_case(S_q=64, S_kv=64)
     rows = query_rows(case).tolist()
     assert rows[0] == 0 and rows[-1] == 63 and rows == sorted(set(rows)) and len(rows) <= 10
@@ -223,20 +224,20 @@ def test_query_rows_sample_includes_first_and_last(monkeypatch):
 
 def test_sampled_checks_still_catch_a_wrong_backend(monkeypatch, registry):
     """With the reference budget shrunk so that rows (forward) and slices (backward) are sampled, wrong stays wrong."""
-    monkeypatch.setattr(numerics, "MAX_REFERENCE_SCORES", 2 * 24 * 24 * 2)
-    monkeypatch.setattr(numerics, "SAMPLED_ROWS", 8)
+    monkeypatch.setattr(reference, "MAX_REFERENCE_SCORES", 2 * 24 * 24 * 2)
+    monkeypatch.setattr(reference, "SAMPLED_ROWS", 8)
     fwd, bwd = small_case(kind="GQA", mask="causal"), small_case(kind="GQA", mask="causal", mode="fwd_bwd")
     assert len(gradient_slices(bwd)) < bwd.B * bwd.H_kv
     for case in (fwd, bwd):
         good = check_pair(case, registry.get("sdpa"))
-        assert good.status == "agree" and "checked" in good.reason
-        assert check_pair(case, WrongGqaBackend()).status == "disagree"
+        assert good.verdict == "agree" and "checked" in good.reason
+        assert check_pair(case, WrongGqaBackend()).verdict == "disagree"
 
 
 def test_gradients_too_large_to_check_are_marked_unchecked(monkeypatch, registry):
-    monkeypatch.setattr(numerics, "MAX_REFERENCE_SCORES", 10)
+    monkeypatch.setattr(reference, "MAX_REFERENCE_SCORES", 10)
     result = check_pair(small_case(mode="fwd_bwd"), registry.get("naive"))
-    assert result.status == "not checked" and result.agreement.agree is None
+    assert result.verdict == "not checked" and result.agreement.agree is None
 
 
 # --- wrong backends are caught ----------------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ def test_gradients_too_large_to_check_are_marked_unchecked(monkeypatch, registry
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_scale_off_by_one_percent_is_caught(dtype, kind, mask, mode):
-    assert check_pair(small_case(dtype, kind, mask, mode=mode), ScaleOffBackend()).status == "disagree"
+    assert check_pair(small_case(dtype, kind, mask, mode=mode), ScaleOffBackend()).verdict == "disagree"
 
 
 def test_bf16_cannot_resolve_one_percent_so_the_check_grid_pairs_it_with_fp32():
@@ -267,7 +268,7 @@ def test_bf16_cannot_resolve_one_percent_so_the_check_grid_pairs_it_with_fp32():
     for dtype in ("bf16", "fp32"):
         case = small_case(dtype, "MHA")
         inputs = make_inputs(case)
-        ref = reference_attention(*(t.double() for t in (inputs.q, inputs.k, inputs.v)), None, numerics.default_scale(case))
+        ref = reference_attention(*(t.double() for t in (inputs.q, inputs.k, inputs.v)), None, reference.default_scale(case))
         eager = float((naive_attention(inputs.q, inputs.k, inputs.v).double() - ref).abs().max())
         wrong = float((ScaleOffBackend().prepare(case, inputs).fn().double() - ref).abs().max())
         ratios[dtype] = wrong / eager
@@ -278,16 +279,16 @@ def test_bf16_cannot_resolve_one_percent_so_the_check_grid_pairs_it_with_fp32():
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_one_leaked_causal_position_is_caught(dtype, kind, mode):
-    assert check_pair(small_case(dtype, kind, "causal", mode=mode), LeakedMaskBackend()).status == "disagree"
+    assert check_pair(small_case(dtype, kind, "causal", mode=mode), LeakedMaskBackend()).verdict == "disagree"
 
 
 def test_one_leaked_padding_position_is_caught():
-    assert check_pair(small_case("fp32", "MHA", "pad"), LeakedMaskBackend()).status == "disagree"
+    assert check_pair(small_case("fp32", "MHA", "pad"), LeakedMaskBackend()).verdict == "disagree"
 
 
 def test_leak_backend_is_right_when_nothing_is_masked():
     """Control: without a mask there is nothing to leak, so the failures above come from the leak alone."""
-    assert check_pair(small_case("fp32", "MHA", "none"), LeakedMaskBackend()).status == "agree"
+    assert check_pair(small_case("fp32", "MHA", "none"), LeakedMaskBackend()).verdict == "agree"
     mask = visible_mask(small_case(mask="causal"))
     assert int((leak_one(mask) != mask).sum()) == 1
 
@@ -296,19 +297,19 @@ def test_leak_backend_is_right_when_nothing_is_masked():
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_wrong_gqa_grouping_is_caught(dtype, mask, mode):
-    assert check_pair(small_case(dtype, "GQA", mask, mode=mode), WrongGqaBackend()).status == "disagree"
+    assert check_pair(small_case(dtype, "GQA", mask, mode=mode), WrongGqaBackend()).verdict == "disagree"
 
 
 @pytest.mark.parametrize("kind", ["MHA", "MQA"])
 def test_wrong_gqa_grouping_is_harmless_without_groups(kind):
     """Control: with one K/V head, or one query head per K/V head, `repeat` and `repeat_interleave` coincide."""
-    assert check_pair(small_case("fp32", kind, "causal"), WrongGqaBackend()).status == "agree"
+    assert check_pair(small_case("fp32", kind, "causal"), WrongGqaBackend()).verdict == "agree"
 
 
 def test_backward_note_names_the_disagreeing_gradients():
     case = small_case("fp32", "GQA", "causal", mode="fwd_bwd")
     result = check_pair(case, WrongGqaBackend())
-    assert result.status == "disagree" and "disagreeing: dq, dk, dv" in result.reason
+    assert result.verdict == "disagree" and "disagreeing: dq, dk, dv" in result.reason
 
 
 def test_a_backend_that_computes_no_attention_is_not_checked_nor_failed():
@@ -317,17 +318,17 @@ def test_a_backend_that_computes_no_attention_is_not_checked_nor_failed():
         computes_attention = False
 
     result = check_pair(small_case(), NotAttention())
-    assert result.status == "not checked" and not result.failed
+    assert result.verdict == "not checked" and not result.failed
 
 
 def test_records_carry_the_verdict(registry):
     """The benchmark record of a wrong backend says agree False, an honest one's True, with err and bound."""
-    options = Options(budget=Budget(warmup_s=0.0, measure_s=0.0, min_rounds=1, max_rounds=1, max_iterations=1))
+    options = PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.0, min_rounds=1, max_rounds=1, max_iterations=1))
     case = small_case("fp32", "GQA", "causal")
     wrong, right = execute(case, WrongGqaBackend(), options), execute(case, registry.get("sdpa"), options)
-    assert wrong["status"] == right["status"] == "ok"
-    assert wrong["agree"] is False and wrong["max_abs_err"] > wrong["err_bound"]
-    assert right["agree"] is True and right["max_abs_err"] <= right["err_bound"] and right["rel_err"] is not None
+    assert wrong.status == right.status == "ok"
+    assert wrong.agree is False and wrong.max_abs_err > wrong.err_bound
+    assert right.agree is True and right.max_abs_err <= right.err_bound and right.rel_err is not None
 
 
 # --- attention weights ------------------------------------------------------------------------------------------------

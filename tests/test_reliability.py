@@ -6,7 +6,6 @@ takes about a minute on two cores.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -18,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness.run import protocol
 from harness.backends.registry import ENV_VAR, load_registry
@@ -26,7 +24,7 @@ from harness.suite.cases import Case, grid, parse_case_id
 from harness.cli.main import main
 from harness.errors import UserError
 from harness.results.store import read_records
-from harness.measure.execute import Options, execute, is_sticky_cuda_error, poisons_process
+from harness.measure.execute import PairRunner, Phases, execute, is_sticky_cuda_error, poisons_process
 from harness.suite.catalog import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,7 +216,8 @@ def test_a_live_run_folder_is_neither_resumed_nor_overwritten(tmp_path, capsys):
     suite = write_suite(tmp_path / "one.toml", ["naive"], [8])
     run_dir = tmp_path / "busy"
     run_dir.mkdir()
-    (run_dir / "manifest.json").write_text(json.dumps({"device": "cpu"}))
+    manifest = {"run_id": "busy", "suite_arg": str(suite), "device": "cpu", "backends": ["naive"], "pairs": []}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
     # A worker of an earlier attempt still holds its lock (this test process stands in for it).
     lock = protocol.FolderLock(run_dir / protocol.WORKERS_LOCK)
     lock.shared()
@@ -252,8 +251,8 @@ def test_oom_is_recorded_and_its_memory_released_before_the_next_case(monkeypatc
     monkeypatch.delenv("ATTNBENCH_TEST_LOG", raising=False)
     case = Case(B=1, S_q=32, S_kv=32, H=2, H_kv=2, d_k=16, d_v=16)
     HELD.clear()
-    record = execute(case, OomRaiseBackend(), Options(check=False))
-    assert record["status"] == "oom" and "simulated" in record["reason"]
+    record = execute(case, OomRaiseBackend(), PairRunner(phases=Phases(check=False)))
+    assert record.status == "oom" and "simulated" in record.reason
     assert len(HELD) == 1 and HELD[0]() is None  # the 256 MiB the backend held when it raised is gone already
     # A sticky CUDA error is told from an ordinary one by its message.
     assert is_sticky_cuda_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
@@ -268,12 +267,12 @@ def test_unsupported_and_buggy_probes_become_rows(monkeypatch):
 
     monkeypatch.delenv("ATTNBENCH_TEST_LOG", raising=False)
     case = Case(B=1, S_q=32, S_kv=32, H=2, H_kv=2, d_k=16, d_v=16)
-    record = execute(case, UnsupportedBackend(), Options(check=False))
-    assert record["status"] == "unsupported" and record["reason"] == "t-unsup serves no sequence of length 32"
-    record = execute(case, SupportsRaisesBackend(), Options(check=False))
-    assert record["status"] == "error" and "KeyError" in record["reason"]
-    record = execute(case, StickyBackend(), Options(check=False))
-    assert record["status"] == "crashed" and poisons_process(record)
+    record = execute(case, UnsupportedBackend(), PairRunner(phases=Phases(check=False)))
+    assert record.status == "unsupported" and record.reason == "t-unsup serves no sequence of length 32"
+    record = execute(case, SupportsRaisesBackend(), PairRunner(phases=Phases(check=False)))
+    assert record.status == "error" and "KeyError" in record.reason
+    record = execute(case, StickyBackend(), PairRunner(phases=Phases(check=False)))
+    assert record.status == "crashed" and poisons_process(record)
 
 
 # -- plugins ------------------------------------------------------------------------------------------------------------

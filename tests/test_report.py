@@ -168,7 +168,7 @@ def test_run_with_report_ends_with_the_report_path(tmp_path, monkeypatch, capsys
 
 
 def test_environment_shows_clocks_before_and_after_with_throttling_changes_marked():
-    from harness.report import _telemetry
+    from harness.report.sections import _telemetry
 
     before = [{"index": 0, "name": "GPU <i>", "sm_clock_mhz": 1980, "throttle_reasons_hex": "0x0"}]
     after = [{"index": 0, "name": "GPU <i>", "sm_clock_mhz": 1755, "throttle_reasons_hex": "0x4"}]

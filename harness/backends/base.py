@@ -61,6 +61,16 @@ class Backend:
     #: there is no attention output to check, so the runner records `agree` None with a note,
     #: and takes the row's FLOPs and bytes from `costs` instead of the attention formulas.
     computes_attention: ClassVar[bool] = True
+    #: False for a backend that times something other than the case's attention core (the whole
+    #: layer, MLA's latent form, the projections): never ranked against the cores, never a crossover curve.
+    attention_core: ClassVar[bool] = True
+    #: True when one call materialises the `[B, H, S_q, S_kv]` scores and weights (the memory model
+    #: is then 2·B·H·S_q·S_kv elements instead of the output).
+    materializes_scores: ClassVar[bool] = False
+    #: True for the backend that speed-ups are quoted against by default.
+    baseline: ClassVar[bool] = False
+    #: True when `weights(case, inputs)` returns (output, attention weights) for `attnbench check`.
+    returns_weights: ClassVar[bool] = False
 
     def costs(self, case: Case) -> tuple[int, int] | None:
         """(FLOPs, bytes) of one call when they are not the attention's (theory.flops, min_bytes); None otherwise."""
@@ -86,8 +96,20 @@ class Backend:
         """Lay out inputs and build the callable to time; raise Unsupported if the case turns out unservable."""
         raise NotImplementedError
 
+    def weights(self, case: Case, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output and the attention weights `[B, H, S_q, S_kv]` (only where `returns_weights`)."""
+        raise NotImplementedError(f"{self.name} does not expose its attention weights")
+
+    def capabilities(self) -> dict[str, bool]:
+        """The declared capabilities, as stored in a run's manifest and read by the analysis."""
+        return {name: bool(getattr(self, name)) for name in CAPABILITIES}
+
     def __repr__(self) -> str:
         return f"<backend {self.name} ({self.family})>"
+
+
+#: The capability attributes a backend declares (and a run's manifest records per backend).
+CAPABILITIES = ("computes_attention", "attention_core", "materializes_scores", "baseline", "returns_weights")
 
 
 def expand_kv(t: torch.Tensor, group_size: int) -> torch.Tensor:

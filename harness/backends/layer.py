@@ -77,6 +77,7 @@ class MhaLayerBackend(Backend):
 
     name = "mha-layer"
     family = "layer"
+    attention_core = False
     description = "the whole layer: nn.MultiheadAttention(batch_first=True), [B,S,D] in and out, projections included"
 
     def supports(self, case: Case) -> str | None:

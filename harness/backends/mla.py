@@ -55,6 +55,7 @@ class MlaBackend(Backend):
 
     name = "mla"
     family = "mla"
+    attention_core = False
     description = "DeepSeek-V2/V3 multi-head latent attention, absorbed decode form (one shared latent cache), eager"
     native_gqa = True
     supports_backward = False

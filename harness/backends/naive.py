@@ -2,50 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
+from harness.measure.eager import naive_attention
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask
-
-
-def naive_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    return_weights: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """softmax(Q·Kᵀ·scale + mask)·V in eager PyTorch, `[B, H, S, d]` in and out.
-
-    GQA/MQA without copying K/V: queries are viewed as `[B, H_kv, g, S_q, d]` and broadcast
-    against `[B, H_kv, 1, S_kv, d]`, so query head h reads K/V head h // g.
-    `mask` is boolean, True where visible, broadcastable to `[B, 1, S_q, S_kv]`. Rows with no
-    visible key give zeros (FlashAttention's convention), not NaN.
-    The scale is applied to Q (a `[B, H, S_q, d]` copy) rather than to the scores, so that only
-    two score-sized tensors (scores and weights) are ever alive, as in the textbook layer.
-    """
-    B, H, S_q, d_k = q.shape
-    H_kv, S_kv = k.shape[1], k.shape[2]
-    g = H // H_kv
-    scale = 1.0 / math.sqrt(d_k) if scale is None else scale
-    qg = (q * scale).view(B, H_kv, g, S_q, d_k)
-    scores = qg @ k.unsqueeze(2).transpose(-2, -1)  # [B, H_kv, g, S_q, S_kv]
-    if mask is not None:
-        scores.masked_fill_(~mask.unsqueeze(1), float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    del scores
-    if mask is not None:
-        # In place unless autograd saved the softmax output for backward.
-        weights = weights.nan_to_num(nan=0.0) if weights.requires_grad else weights.nan_to_num_(nan=0.0)
-    out = (weights @ v.unsqueeze(2)).view(B, H, S_q, v.shape[-1])
-    if return_weights:
-        return out, weights.view(B, H, S_q, S_kv)
-    return out
 
 
 @register
@@ -56,6 +19,8 @@ class NaiveBackend(Backend):
     family = "eager"
     description = "eager matmul → softmax → matmul; materialises the S_q×S_kv scores"
     native_gqa = True
+    materializes_scores = True
+    returns_weights = True
 
     def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
         """Build the mask once (untimed) and return the eager computation."""

@@ -56,6 +56,7 @@ class ProjectionsBackend(Backend):
     description = "the layer's Q/K/V/O projections alone (4 matmuls against [B,S,D]); no attention, not checked"
     supports_backward = False
     computes_attention = False
+    attention_core = False
 
     def supports(self, case: Case) -> str | None:
         """Not for MLA cases: their d_k is the latent width, and D = H·d_k would be a projection no model has."""

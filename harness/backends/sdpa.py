@@ -126,6 +126,9 @@ class SdpaMathBackend(_SdpaBase):
     kernel = "MATH"
     description = "SDPA forced to the math kernel (composite ops)"
     native_gqa = _HAS_ENABLE_GQA
+    materializes_scores = True
+    #: The reference point of speed-ups: every installation has it, and it is what SDPA does unfused.
+    baseline = True
 
 
 @register

@@ -13,21 +13,18 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TextIO
 
-import torch
-
 from harness.backends.base import Backend
+from harness.errors import UserError
+from harness.measure.execute import CHECK_ONLY, PairRunner, one_line
+from harness.measure.numerics import Agreement
+from harness.results.record import Status, verdict
 from harness.suite.cases import Case, canonical_dtype, grid
-from harness.errors import Unsupported, UserError
-from harness.suite.inputs import make_inputs
-from harness.measure.numerics import Agreement, weights_violations
-from harness.measure.execute import build_step, flag_modified_inputs, input_fingerprints, is_oom
-from harness.measure.execute import check as check_result
 
 #: Exit status when some available backend disagrees (2 stays the usage-error status).
 EXIT_DISAGREE = 1
 
-#: Statuses of one checked pair; only the last two fail the check.
-STATUSES = ("agree", "unsupported", "not checked", "oom", "disagree", "error")
+#: The verdicts of one checked pair, in the order the summary counts them; only the last two fail the check.
+VERDICTS = ("agree", "unsupported", "not checked", "oom", "disagree", "error")
 FAILING = ("disagree", "error")
 
 
@@ -55,70 +52,34 @@ class CheckResult:
 
     case: Case
     backend: str
-    status: str
+    status: Status
     agreement: Agreement | None = None
     reason: str | None = None
 
     @property
+    def verdict(self) -> str:
+        """agree / disagree / not checked, or the status of a pair that did not run to its check."""
+        return verdict(self.status, self.agreement.agree if self.agreement else None)
+
+    @property
     def failed(self) -> bool:
         """True for a disagreement or an error: what makes `attnbench check` exit non-zero."""
-        return self.status in FAILING
+        return self.verdict in FAILING
 
 
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-
-
-def check_pair(case: Case, backend: Backend) -> CheckResult:
+def check_pair(case: Case, backend: Backend, runner: PairRunner | None = None) -> CheckResult:
     """Check one pair on fresh seeded inputs: its output (or gradients) against float64, and its weights if it exposes them."""
-    try:
-        reason = backend.available() or backend.supports(case)
-    except Exception as exc:  # a probe that crashes cannot vouch for the backend
-        return CheckResult(case, backend.name, "error", reason=f"availability check failed: {_one_line(exc)}")
-    if reason:
-        return CheckResult(case, backend.name, "unsupported", reason=reason)
-    if not getattr(backend, "computes_attention", True):
-        return CheckResult(case, backend.name, "not checked", reason=f"{backend.name} does not compute attention")
-    inputs = make_inputs(case)
-    if case.mode != "fwd":
-        for t in (inputs.q, inputs.k, inputs.v):
-            t.requires_grad_(True)
-    drawn = input_fingerprints(inputs)
-    failure: BaseException | None = None
-    try:
-        with torch.set_grad_enabled(case.mode != "fwd"):
-            prepared = backend.prepare(case, inputs)
-            step = build_step(case, prepared, inputs)
-            agreement = check_result(case, prepared, inputs, step())
-    except Unsupported as exc:
-        return CheckResult(case, backend.name, "unsupported", reason=str(exc))
-    except Exception as exc:  # noqa: BLE001 - every failure is a verdict
-        failure = exc
-    if failure is not None:
-        status = "oom" if is_oom(failure) else "error"
-        return CheckResult(case, backend.name, status, reason=_one_line(failure))
-    agreement = flag_modified_inputs(agreement, drawn, inputs)
-    if case.mode == "fwd" and callable(getattr(backend, "weights", None)):
-        problems = _weights_problems(case, backend)
-        if problems:
-            agreement = agreement.disagreeing("weights: " + "; ".join(problems))
-    if agreement.agree is None:
-        return CheckResult(case, backend.name, "not checked", agreement, agreement.check_note)
-    return CheckResult(case, backend.name, "agree" if agreement.agree else "disagree", agreement, agreement.check_note)
-
-
-def _weights_problems(case: Case, backend: Backend) -> list[str]:
-    """Row sums and masked zeros of the weights a backend exposes (`weights(case, inputs)` → (output, weights))."""
-    with torch.no_grad():
-        _, weights = backend.weights(case, make_inputs(case))
-    return weights_violations(case, weights)
+    runner = runner or PairRunner(phases=CHECK_ONLY)
+    outcome = runner.run(case, backend)
+    return CheckResult(case, backend.name, outcome.status, outcome.agreement, outcome.reason)
 
 
 def run_checks(pairs: Iterable[tuple[Case, Backend]], *, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    """Check every pair in order (cases outer, backends inner lets each case's float64 reference be computed once)."""
+    """Check every pair in order, through one runner whose float64 reference the backends of a case share."""
+    runner = PairRunner(phases=CHECK_ONLY)
     results = []
     for case, backend in pairs:
-        result = check_pair(case, backend)
+        result = check_pair(case, backend, runner)
         results.append(result)
         if on_result is not None:
             on_result(result)
@@ -134,20 +95,20 @@ def format_table(results: Iterable[CheckResult]) -> str:
     rows = [("case", "backend", "max_abs_err", "bound", "agree", "note")]
     for r in results:
         a = r.agreement
-        verdict = {"agree": "yes", "disagree": "NO"}.get(r.status, r.status)
-        rows.append((r.case.id, r.backend, _fmt(a.max_abs_err if a else None), _fmt(a.err_bound if a else None), verdict, r.reason or ""))
+        shown = {"agree": "yes", "disagree": "NO"}.get(r.verdict, r.verdict)
+        rows.append((r.case.id, r.backend, _fmt(a.max_abs_err if a else None), _fmt(a.err_bound if a else None), shown, r.reason or ""))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths)) + ("  " + row[5] if row[5] else "") for row in rows)
 
 
 def summary(results: Sequence[CheckResult]) -> str:
     """Counts by status, then one line per failing pair naming its case."""
-    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
     lines = [f"{len(results)} pairs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)]
     for r in results:
         if r.failed:
             a = r.agreement
-            detail = f"err {_fmt(a.max_abs_err)} > bound {_fmt(a.err_bound)}" if a and a.max_abs_err is not None and a.err_bound is not None else r.status
+            detail = f"err {_fmt(a.max_abs_err)} > bound {_fmt(a.err_bound)}" if a and a.max_abs_err is not None and a.err_bound is not None else r.verdict
             lines.append(f"FAILED {r.case.id} [{r.backend}]: {detail}" + (f" ({r.reason})" if r.reason else ""))
     return "\n".join(lines)
 
@@ -183,19 +144,17 @@ def run_cli(*, suite: str | None, backends: Sequence[str] | None, dtypes: Sequen
             out: TextIO | None = None) -> int:
     """What `attnbench check` does: resolve the cases and backends, check every pair, print, and return the exit status."""
     from harness.backends.registry import load_registry
-    from harness.suite.catalog import load_suite, pair_key
-    from harness.run.supervisor import detect_device
+    from harness.env import detect_device
+    from harness.suite.catalog import load_suite, pair_key, resolve_suite_name
 
     out = out or sys.stdout
     registry = load_registry()
     if suite:
-        name = ("default" if detect_device() == "cuda" else "quick") if suite == "auto" else suite
-        loaded = load_suite(name)
-        cases, suite_backends = list(loaded.cases), loaded.backends
+        loaded = load_suite(resolve_suite_name(suite, detect_device()))
+        cases, names = list(loaded.cases), loaded.backend_names(backends, registry.names())
     else:
-        cases, suite_backends = default_cases(device or detect_device()), None
+        cases, names = default_cases(device or detect_device()), list(backends or registry.names())
     cases = select_cases(cases, dtypes=dtypes, modes=modes, device=device)
-    names = list(backends) if backends else (list(suite_backends) if suite_backends else registry.names())
     unknown = [n for n in names if n not in registry]
     if unknown:
         registry.get(unknown[0])  # raises the UserError that lists the known names
@@ -206,11 +165,11 @@ def run_cli(*, suite: str | None, backends: Sequence[str] | None, dtypes: Sequen
             reason = backend.available()
         except UserError as exc:  # a plugin that failed to load
             reason = str(exc)
-        except Exception as exc:
-            reason = f"availability check failed: {_one_line(exc)}"
+        except Exception as exc:  # noqa: BLE001 - a probe that crashes cannot vouch for the backend
+            reason = f"availability check failed: {one_line(exc)}"
         if reason:
             print(f"{name}: unavailable, not checked ({reason})", file=out)
-        elif not getattr(backend, "computes_attention", True):
+        elif not backend.computes_attention:
             print(f"{name}: computes no attention, not checked", file=out)
         else:
             runnable.append(backend)

@@ -16,15 +16,15 @@ the 270 s budget was spent), 2 when there is no CUDA device.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
-from harness.suite.cases import Case
 from harness.measure.timing import Budget
+from harness.results.record import NOT_FAILURES, Record, Status
+from harness.run.children import emit, python_command, run_child
+from harness.suite.cases import Case
 
 #: Short measurements: this is a check that kernels run and agree, with a rough time beside it.
 CHECK_BUDGET = Budget(warmup_s=0.01, measure_s=0.03, min_sample_s=0.0, min_rounds=3, max_rounds=50)
@@ -37,7 +37,6 @@ TOTAL_BUDGET_S = 270.0
 #: A child is not started with less than this left (python, torch and CUDA start-up alone take seconds).
 MIN_CHILD_S = 15.0
 COMPILING_FAMILIES = ("flex", "compiled")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def check_cases(device: str) -> list[Case]:
@@ -59,58 +58,72 @@ def check_cases(device: str) -> list[Case]:
     return cases
 
 
-def run_backend(name: str, device: str) -> list[dict[str, Any]]:
-    """Run every check case on one backend in this process; one short row per case."""
+def run_backend(name: str, device: str) -> list[Record]:
+    """Run every check case on one backend in this process, through one runner (the cases share nothing but its budget)."""
     from harness.backends.registry import load_registry
-    from harness.measure.execute import Options, execute
+    from harness.measure.execute import PairRunner, execute
 
     backend = load_registry().get(name)
-    rows = []
-    for case in check_cases(device):
-        record = execute(case, backend, Options(budget=CHECK_BUDGET, check=True, run_id="gpu-check"))
-        rows.append({
-            "backend": name, "case": case.id, "status": record["status"], "agree": record.get("agree"),
-            "ms": record.get("latency_ms_median"), "tflops": record.get("tflops"), "gbps": record.get("gbps"),
-            "compile_s": record.get("compile_s"), "reason": record.get("reason"),
-            "op": (record.get("notes") or {}).get("op_fw") if isinstance(record.get("notes"), dict) else None,
-        })
-    return rows
+    runner = PairRunner(budget=CHECK_BUDGET)
+    return [execute(case, backend, runner, run_id="gpu-check") for case in check_cases(device)]
 
 
-def _child(name: str, device: str, timeout_s: float = CHILD_TIMEOUT_S) -> list[dict[str, Any]]:
-    """One backend in a child process; a crash or a hang becomes rows that say so."""
-    command = [sys.executable, "-m", "harness", "gpu-check", "--one", name] + (["--cpu"] if device == "cpu" else [])
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return [{"backend": name, "case": "*", "status": "timeout", "agree": None, "reason": f"over {timeout_s:.0f} s"}]
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = " ".join((done.stderr or done.stdout).split())[-300:]
-        return [{"backend": name, "case": "*", "status": "crashed", "agree": None, "reason": f"exit {done.returncode}: {tail}"}]
-    return [json.loads(ln) for ln in lines]
+def _whole_backend(name: str, status: Status, reason: str) -> Row:
+    return Row(name, "*", status, None, None, reason)
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
+def _child(name: str, device: str, timeout_s: float = CHILD_TIMEOUT_S) -> list[Row]:
+    """One backend in a child process; a crash or a hang becomes a row that says so."""
+    done = run_child(python_command("harness", "gpu-check", "--one", name, *(["--cpu"] if device == "cpu" else [])), timeout_s)
+    if done.timed_out:
+        return [_whole_backend(name, Status.TIMEOUT, f"over {timeout_s:.0f} s")]
+    if not done.ok:
+        return [_whole_backend(name, Status.CRASHED, done.describe())]
+    return [Row.of(Record.from_dict(obj, where=f"gpu-check child of {name}")) for obj in done.objects]
+
+
+@dataclass(frozen=True)
+class Row:
+    """What gpu-check shows of one pair (or of a whole backend whose child failed: case `*`)."""
+
+    backend: str
+    case: str
+    status: Status
+    agree: bool | None
+    ms: float | None
+    reason: str | None
+
+    @classmethod
+    def of(cls, record: Record) -> "Row":
+        """The row of one pair's record."""
+        return cls(record.backend, record.case_id, record.status, record.agree, record.latency_ms_median, record.reason)
+
+    @property
+    def failed(self) -> bool:
+        """Neither ok nor honestly unsupported, or ok but disagreeing."""
+        return self.status not in NOT_FAILURES or self.agree is False
+
+
+def format_table(rows: Sequence[Row]) -> str:
     """Per backend: pairs ok / agreeing / unsupported / failed, the median time of the first ok case, and the first problem."""
     out = [f"{'backend':<16} {'ok':>3} {'agree':>5} {'unsup':>5} {'fail':>4}  {'first ok case':<44} {'ms':>9}  note"]
-    for name in dict.fromkeys(r["backend"] for r in rows):
-        mine = [r for r in rows if r["backend"] == name]
-        ok = [r for r in mine if r["status"] == "ok"]
-        agree = sum(1 for r in ok if r.get("agree") is True)
-        unsup = sum(1 for r in mine if r["status"] == "unsupported")
-        failed = [r for r in mine if r["status"] not in ("ok", "unsupported")]
-        bad = [r for r in ok if r.get("agree") is False]
+    for name in dict.fromkeys(r.backend for r in rows):
+        mine = [r for r in rows if r.backend == name]
+        ok = [r for r in mine if r.status is Status.OK]
+        agree = sum(1 for r in ok if r.agree is True)
+        unsup = sum(1 for r in mine if r.status is Status.UNSUPPORTED)
+        failed = [r for r in mine if r.status not in NOT_FAILURES]
+        bad = [r for r in ok if r.agree is False]
         first = ok[0] if ok else None
         problem = (failed or bad or [None])[0]
         if problem is not None:
-            note = f"{problem['status']}{' (disagrees)' if problem in bad else ''} on {problem['case']}: {str(problem.get('reason') or '')[:80]}"
+            note = f"{problem.status}{' (disagrees)' if problem in bad else ''} on {problem.case}: {(problem.reason or '')[:80]}"
         elif not ok and mine:
-            note = f"unsupported: {str(mine[0].get('reason') or '')[:90]}"
+            note = f"unsupported: {(mine[0].reason or '')[:90]}"
         else:
             note = ""
-        ms = f"{first['ms']:.3f}" if first and first.get("ms") is not None else "-"
-        out.append(f"{name:<16} {len(ok):>3} {agree:>5} {unsup:>5} {len(failed):>4}  {(first['case'] if first else '-'):<44} {ms:>9}  {note}")
+        ms = f"{first.ms:.3f}" if first and first.ms is not None else "-"
+        out.append(f"{name:<16} {len(ok):>3} {agree:>5} {unsup:>5} {len(failed):>4}  {(first.case if first else '-'):<44} {ms:>9}  {note}")
     return "\n".join(out)
 
 
@@ -128,8 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"attnbench gpu-check: no CUDA device is present (torch {torch.__version__} sees none); nothing to check", file=sys.stderr)
         return 2
     if args.one:
-        for row in run_backend(args.one, device):
-            print(json.dumps(row, default=str))
+        for record in run_backend(args.one, device):
+            emit(record.to_dict())
         return 0
     from harness.backends.registry import load_registry
 
@@ -140,23 +153,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (--cpu)"
     print(f"gpu-check on {where}, torch {torch.__version__}: {len(check_cases(device))} cases × {len(names)} backends", flush=True)
     started = time.monotonic()
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     for name in names:
         t0 = time.monotonic()
         left = TOTAL_BUDGET_S - (t0 - started)
         if left < MIN_CHILD_S:
             reason = f"not run: gpu-check's {TOTAL_BUDGET_S:.0f} s budget was spent; check it alone with --backends {name}"
-            rows.append({"backend": name, "case": "*", "status": "skipped", "agree": None, "reason": reason})
+            rows.append(_whole_backend(name, Status.SKIPPED, reason))
             print(f"  {name}: skipped ({reason})", flush=True)
             continue
         mine = _child(name, device, min(CHILD_TIMEOUT_S, left))
         rows += mine
-        ok = sum(1 for r in mine if r["status"] == "ok")
-        print(f"  {name}: {ok} ok, {sum(1 for r in mine if r['status'] == 'unsupported')} unsupported in {time.monotonic() - t0:.0f} s", flush=True)
+        ok = sum(1 for r in mine if r.status is Status.OK)
+        print(f"  {name}: {ok} ok, {sum(1 for r in mine if r.status is Status.UNSUPPORTED)} unsupported in {time.monotonic() - t0:.0f} s", flush=True)
         for r in mine:
-            if r["status"] not in ("ok", "unsupported") or r.get("agree") is False:
-                print(f"    {r['case']}: {r['status']}{' disagrees' if r.get('agree') is False else ''}: {r.get('reason')}", flush=True)
+            if r.failed:
+                print(f"    {r.case}: {r.status}{' disagrees' if r.agree is False else ''}: {r.reason or 'no reason given'}", flush=True)
     print(f"\n{len(rows)} pairs in {time.monotonic() - started:.0f} s")
     print(format_table(rows))
-    failed = [r for r in rows if r["status"] not in ("ok", "unsupported") or r.get("agree") is False]
+    failed = [r for r in rows if r.failed]
     return 1 if failed else 0

@@ -47,8 +47,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 def cmd_env(args: argparse.Namespace) -> int:
     """Print the environment fingerprint a run would record."""
-    from harness.env import fingerprint, gpu_telemetry
-    from harness.run.supervisor import detect_device
+    from harness.env import detect_device, fingerprint, gpu_telemetry
 
     device = detect_device()
     info = {"fingerprint": fingerprint(device), "gpu_telemetry": gpu_telemetry() if device == "cuda" else None}
@@ -59,7 +58,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 def cmd_stability(args: argparse.Namespace) -> int:
     """Measure one case in several fresh processes and print the spread of their medians."""
     from harness.cli.stability import case_from_args, run_stability
-    from harness.run.supervisor import detect_device
+    from harness.env import detect_device
 
     case = case_from_args(args, args.device or detect_device())
     result = run_stability(case, args.backend, args.processes, args.measure_s, log=sys.stderr if sys.stderr.isatty() else None)

@@ -38,7 +38,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     """Answer which backend to use for a shape, from the run's measured rows only."""
-    from harness.analysis import frame as analysis
+    from harness import analysis
     from harness.suite.cases import canonical_dtype
 
     query: dict = {"B": args.B, "S": args.seq, "H": args.H, "H_kv": args.H_kv, "d_k": args.d_k,
@@ -68,7 +68,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write reports/<run-id>/index.html (self-contained) and CSVs from one or more runs")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder(s), e.g. results/<run-id>")
     p.add_argument("--out", default="reports", help="parent folder of report folders (default: reports)")
-    p.add_argument("--baseline", default="sdpa-math", help="backend the speedups are against (default: sdpa-math)")
+    p.add_argument("--baseline", default=None, help="backend the speedups are against (default: the one that declares itself the baseline, sdpa-math)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("compare", help="compare two runs per (case, backend); --fail-above 5%% gates on slowdowns")

@@ -8,18 +8,14 @@ layout, thread placement, clocks, what else the box is doing), so the honest noi
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence, TextIO
 
-from harness.suite.cases import Case, parse_case_id
 from harness.errors import UserError
-
-ROOT = Path(__file__).resolve().parents[2]
+from harness.results.record import Record, Status
+from harness.run.children import emit, python_command, run_child
+from harness.suite.cases import Case, parse_case_id
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float:
@@ -62,16 +58,14 @@ class StabilityResult:
 
 def measure_in_fresh_process(case: Case, backend: str, measure_s: float) -> float:
     """The median latency (seconds) of one measurement of `case` in a new Python process."""
-    command = [sys.executable, "-m", "harness.cli.stability", "--child", case.id, "--device", case.device,
-               "--backend", backend, "--measure-s", repr(measure_s)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        tail = " ".join(done.stderr.split())[-300:]
-        raise UserError(f"the measuring process failed (exit {done.returncode}): {tail}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    if result["status"] != "ok":
-        raise UserError(f"{backend} gives {result['status']} for {case.id}: {result['reason']}")
-    return result["median_s"]
+    done = run_child(python_command("harness.cli.stability", "--child", case.id, "--device", case.device,
+                                    "--backend", backend, "--measure-s", repr(measure_s)))
+    if not done.ok:
+        raise UserError(f"the measuring process failed ({done.describe()})")
+    record = Record.from_dict(done.objects[-1], where="stability child")
+    if record.status is not Status.OK:
+        raise UserError(f"{backend} gives {record.status} for {case.id}: {record.reason}")
+    return record.latency_ms_median / 1e3
 
 
 def run_stability(case: Case, backend: str, processes: int = 5, measure_s: float = 0.5, log: TextIO | None = None) -> StabilityResult:
@@ -95,15 +89,16 @@ def run_stability(case: Case, backend: str, processes: int = 5, measure_s: float
 
 
 def _child(case_id: str, device: str, backend: str, measure_s: float) -> None:
+    """In the fresh process: time the pair (no check, no memory) and emit its record."""
+    from dataclasses import replace
+
     from harness.backends.registry import load_registry
-    from harness.measure.execute import Options, execute
-    from harness.measure.timing import QUICK_BUDGET, Budget
+    from harness.measure.execute import PairRunner, Phases, execute
+    from harness.measure.timing import QUICK_BUDGET
 
     case = parse_case_id(case_id, device)
-    budget = Budget(**{**QUICK_BUDGET.__dict__, "measure_s": measure_s, "max_rounds": 10_000})
-    record = execute(case, load_registry().get(backend), Options(budget=budget, check=False))
-    median_ms = record.get("latency_ms_median")
-    print(json.dumps({"status": record["status"], "reason": record.get("reason"), "median_s": median_ms / 1e3 if median_ms else None}))
+    runner = PairRunner(budget=replace(QUICK_BUDGET, measure_s=measure_s, max_rounds=10_000), phases=Phases(check=False, memory=False))
+    emit(execute(case, load_registry().get(backend), runner).to_dict())
 
 
 def add_case_arguments(parser: argparse.ArgumentParser) -> None:

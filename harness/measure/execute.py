@@ -1,7 +1,10 @@
-"""Run one (case, backend) pair end to end and turn whatever happens into a record.
+"""The one executor of a (case, backend) pair: inputs → prepare → check → time → peak memory.
 
-prepare (untimed) → one checked call → timed samples → peak memory. Every outcome is a record:
-`ok`, `unsupported` with the backend's reason, `oom`, or `error` with the exception.
+`run_pair` runs the phases a caller switches on (`Phases`) and returns one typed `PairOutcome`;
+`to_record` turns it into the run's `Record`. Suites, `attnbench check`, `gpu-check` and
+`stability` all go through it, so a pair is prepared, checked and flagged the same way everywhere.
+Whatever happens becomes data: `unsupported` with the backend's reason, `oom`, `error` with the
+exception and where it was raised, `crashed` for a sticky CUDA error (the worker then exits).
 """
 
 from __future__ import annotations
@@ -10,57 +13,72 @@ import functools
 import gc
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from harness.measure import theory
 from harness.backends.base import Backend, Prepared
-from harness.suite.cases import Case
 from harness.errors import Unsupported
-from harness.suite.inputs import AttentionInputs, make_inputs
-from harness.measure.memory import measure_peak
-from harness.measure.numerics import Agreement, check_backward, check_forward
-from harness.results.store import COLUMNS, SCHEMA_VERSION
+from harness.measure import theory
+from harness.measure.memory import MemoryPeak, measure_peak
+from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
+from harness.measure.reference import ReferenceCache
 from harness.measure.timing import QUICK_BUDGET, Budget, Clock, CudaEventClock, L2Flusher, Loop, Measurement, measure
+from harness.results.record import Record, Status
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, make_inputs
 
 
 @dataclass(frozen=True)
-class Options:
-    """How pairs are run: the time budget, whether to check agreement, and who ran them."""
+class Phases:
+    """Which phases of a pair run. Inputs and prepare always do; the rest are switched by the caller."""
+
+    #: Compare the first call with the float64 reference.
+    check: bool = True
+    #: Also check the attention weights of a backend that exposes them (`attnbench check`).
+    weights: bool = False
+    #: Timed samples.
+    time: bool = True
+    #: One more call with the peak-memory counters reset.
+    memory: bool = True
+
+
+#: What `attnbench check` runs: agreement alone, untimed.
+CHECK_ONLY = Phases(check=True, weights=True, time=False, memory=False)
+
+
+@dataclass
+class PairOutcome:
+    """What running one pair gave: its status and whatever the phases that ran measured."""
+
+    status: Status
+    reason: str | None = None
+    agreement: Agreement | None = None
+    measurement: Measurement | None = None
+    peak: MemoryPeak | None = None
+    timer: str | None = None
+    compile_s: float | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PairRunner:
+    """What the loop over pairs owns and hands to each pair: budget, caches and how rounds are driven.
+
+    `references` keeps the last float64 reference, which the next backend on the same case reuses
+    (so loops run cases outer, backends inner). `loop_factory` turns the device's clock into the
+    loop that runs the timed rounds (pytest-benchmark's pedantic in the suites); None is a plain loop.
+    """
 
     budget: Budget = QUICK_BUDGET
-    check: bool = True
-    run_id: str = ""
-    worker: str = "0"
+    phases: Phases = Phases()
+    references: ReferenceCache | None = field(default_factory=ReferenceCache)
+    loop_factory: Callable[[Clock], Loop] | None = None
 
-
-def case_columns(case: Case) -> dict[str, Any]:
-    """The record columns that depend on the case alone (its fields and its analytic costs)."""
-    flops, nbytes = theory.flops(case), theory.min_bytes(case)
-    return {
-        "case_id": case.id, **case.fields(), "attention_kind": case.attention_kind,
-        "flops": flops, "bytes": nbytes, "kv_cache_bytes": theory.kv_cache_bytes(case),
-        "arithmetic_intensity": flops / nbytes,
-    }
-
-
-def base_record(case: Case, backend: Backend, options: Options) -> dict[str, Any]:
-    """A record with every schema column, the case's and the backend's filled in and nothing measured (None)."""
-    try:
-        version = backend.version()
-    except Exception:
-        version = None
-    record = {
-        **dict.fromkeys(COLUMNS), **case_columns(case), "backend": backend.name, "family": backend.family, "backend_version": version,
-        "run_id": options.run_id, "worker": options.worker, "schema_version": SCHEMA_VERSION,
-        "timestamp": time.time(),
-    }
-    costs = backend.costs(case)
-    if costs is not None:  # a backend that times something other than attention (the projections)
-        record.update(flops=costs[0], bytes=costs[1], arithmetic_intensity=costs[0] / costs[1])
-    return record
+    def run(self, case: Case, backend: Backend) -> PairOutcome:
+        """Run one pair with this runner's phases, budget and caches."""
+        return run_pair(case, backend, self.phases, budget=self.budget, references=self.references, loop_factory=self.loop_factory)
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,10 +106,10 @@ def build_step(case: Case, prepared: Prepared, inputs: AttentionInputs) -> Calla
     if not prepared.leaves or len(prepared.leaves) != wanted or not all(t.requires_grad for t in prepared.leaves):
         raise Unsupported("backend did not return differentiable q, k, v leaves")
     leaves = prepared.leaves
+    grad_out = prepared.from_bhsd(inputs.grad_out)
     if case.mode == "bwd":
         with torch.enable_grad():
             out = prepared.fn()
-        grad_out = prepared.from_bhsd(inputs.grad_out)
         return lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
 
     def forward_backward():
@@ -99,17 +117,16 @@ def build_step(case: Case, prepared: Prepared, inputs: AttentionInputs) -> Calla
             out = prepared.fn()
         return torch.autograd.grad(out, leaves, grad_out)
 
-    grad_out = prepared.from_bhsd(inputs.grad_out)
     return forward_backward
 
 
-def check(case: Case, prepared: Prepared, inputs: AttentionInputs, result: Any) -> Agreement:
+def check_result(case: Case, prepared: Prepared, inputs: AttentionInputs, result: Any, references: ReferenceCache | None = None) -> Agreement:
     """Agreement of one step's result (output, or gradients in backward modes) with the float64 reference."""
     if prepared.check is not None:
         return prepared.check(result)
     if case.mode == "fwd":
-        return check_forward(case, inputs, prepared.to_bhsd(result))
-    return check_backward(case, inputs, [prepared.to_bhsd(g) for g in result])
+        return check_forward(case, inputs, prepared.to_bhsd(result), references)
+    return check_backward(case, inputs, [prepared.to_bhsd(g) for g in result], references)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -134,9 +151,23 @@ def is_sticky_cuda_error(exc: BaseException) -> bool:
     return "cuda" in text and any(marker in text for marker in STICKY_CUDA_ERRORS)
 
 
-def poisons_process(record: dict[str, Any]) -> bool:
+def poisons_process(record: Record) -> bool:
     """True when the record's pair left the process unusable, so the worker must exit after writing it."""
-    return record.get("status") == "crashed" and str(record.get("reason") or "").startswith(STICKY_PREFIX)
+    return record.status is Status.CRASHED and (record.reason or "").startswith(STICKY_PREFIX)
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: message` on one line, at most 300 characters of message."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+def _failure(exc: BaseException) -> PairOutcome:
+    if is_oom(exc):
+        return PairOutcome(Status.OOM, " ".join(str(exc).split())[:300])
+    if is_sticky_cuda_error(exc):
+        return PairOutcome(Status.CRASHED, STICKY_PREFIX + " ".join(str(exc).split())[:300])
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return PairOutcome(Status.ERROR, f"{one_line(exc)} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})")
 
 
 def _release_memory(device: str) -> None:
@@ -145,33 +176,28 @@ def _release_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def execute(case: Case, backend: Backend, options: Options = Options(), *, loop_factory: Callable[[Clock], Loop] | None = None) -> dict[str, Any]:
-    """Run one pair and return its record; never raises for a backend's failure."""
-    record = base_record(case, backend, options)
-    outcome: dict[str, Any]
-    failed: BaseException | None = None
+def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget: Budget = QUICK_BUDGET,
+             references: ReferenceCache | None = None, loop_factory: Callable[[Clock], Loop] | None = None) -> PairOutcome:
+    """Run one pair's phases and return its outcome; never raises for a backend's failure."""
     try:
         reason = backend.available() or backend.supports(case)
-        if reason:
-            return {**record, "status": "unsupported", "reason": reason}
-        outcome = _measure_pair(case, backend, options, loop_factory)
+    except Exception as exc:  # noqa: BLE001 - a probe that crashes cannot vouch for the backend
+        return PairOutcome(Status.ERROR, f"availability check failed: {one_line(exc)}")
+    if reason:
+        return PairOutcome(Status.UNSUPPORTED, reason)
+    failed: BaseException | None = None
+    try:
+        outcome = _run_phases(case, backend, phases, budget, references, loop_factory)
     except Unsupported as exc:
-        outcome = {"status": "unsupported", "reason": str(exc)}
+        outcome = PairOutcome(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
         failed = exc
-        outcome = {}
     if failed is not None:
         # Built outside the except block: the exception's frames hold the case's tensors.
-        if is_oom(failed):
-            outcome = {"status": "oom", "reason": " ".join(str(failed).split())[:300]}
-        elif is_sticky_cuda_error(failed):
-            outcome = {"status": "crashed", "reason": STICKY_PREFIX + " ".join(str(failed).split())[:300]}
-        else:
-            where = traceback.extract_tb(failed.__traceback__)[-1]
-            outcome = {"status": "error", "reason": f"{type(failed).__name__}: {' '.join(str(failed).split())[:300]} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"}
+        outcome = _failure(failed)
         failed = None
     _release_memory(case.device)
-    return {**record, **outcome}
+    return outcome
 
 
 def input_fingerprints(inputs: AttentionInputs) -> list[tuple[float, float]]:
@@ -187,38 +213,90 @@ def flag_modified_inputs(agreement: Agreement, drawn: list[tuple[float, float]],
     return agreement.disagreeing(f"backend modified its inputs in place ({', '.join(changed)})") if changed else agreement
 
 
-def _measure_pair(case: Case, backend: Backend, options: Options, loop_factory: Callable[[Clock], Loop] | None) -> dict[str, Any]:
+def _weights_problems(case: Case, backend: Backend) -> list[str]:
+    """Row sums and masked zeros of the weights a backend exposes, on fresh inputs."""
+    with torch.no_grad():
+        _, weights = backend.weights(case, make_inputs(case))
+    return weights_violations(case, weights)
+
+
+def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, references: ReferenceCache | None,
+                loop_factory: Callable[[Clock], Loop] | None) -> PairOutcome:
     inputs = make_inputs(case)
     if case.mode != "fwd":
         for t in (inputs.q, inputs.k, inputs.v):
             t.requires_grad_(True)
     drawn = input_fingerprints(inputs)
+    outcome = PairOutcome(Status.OK)
     with torch.set_grad_enabled(case.mode != "fwd"):
         prepared = backend.prepare(case, inputs)
+        outcome.compile_s, outcome.notes = prepared.compile_s, prepared.notes
         step = build_step(case, prepared, inputs)
+        first = step()  # the first call, checked or not, is never timed
         if not backend.computes_attention:
-            step()  # the first call, as a checked backend's; there is no attention output to compare
             agreement = Agreement(None, None, None, None, f"not checked: {backend.name} does not compute attention")
+        elif phases.check:
+            agreement = check_result(case, prepared, inputs, first, references)
         else:
-            agreement = check(case, prepared, inputs, step()) if options.check else Agreement(None, None, None, None, "not checked")
-        clock, setup, timer_name = device_clock(case.device)
-        loop = loop_factory(clock) if loop_factory else None
-        measured: Measurement = measure(step, clock, options.budget, setup=setup, loop=loop)
-        peak = measure_peak(step, case.device)
+            agreement = Agreement(None, None, None, None, "not checked")
+        del first
+        if phases.time:
+            clock, setup, outcome.timer = device_clock(case.device)
+            loop = loop_factory(clock) if loop_factory else None
+            outcome.measurement = measure(step, clock, budget, setup=setup, loop=loop)
+        if phases.memory:
+            outcome.peak = measure_peak(step, case.device)
     agreement = flag_modified_inputs(agreement, drawn, inputs)
-    stats = measured.stats
+    if phases.weights and backend.returns_weights and case.mode == "fwd":
+        problems = _weights_problems(case, backend)
+        if problems:
+            agreement = agreement.disagreeing("weights: " + "; ".join(problems))
+    outcome.agreement = agreement
+    outcome.reason = agreement.check_note
+    return outcome
+
+
+def case_record(case: Case, backend: Backend, run_id: str = "", worker: str = "0") -> Record:
+    """A record of the pair with the case's fields, the backend and the analytic costs filled in, nothing measured."""
+    try:
+        version = backend.version()
+    except Exception:  # noqa: BLE001 - a version probe must not cost the row
+        version = None
     flops, nbytes = backend.costs(case) or (theory.flops(case), theory.min_bytes(case))
-    return {
-        "status": "ok", "reason": agreement.check_note,
-        "latency_ms_median": stats.median * 1e3, "latency_ms_p20": stats.p20 * 1e3, "latency_ms_p80": stats.p80 * 1e3,
-        "latency_ms_min": stats.min * 1e3, "latency_ms_mean": stats.mean * 1e3, "latency_ms_max": stats.max * 1e3,
-        "latency_ms_stdev": stats.stdev * 1e3, "iqr_ratio": stats.iqr_ratio,
-        "samples": stats.n, "iterations": stats.iterations, "noisy": stats.noisy, "suspect": stats.suspect,
-        "too_short": measured.too_short, "warmup_s": measured.plan.warmup_s,
-        "clock_resolution_s": measured.clock_resolution_s, "timer": timer_name, "compile_s": prepared.compile_s,
-        "sample_ms": [s * 1e3 for s in stats.samples],
-        "peak_mem_bytes": peak.peak_bytes, "peak_reserved_bytes": peak.reserved_bytes, "memory_method": peak.method,
-        "tflops": flops / stats.median / 1e12, "gbps": nbytes / stats.median / 1e9,
-        "kv_expanded": bool(prepared.notes.get("kv_expanded", False)), "notes": prepared.notes or None,
-        **{k: v for k, v in agreement.columns().items() if k != "check_note"},
-    }
+    return Record(
+        case_id=case.id, **case.fields(), attention_kind=case.attention_kind, backend=backend.name, family=backend.family,
+        backend_version=version, flops=flops, bytes=nbytes, kv_cache_bytes=theory.kv_cache_bytes(case),
+        arithmetic_intensity=flops / nbytes, run_id=run_id, worker=worker,
+    )
+
+
+def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = "", worker: str = "0") -> Record:
+    """The run's record of one pair's outcome."""
+    record = case_record(case, backend, run_id, worker)
+    record.status, record.reason = outcome.status, outcome.reason
+    if outcome.status is not Status.OK:
+        return record
+    record.timer, record.compile_s = outcome.timer, outcome.compile_s
+    record.kv_expanded = bool(outcome.notes.get("kv_expanded", False))
+    record.notes = outcome.notes or None
+    if outcome.agreement is not None:
+        a = outcome.agreement
+        record.max_abs_err, record.err_bound, record.rel_err, record.agree = a.max_abs_err, a.err_bound, a.rel_err, a.agree
+    if outcome.measurement is not None:
+        m, stats = outcome.measurement, outcome.measurement.stats
+        record.latency_ms_median, record.latency_ms_p20, record.latency_ms_p80 = stats.median * 1e3, stats.p20 * 1e3, stats.p80 * 1e3
+        record.latency_ms_min, record.latency_ms_mean, record.latency_ms_max = stats.min * 1e3, stats.mean * 1e3, stats.max * 1e3
+        record.latency_ms_stdev, record.iqr_ratio = stats.stdev * 1e3, stats.iqr_ratio
+        record.samples, record.iterations, record.noisy, record.suspect = stats.n, stats.iterations, stats.noisy, stats.suspect
+        record.too_short, record.warmup_s, record.clock_resolution_s = m.too_short, m.plan.warmup_s, m.clock_resolution_s
+        record.sample_ms = [s * 1e3 for s in stats.samples]
+        record.tflops, record.gbps = record.flops / stats.median / 1e12, record.bytes / stats.median / 1e9
+    if outcome.peak is not None:
+        record.peak_mem_bytes, record.peak_reserved_bytes, record.memory_method = outcome.peak.peak_bytes, outcome.peak.reserved_bytes, outcome.peak.method
+    return record
+
+
+def execute(case: Case, backend: Backend, runner: PairRunner | None = None, run_id: str = "", worker: str = "0") -> Record:
+    """Run one pair through `runner` (default: every phase, the quick budget) and return its record."""
+    runner = runner or PairRunner()
+    return to_record(case, backend, runner.run(case, backend), run_id, worker)

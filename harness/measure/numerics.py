@@ -27,10 +27,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
-from harness.backends.naive import naive_attention
+from harness.measure.reference import (
+    ReferenceCache, cached, default_scale, eager_kernel, forward, gradient_slices, gradients, query_rows,
+    reference_device, reference_kernel,
+)
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask
 
@@ -57,13 +59,6 @@ def atol(dtype: str, magnitude: float) -> float:
 #: Machine epsilon (spacing of numbers just above 1) per dtype: the tolerance of a row of weights summing to 1.
 EPS = {name: 2 * u for name, u in UNIT_ROUNDOFF.items()}
 
-#: Above this many score elements (B·H·S_q·S_kv) the reference samples query rows (forward) or
-#: (batch, K/V head) slices (backward), so that a float64 pass stays within seconds and ~1 GB.
-MAX_REFERENCE_SCORES = 2**26
-#: Query rows sampled for the forward reference of a large case.
-SAMPLED_ROWS = 128
-
-
 @dataclass(frozen=True)
 class Agreement:
     """The agreement columns of a record (`agree` is None when the case was not checked, with `check_note`)."""
@@ -88,151 +83,6 @@ class Agreement:
             return self
         joined = f"{self.check_note}; {note}" if self.check_note else note
         return Agreement(self.max_abs_err, self.err_bound, self.rel_err, self.agree, joined)
-
-
-def poisoned_like(t: torch.Tensor) -> torch.Tensor:
-    """A buffer shaped like `t` filled with NaN, so that elements a kernel never writes show up.
-
-    Every output buffer the harness allocates comes from here: the reference's own buffers below,
-    and the `out=` buffer of any backend adapter whose kernel writes into a caller's tensor (it
-    must allocate it in `prepare`, so the first, checked call writes into NaN).
-    """
-    if not t.is_floating_point():
-        raise TypeError(f"cannot poison a {t.dtype} buffer with NaN")
-    return torch.full_like(t, float("nan"))
-
-
-def reference_device(case: Case) -> torch.device:
-    """Where the float64 reference runs: the CPU, except for CUDA cases (a CPU float64 pass at those sizes takes minutes)."""
-    return torch.device("cuda") if case.device == "cuda" else torch.device("cpu")
-
-
-def default_scale(case: Case) -> float:
-    """The softmax scale every backend is asked for: 1/√d_k."""
-    return 1.0 / math.sqrt(case.d_k)
-
-
-def query_rows(case: Case) -> torch.Tensor | None:
-    """The query rows the forward check compares: all (None), or a seeded sample including the first and last."""
-    if case.B * case.H * case.S_q * case.S_kv <= MAX_REFERENCE_SCORES or case.S_q <= SAMPLED_ROWS:
-        return None
-    rng = np.random.default_rng([case.seed, 0xC4EC])
-    rows = rng.choice(case.S_q, size=SAMPLED_ROWS - 2, replace=False)
-    return torch.as_tensor(sorted({0, case.S_q - 1, *rows.tolist()}))
-
-
-def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, *, return_weights: bool = False
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """softmax(Q·Kᵀ·scale, masked)·V in the inputs' precision, `[B, H, S, d]`; query head h reads K/V head h // (H/H_kv).
-
-    `mask` is boolean, True where visible, broadcastable to `[B, 1, S_q, S_kv]`. A query row with
-    no visible key gives zero weights and a zero output (FlashAttention's convention), with finite
-    gradients, so the reference is defined everywhere.
-    """
-    H, H_kv = q.shape[1], k.shape[1]
-    kv_head = torch.arange(H, device=q.device) // (H // H_kv)
-    k, v = k.index_select(1, kv_head), v.index_select(1, kv_head)
-    scores = torch.matmul(q * scale, k.transpose(-2, -1))
-    empty = None
-    if mask is not None:
-        empty = ~mask.any(dim=-1, keepdim=True)
-        # Empty rows keep their finite scores (their weights are zeroed below), so that neither softmax
-        # nor its gradient ever sees a row of −inf only. In place: matmul's backward does not need its output.
-        scores.masked_fill_(~mask & ~empty if bool(empty.any()) else ~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if empty is not None and bool(empty.any()):
-        weights = weights.masked_fill(empty, 0.0)
-    out = torch.matmul(weights, v)
-    return (out, weights) if return_weights else out
-
-
-Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-
-
-def _reference_kernel(scale: float) -> Kernel:
-    return lambda q, k, v, m: reference_attention(q, k, v, m, scale)
-
-
-def _eager_kernel(scale: float) -> Kernel:
-    return lambda q, k, v, m: naive_attention(q, k, v, m, scale=scale)
-
-
-def _all_slices(case: Case) -> list[tuple[int, int]]:
-    return [(b, h) for b in range(case.B) for h in range(case.H_kv)]
-
-
-def _cast(inputs: AttentionInputs, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
-    return tuple(t.detach().to(device=device, dtype=dtype) for t in (inputs.q, inputs.k, inputs.v))
-
-
-def _forward(case: Case, inputs: AttentionInputs, kernel: Kernel, dtype: torch.dtype, device: torch.device, rows: torch.Tensor | None) -> torch.Tensor:
-    """The output `[B, H, rows, d_v]`, computed one (batch, K/V head) slice at a time into a poisoned buffer."""
-    q, k, v = _cast(inputs, dtype, device)
-    mask = visible_mask(case, device=device)
-    if rows is not None:
-        rows = rows.to(device)
-        q = q[:, :, rows]
-        mask = mask[:, :, rows] if mask is not None else None
-    g = case.group_size
-    out = poisoned_like(q.new_empty(case.B, case.H, q.shape[2], case.d_v))
-    for b, h in _all_slices(case):
-        heads = slice(h * g, (h + 1) * g)
-        out[b : b + 1, heads] = kernel(q[b : b + 1, heads], k[b : b + 1, h : h + 1], v[b : b + 1, h : h + 1], None if mask is None else mask[b : b + 1])
-    return out
-
-
-def _gradients(
-    case: Case, inputs: AttentionInputs, kernel: Kernel, dtype: torch.dtype, device: torch.device, slices: Sequence[tuple[int, int]]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV of the given slices, each in a poisoned buffer of the full shape (other slices stay NaN)."""
-    q, k, v = _cast(inputs, dtype, device)
-    grad_out = inputs.grad_out.detach().to(device=device, dtype=dtype)
-    mask = visible_mask(case, device=device)
-    dq, dk, dv = poisoned_like(q), poisoned_like(k), poisoned_like(v)
-    g = case.group_size
-    with torch.enable_grad():
-        for b, h in slices:
-            heads = slice(h * g, (h + 1) * g)
-            leaves = [t.clone().requires_grad_(True) for t in (q[b : b + 1, heads], k[b : b + 1, h : h + 1], v[b : b + 1, h : h + 1])]
-            out = kernel(*leaves, None if mask is None else mask[b : b + 1])
-            gq, gk, gv = torch.autograd.grad(out, leaves, grad_out[b : b + 1, heads])
-            dq[b : b + 1, heads], dk[b : b + 1, h : h + 1], dv[b : b + 1, h : h + 1] = gq, gk, gv
-    return dq, dk, dv
-
-
-class _LastReference:
-    """The most recent CPU reference, reused by the next check when its inputs are equal (the next backend on the same case).
-
-    Equality is verified element by element against a copy, so a reused reference is always the
-    one those very inputs give; CUDA references are not kept (the copies would hold device memory).
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self._inputs: list[torch.Tensor] = []
-        self._value: object = None
-
-    @staticmethod
-    def _tensors(inputs: AttentionInputs) -> list[torch.Tensor]:
-        return [t for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out) if t is not None]
-
-    def get(self, key: tuple, inputs: AttentionInputs, compute: Callable[[], object]) -> object:
-        """The value for `key` and these inputs, computed (and kept, on the CPU) when not the last one."""
-        tensors = self._tensors(inputs)
-        if (
-            self._key == key and len(tensors) == len(self._inputs)
-            and all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.detach(), b) for a, b in zip(tensors, self._inputs))
-        ):
-            return self._value
-        self._key, self._inputs, self._value = None, [], None
-        value = compute()
-        if all(t.device.type == "cpu" for t in tensors):
-            self._key, self._inputs, self._value = key, [t.detach().clone() for t in tensors], value
-        return value
-
-
-_LAST = _LastReference()
 
 
 def _pick(t: torch.Tensor, slices: Sequence[tuple[int, int]], heads_per_slice: int) -> torch.Tensor:
@@ -268,16 +118,16 @@ def error_against(out: torch.Tensor, ref: torch.Tensor, lp: torch.Tensor, dtype:
     return Agreement(err, bound, rel, err <= bound, note)
 
 
-def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor) -> Agreement:
+def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor, references: ReferenceCache | None = None) -> Agreement:
     """Compare a backend's forward output `[B, H, S_q, d_v]` with the float64 reference on the same inputs."""
     expected = (case.B, case.H, case.S_q, case.d_v)
     if tuple(output_bhsd.shape) != expected:
         return Agreement(None, None, None, False, f"output shape {tuple(output_bhsd.shape)}, expected {expected}")
     device, scale = reference_device(case), default_scale(case)
     rows = query_rows(case)
-    ref, lp = _LAST.get(("fwd", case), inputs, lambda: (
-        _forward(case, inputs, _reference_kernel(scale), torch.float64, device, rows),
-        _forward(case, inputs, _eager_kernel(scale), inputs.q.dtype, inputs.q.device, rows),
+    ref, lp = cached(references, ("fwd", case), inputs, lambda: (
+        forward(case, inputs, reference_kernel(scale), torch.float64, device, rows),
+        forward(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, rows),
     ))
     out = output_bhsd if rows is None else output_bhsd[:, :, rows.to(output_bhsd.device)]
     result = error_against(out, ref, lp, case.dtype)
@@ -286,36 +136,19 @@ def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor
     return result
 
 
-def gradient_slices(case: Case) -> list[tuple[int, int]]:
-    """The (batch, K/V head) slices the backward check covers: all, or a seeded sample that fits the reference budget.
-
-    Gradients of one slice depend on that slice alone, so a sample is checked exactly; it is empty
-    when even one slice is over the budget.
-    """
-    slices = _all_slices(case)
-    per_slice = case.group_size * case.S_q * case.S_kv
-    fits = MAX_REFERENCE_SCORES // per_slice
-    if fits >= len(slices):
-        return slices
-    if fits == 0:
-        return []
-    rng = np.random.default_rng([case.seed, 0x6AD])
-    picked = rng.choice(len(slices), size=max(1, fits - 2), replace=False).tolist()
-    return [slices[i] for i in sorted({0, len(slices) - 1, *picked})][:fits]
-
-
 GRADIENT_NAMES = ("dq", "dk", "dv")
 
 
-def check_gradients(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[torch.Tensor]) -> dict[str, Agreement]:
+def check_gradients(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[torch.Tensor],
+                    references: ReferenceCache | None = None) -> dict[str, Agreement]:
     """The rule applied to dQ, dK and dV separately (empty when the case is too large to check)."""
     slices = gradient_slices(case)
     if not slices:
         return {}
     device, scale = reference_device(case), default_scale(case)
-    ref, lp = _LAST.get(("bwd", case), inputs, lambda: (
-        _gradients(case, inputs, _reference_kernel(scale), torch.float64, device, slices),
-        _gradients(case, inputs, _eager_kernel(scale), inputs.q.dtype, inputs.q.device, slices),
+    ref, lp = cached(references, ("bwd", case), inputs, lambda: (
+        gradients(case, inputs, reference_kernel(scale), torch.float64, device, slices),
+        gradients(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, slices),
     ))
     results = {}
     for name, out, r, low in zip(GRADIENT_NAMES, grads_bhsd, ref, lp):
@@ -329,11 +162,12 @@ def check_gradients(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[to
     return results
 
 
-def check_backward(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[torch.Tensor]) -> Agreement:
+def check_backward(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[torch.Tensor],
+                   references: ReferenceCache | None = None) -> Agreement:
     """Compare dQ, dK, dV with the float64 reference's; the worst of the three is reported, and agree needs all three."""
     if len(grads_bhsd) != 3:
         return Agreement(None, None, None, False, f"expected 3 gradients (dq, dk, dv), got {len(grads_bhsd)}")
-    per = check_gradients(case, inputs, grads_bhsd)
+    per = check_gradients(case, inputs, grads_bhsd, references)
     if not per:
         return Agreement(None, None, None, None, "gradients not checked: one (batch, K/V head) slice is too large for a float64 reference")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -122,26 +121,6 @@ def measure_peaks(device: str, dtypes: Iterable[str]) -> dict[str, Any]:
     return peaks
 
 
-def write_peaks(run_dir: Path | str, device: str, dtypes: Iterable[str]) -> Path:
-    """Measure the ceilings and write `peaks.json` into the run folder.
-
-    CUDA is measured in a child process so that the supervisor never holds a CUDA context (and
-    its memory) while the workers run; the CPU measurement is short and runs in process.
-    """
-    path = Path(run_dir) / PEAKS
-    dtypes = list(dtypes)
-    if str(device).startswith("cuda"):
-        command = [sys.executable, "-m", "harness.measure.roofline", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)]
-        # From the checkout's root, as the workers are started, so `-m harness` resolves without an install.
-        done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
-        if done.returncode != 0 or not path.exists():
-            tail = " ".join((done.stderr or done.stdout).split())[-300:]
-            path.write_text(json.dumps({"device": "cuda", "matmul": {}, "copy": None, "errors": {"measure": f"peak measurement failed (exit {done.returncode}): {tail}"}}, indent=1))
-        return path
-    path.write_text(json.dumps(measure_peaks(device, dtypes), indent=1))
-    return path
-
-
 def read_peaks(run_dir: Path | str) -> dict[str, Any] | None:
     """The peaks stored with a run, or None when the run has none (older runs)."""
     path = Path(run_dir) / PEAKS
@@ -192,7 +171,7 @@ def roofline_row(tflops: float | None, gbps: float | None, intensity: float | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.measure.roofline --device cuda --dtypes bf16,fp16 --out peaks.json` (what write_peaks runs on CUDA)."""
+    """`python -m harness.measure.roofline --device cuda --dtypes bf16,fp16 --out peaks.json` (what the run folder's write_peaks runs on CUDA)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m harness.measure.roofline", description="measure the device's matmul and copy ceilings")

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 
-from harness.analysis import frame as analysis  # noqa: E402
+from harness import analysis  # noqa: E402
 
 from harness.measure import roofline  # noqa: E402
 
@@ -81,7 +81,7 @@ def _per_group_figures(
         return figures
     keys = analysis.group_key_columns(rows, exclude=("dtype", "mode"))
     for (dtype, mode), by_dtype in rows.groupby(["dtype", "mode"], sort=True):
-        groups = list(analysis._groups(by_dtype, keys))
+        groups = list(analysis.groups(by_dtype, keys))
         for part, chunk in _chunks(groups, MAX_PANELS):
             fig, axes = _panels(len(chunk))
             for ax, (key, sub) in zip(axes, chunk):
@@ -172,7 +172,7 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
                     column = rows[k]
                     mask &= (column.isna().to_numpy() if value is None or (isinstance(value, float) and value != value) else (column == value).to_numpy())
                 sub = rows[mask]
-                proj = sub[sub["backend"] == analysis.PROJECTIONS].sort_values("S")
+                proj = sub[~sub["computes_attention"].astype(bool)].sort_values("S")
                 ax.plot(proj["S"].astype(float), proj["latency_ms_median"], color="black", lw=2.2, marker="s", ms=3, label="projections")
                 for _, e in entries.iterrows():
                     core = sub[sub["backend"] == e["backend"]].sort_values("S")

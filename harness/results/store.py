@@ -7,39 +7,18 @@ Numbers are stored at full precision; only reports round.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from harness.suite.cases import CASE_FIELDS
 from harness.errors import UserError
+from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
-SCHEMA_VERSION = 1
 RECORDS = "records.jsonl"
 RECORDS_CSV = "records.csv"
 ENV = "env.json"
-
-STATUSES = ("ok", "unsupported", "oom", "error", "crashed", "timeout")
-
-#: Columns every record has, in CSV order (the case's fields first).
-COLUMNS: tuple[str, ...] = (
-    "case_id", *CASE_FIELDS, "attention_kind",
-    "backend", "family", "backend_version", "status", "reason",
-    "latency_ms_median", "latency_ms_p20", "latency_ms_p80", "latency_ms_min", "latency_ms_mean",
-    "latency_ms_max", "latency_ms_stdev", "iqr_ratio", "samples", "iterations", "noisy", "suspect", "too_short",
-    "warmup_s", "clock_resolution_s", "timer", "compile_s",
-    "peak_mem_bytes", "peak_reserved_bytes", "memory_method",
-    "flops", "bytes", "kv_cache_bytes", "tflops", "gbps", "arithmetic_intensity",
-    "kv_expanded", "notes",
-    "max_abs_err", "err_bound", "rel_err", "agree",
-    "run_id", "worker", "timestamp", "schema_version",
-)
-
-#: Columns kept in JSONL but not in the flat CSV.
-RAW_COLUMNS = ("sample_ms",)
 
 
 def upgrade(record: dict[str, Any]) -> dict[str, Any]:
@@ -50,13 +29,6 @@ def upgrade(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def _clean(value: Any) -> Any:
-    """JSON has no NaN or Infinity: store them as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 class RunWriter:
     """Appends records to a run's JSONL one line at a time, flushed and fsynced, so a kill loses nothing finished."""
 
@@ -65,11 +37,9 @@ class RunWriter:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / RECORDS
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: Record) -> None:
         """Write one record as one line; O_APPEND keeps lines from concurrent workers whole."""
-        record = {k: _clean(v) for k, v in record.items()}
-        record.setdefault("schema_version", SCHEMA_VERSION)
-        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        line = json.dumps(record.to_dict(), separators=(",", ":"), default=str) + "\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())
@@ -114,17 +84,22 @@ def read_records(path: Path | str) -> ReadResult:
     return ReadResult(records, dropped)
 
 
-def iter_records(run_dirs: Iterable[Path | str]) -> Iterator[dict[str, Any]]:
+def typed_records(path: Path | str) -> list[Record]:
+    """The records of a run folder or records file, each type-checked (UserError naming the file, record and field)."""
+    return [Record.from_dict(r, where=f"{path} record {i}") for i, r in enumerate(read_records(path).records, start=1)]
+
+
+def iter_records(run_dirs: Iterable[Path | str]) -> Iterator[Record]:
     """Every record of the given runs, in file order."""
     for run_dir in run_dirs:
-        yield from read_records(run_dir).records
+        yield from typed_records(run_dir)
 
 
 def load_run(*run_dirs: Path | str):
     """Load one or more runs into one pandas DataFrame, with every column of the schema present."""
     import pandas as pd
 
-    frame = pd.DataFrame(list(iter_records(run_dirs)))
+    frame = pd.DataFrame([r.to_dict() for r in iter_records(run_dirs)])
     for column in COLUMNS:
         if column not in frame.columns:
             frame[column] = None

@@ -8,7 +8,6 @@ are the same samples: there is one measurement path.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
 from dataclasses import replace
@@ -21,8 +20,9 @@ from harness.backends.registry import load_registry
 from harness.suite.cases import Case
 from harness.errors import UserError
 from harness.run import protocol
+from harness.measure.execute import PairRunner, Phases, execute, poisons_process
+from harness.results.record import Record
 from harness.results.store import RunWriter
-from harness.measure.execute import Options, execute, poisons_process
 from harness.suite.catalog import Suite, load_suite, pair_key
 from harness.measure.timing import Clock, Loop
 
@@ -52,7 +52,8 @@ def benchmark_loop(benchmark: Any, clock: Clock) -> Loop:
     def loop(fn, *, setup, rounds, iterations):
         if benchmark.disabled:
             raise UserError("pytest-benchmark is disabled (--benchmark-disable): nothing would be timed")
-        # pytest-benchmark reads its timer from this attribute when it builds each round's runner;
+        # pytest-benchmark reads its timer from this private attribute when it builds each round's runner
+        # (pinned by tests/test_pytest_benchmark_contract.py);
         # setting it per test is how a device clock (CUDA events) replaces time.perf_counter.
         benchmark._timer = clock
         benchmark.pedantic(fn, setup=setup, rounds=rounds, iterations=iterations, warmup_rounds=0)
@@ -69,7 +70,7 @@ def selected_pairs(config: pytest.Config) -> tuple[Suite, Any, list[tuple[Case, 
         suite = suite.on_device(device)
     registry = load_registry()
     backends_opt = config.getoption("--attnbench-backends")
-    names = backends_opt.split(",") if backends_opt else (list(suite.backends) if suite.backends else registry.names())
+    names = suite.backend_names(backends_opt.split(",") if backends_opt else None, registry.names())
     for name in names:
         registry.get(name)  # unknown names fail here, before any test
     pairs = suite.pairs(names)
@@ -94,16 +95,15 @@ class AttnbenchSession:
         suite = self.suite
         run_dir = config.getoption("--attnbench-run-dir")
         if run_dir is None:
-            from harness.run.supervisor import new_run_id
+            from harness.run.rundir import new_run_id
 
             run_dir = str(Path("results") / new_run_id(suite.name))
         self.run_dir = Path(run_dir)
         self.writer = RunWriter(self.run_dir)
         self.worker = config.getoption("--attnbench-worker")
-        self.options = Options(
-            budget=suite.budget, check=not config.getoption("--attnbench-no-check"),
-            run_id=self.run_dir.name, worker=self.worker,
-        )
+        self.run_id = self.run_dir.name
+        # One runner for the worker's life: its float64 reference is shared by the backends of a case.
+        self.runner = PairRunner(budget=suite.budget, phases=Phases(check=not config.getoption("--attnbench-no-check")))
         self.current_path = protocol.current_path(self.run_dir, self.worker)
         self.share = bool(config.getoption("--attnbench-share"))
         # Held until this process ends: a supervisor refuses to (re)start the folder while any worker lives.
@@ -121,19 +121,20 @@ class AttnbenchSession:
         """Whether this worker should run pair `key`: always alone, first come first served when sharing."""
         return not self.share or protocol.try_claim(self.run_dir, key, self.worker)
 
-    def run(self, case: Case, backend_name: str, benchmark: Any) -> dict[str, Any]:
+    def run(self, case: Case, backend_name: str, benchmark: Any) -> Record:
         """Measure one pair, append its record, and return it."""
         backend = self.registry.get(backend_name)
         # Say which pair is running before starting it, so a supervisor can name a crash.
         protocol.atomic_write(self.current_path, pair_key(case, backend_name))
-        record = execute(case, backend, self.options, loop_factory=lambda clock: benchmark_loop(benchmark, clock))
-        benchmark.extra_info.update({"case_id": case.id, "backend": backend_name, "status": record["status"]})
+        runner = replace(self.runner, loop_factory=lambda clock: benchmark_loop(benchmark, clock))
+        record = execute(case, backend, runner, self.run_id, self.worker)
+        benchmark.extra_info.update({"case_id": case.id, "backend": backend_name, "status": record.status.value})
         self.writer.append(record)
         protocol.atomic_write(self.current_path, "")
         if poisons_process(record):
             # The record is on disk; nothing else can run in this process (a dead CUDA context), so end it
             # here and let the supervisor start a fresh worker on the remaining pairs.
-            _say(self.config, f"attnbench worker {self.worker}: {record['reason']}; exiting for a restart")
+            _say(self.config, f"attnbench worker {self.worker}: {record.reason}; exiting for a restart")
             os._exit(protocol.EXIT_STICKY)
         return record
 

@@ -15,7 +15,8 @@ from typing import Any, Iterable
 
 from harness.suite.cases import MODES, Case, canonical_dtype, grid
 from harness.errors import UserError
-from harness.measure.timing import QUICK_BUDGET, Budget
+from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
+from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,29 @@ class Suite:
         names = list(backend_names)
         return [(case, name) for case in self.cases for name in names]
 
+    def backend_names(self, requested: Iterable[str] | None, registered: Iterable[str]) -> list[str]:
+        """The backends to run: those asked for, else the suite's own list, else every registered one."""
+        if requested:
+            return list(requested)
+        return list(self.backends) if self.backends else list(registered)
+
     def on_device(self, device: str) -> "Suite":
         """The same suite with every case moved to `device`; on the CPU, its `cpu_cases` when it has them."""
         cpu = device == "cpu"
         cases = self.cpu_cases if cpu and self.cpu_cases is not None else self.cases
         budget = self.cpu_budget if cpu and self.cpu_budget is not None else self.budget
         return Suite(self.name, self.description, tuple(c.replace(device=device) for c in cases), self.backends, budget, self.tags)
+
+
+#: The suite name that picks the suite for the device: `default` on a GPU, `quick` on a CPU.
+AUTO = "auto"
+
+
+def resolve_suite_name(name: str, device: str) -> str:
+    """The suite `name` stands for on `device` (only `auto` depends on it)."""
+    if name == AUTO:
+        return "default" if device == "cuda" else "quick"
+    return name
 
 
 def pair_key(case: Case, backend: str) -> str:
@@ -57,11 +75,35 @@ def builtin_suites() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith(("_", "test_", "conftest")))
 
 
+def model_suite(spec: str) -> Suite:
+    """The suite `model:<name>[:<S>,<S>…]`: a preset's prefill (fwd, causal) and decode cases in bf16 on CUDA.
+
+    On a CPU the same heads run at S = 128 in fp32 (the suite's `cpu_cases`).
+    """
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or parts[0] != "model":
+        raise UserError(f"model suite {spec!r}: expected model:<name> or model:<name>:<S>,<S>,…")
+    preset = get_preset(parts[1])
+    if len(parts) == 3:
+        try:
+            seq = tuple(int(s) for s in parts[2].split(",") if s)
+        except ValueError:
+            raise UserError(f"model suite {spec!r}: sequence lengths must be integers") from None
+        if not seq or any(s <= 0 for s in seq):
+            raise UserError(f"model suite {spec!r}: give positive sequence lengths")
+    else:
+        seq = DEFAULT_SEQ
+    return Suite(
+        name=f"model-{preset.name}", description=f"{preset.name} ({preset.source}): prefill and decode at S {', '.join(map(str, seq))}",
+        cases=tuple(model_cases(preset, seq, device="cuda")),
+        cpu_cases=tuple(model_cases(preset, CPU_SEQ, dtype="fp32", device="cpu")),
+        budget=CUDA_BUDGET, cpu_budget=QUICK_BUDGET,
+    )
+
+
 def load_suite(name_or_path: str) -> Suite:
     """A built-in suite by name, `model:<preset>[:<S>,…]` (harness.suite.presets), or a TOML file; UserError for anything else."""
     if name_or_path.startswith("model:"):
-        from harness.suite.presets import model_suite
-
         return model_suite(name_or_path)
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():

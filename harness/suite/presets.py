@@ -51,8 +51,10 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset("transformer-base", "Vaswani et al. 2017, Table 3 (base)", D=512, H=8, H_kv=8, d_k=64, d_v=64, context=512),
         ModelPreset("gpt2-xl", "Radford et al. 2019; released config (n_embd 1600, n_head 25)", D=1600, H=25, H_kv=25, d_k=64, d_v=64, context=1024),
         ModelPreset("gpt3-175b", "Brown et al. 2020, Table 2.1", D=12288, H=96, H_kv=96, d_k=128, d_v=128, context=2048),
+        ModelPreset("llama2-7b", "Touvron et al. 2023, Table 1; released config (32 heads, MHA)", D=4096, H=32, H_kv=32, d_k=128, d_v=128, context=4096),
         ModelPreset("llama2-70b", "Touvron et al. 2023; released config (8 KV heads)", D=8192, H=64, H_kv=8, d_k=128, d_v=128, context=4096),
         ModelPreset("llama3-8b", "Meta Llama 3 8B released config", D=4096, H=32, H_kv=8, d_k=128, d_v=128, context=8192),
+        ModelPreset("llama3-70b", "Meta Llama 3 70B released config (8 KV heads)", D=8192, H=64, H_kv=8, d_k=128, d_v=128, context=8192),
         ModelPreset("llama3-405b", "Llama 3.1 405B (Dubey et al. 2024, Table 3)", D=16384, H=128, H_kv=8, d_k=128, d_v=128, context=131072),
         ModelPreset("mistral-7b", "Jiang et al. 2023 (sliding window 4096)", D=4096, H=32, H_kv=8, d_k=128, d_v=128, context=32768, window=4096),
         # DeepSeek-V3 released config: hidden 7168, 128 heads, kv_lora_rank 512, qk_rope_head_dim 64,
@@ -102,32 +104,3 @@ def model_cases(
 #: Sequence lengths a model suite runs when none are given: on CUDA, and on a CPU (same heads, short sequences).
 DEFAULT_SEQ = (1024, 4096, 16384)
 CPU_SEQ = (128,)
-
-
-def model_suite(spec: str):
-    """The suite `model:<name>[:<S>,<S>…]`: a preset's prefill (fwd, causal) and decode cases in bf16 on CUDA.
-
-    On a CPU the same heads run at S = 128 in fp32 (the suite's `cpu_cases`).
-    """
-    from harness.suite.catalog import Suite
-    from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET
-
-    parts = spec.split(":")
-    if len(parts) not in (2, 3) or parts[0] != "model":
-        raise UserError(f"model suite {spec!r}: expected model:<name> or model:<name>:<S>,<S>,…")
-    preset = get_preset(parts[1])
-    if len(parts) == 3:
-        try:
-            seq = tuple(int(s) for s in parts[2].split(",") if s)
-        except ValueError:
-            raise UserError(f"model suite {spec!r}: sequence lengths must be integers") from None
-        if not seq or any(s <= 0 for s in seq):
-            raise UserError(f"model suite {spec!r}: give positive sequence lengths")
-    else:
-        seq = DEFAULT_SEQ
-    return Suite(
-        name=f"model-{preset.name}", description=f"{preset.name} ({preset.source}): prefill and decode at S {', '.join(map(str, seq))}",
-        cases=tuple(model_cases(preset, seq, device="cuda")),
-        cpu_cases=tuple(model_cases(preset, CPU_SEQ, dtype="fp32", device="cpu")),
-        budget=CUDA_BUDGET, cpu_budget=QUICK_BUDGET,
-    )

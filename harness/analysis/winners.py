@@ -1,0 +1,156 @@
+"""Winners among agreeing rows, speed-ups over the baseline, winner maps, and `recommend` from measured rows only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import UserError
+
+from harness.analysis.frame import agreeing_rows, is_core
+
+
+def default_baseline(frame: pd.DataFrame) -> str | None:
+    """The backend that declares itself the baseline (sdpa-math), among those in the frame."""
+    declared = frame.loc[frame["baseline"].astype(bool), "backend"]
+    return str(declared.iloc[0]) if len(declared) else None
+
+
+def winners(frame: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
+    """Per case, the fastest agreeing backend, its margin over the runner-up and its speedup over `baseline`."""
+    rows = agreeing_rows(frame)
+    baseline = baseline or default_baseline(frame)
+    out = []
+    for case_id, sub in rows.groupby("case_id", sort=False):
+        sub = sub.sort_values("latency_ms_median")
+        best = sub.iloc[0]
+        second = sub.iloc[1] if len(sub) > 1 else None
+        base = sub[sub["backend"] == baseline]
+        base_ms = float(base["latency_ms_median"].iloc[0]) if not base.empty else None
+        out.append({
+            "case_id": case_id, **{k: best[k] for k in ("B", "S_q", "S_kv", "S", "H", "H_kv", "d_k", "dtype", "causal", "mode")},
+            "winner": best["backend"], "winner_ms": float(best["latency_ms_median"]),
+            "runner_up": second["backend"] if second is not None else None,
+            "runner_up_ms": float(second["latency_ms_median"]) if second is not None else None,
+            "margin_pct": 100.0 * (float(second["latency_ms_median"]) / float(best["latency_ms_median"]) - 1.0) if second is not None else None,
+            "within_noise": bool(second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"])),
+            "candidates": len(sub), "baseline": baseline, "baseline_ms": base_ms,
+            "speedup_vs_baseline": base_ms / float(best["latency_ms_median"]) if base_ms else None,
+        })
+    return pd.DataFrame(out)
+
+
+def speedups(frame: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
+    """Cases × backends: baseline median ÷ backend median (agreeing rows only; > 1 is faster than the baseline)."""
+    rows = agreeing_rows(frame)
+    baseline = baseline or default_baseline(frame)
+    base = rows[rows["backend"] == baseline].set_index("case_id")["latency_ms_median"]
+    if base.empty:
+        return pd.DataFrame()
+    rows = rows[rows["case_id"].isin(base.index)]
+    table = rows.pivot_table(index="case_id", columns="backend", values="latency_ms_median", aggfunc="first")
+    return table.rdiv(base, axis=0).reindex(base.index)
+
+
+def winner_map(frame: pd.DataFrame, axis: str, dtype: str) -> pd.DataFrame:
+    """S × `axis` (B or H_kv) for one dtype: per cell, the backend that wins the most cases, and how many of them.
+
+    Only square cases (S_q = S_kv); the other parameters vary inside a cell, which is why the
+    count is shown (`won`/`cases`); ties go to the lower geometric-mean time of the tied winners.
+    """
+    wins = winners(frame)
+    if wins.empty:
+        return pd.DataFrame()
+    wins = wins[(wins["dtype"] == dtype) & (wins["S_q"] == wins["S_kv"])]
+    out = []
+    for (s, a), sub in wins.groupby(["S", axis], sort=True):
+        counts = sub["winner"].value_counts()
+        top = counts[counts == counts.max()].index.tolist()
+        if len(top) > 1:
+            geo = {b: float(np.exp(np.log(sub.loc[sub["winner"] == b, "winner_ms"]).mean())) for b in top}
+            top = [min(geo, key=geo.get)]
+        out.append({"S": int(s), axis: int(a), "winner": top[0], "won": int(counts[top[0]]), "cases": len(sub)})
+    return pd.DataFrame(out)
+
+
+# -- model presets and recommend --------------------------------------------------------------
+def model_shape(name: str) -> dict[str, Any]:
+    """H, H_kv, d_k and window of a published model's preset (`harness.suite.presets`)."""
+    from harness.suite.presets import get_preset
+
+    preset = get_preset(name.strip().lower())
+    return {"H": preset.H, "H_kv": preset.H_kv, "d_k": preset.d_k, "window": preset.window}
+
+
+@dataclass
+class Recommendation:
+    """The answer for one measured case: the winner, the runner-up, and the rows it is based on."""
+
+    case_id: str
+    winner: str | None
+    winner_ms: float | None
+    runner_up: str | None
+    runner_up_ms: float | None
+    margin_pct: float | None
+    rows: pd.DataFrame
+    #: True when the winner's and the runner-up's p20–p80 ranges overlap: the order may be noise.
+    within_noise: bool = False
+
+    def lines(self) -> list[str]:
+        """The human answer, then one line per row it used."""
+        if self.winner is None:
+            head = f"{self.case_id}: no backend ran and agreed with the reference; nothing to recommend"
+        elif self.runner_up is None:
+            head = f"{self.case_id}: {self.winner} ({self.winner_ms:.4g} ms), the only backend that ran and agreed"
+        else:
+            head = (f"{self.case_id}: {self.winner} ({self.winner_ms:.4g} ms), {self.margin_pct:.1f}% faster than "
+                    f"the runner-up {self.runner_up} ({self.runner_up_ms:.4g} ms)")
+            if self.within_noise:
+                head += "; within noise (their p20–p80 ranges overlap): either is a fair choice"
+        out = [head, "  based on these rows:"]
+        for _, r in self.rows.sort_values("latency_ms_median", na_position="last").iterrows():
+            if r["status"] == "ok":
+                agree = "agrees" if r["agree_ok"] else ("not checked" if r["agree"] is None else "DISAGREES (excluded)")
+                out.append(f"    {r['backend']:<16} {r['latency_ms_median']:>10.4g} ms  p20–p80 {r['latency_ms_p20']:.4g}–{r['latency_ms_p80']:.4g}  {agree}")
+            else:
+                out.append(f"    {r['backend']:<16} {r['status']}: {r['reason']}")
+        return out
+
+
+def recommend(frame: pd.DataFrame, query: Mapping[str, Any]) -> list[Recommendation]:
+    """Answer from measured rows for the cases matching `query` (fields: B, S, H, H_kv, d_k, dtype, causal, window).
+
+    Unspecified fields match anything; `S` means S_q = S_kv = S. Raises UserError naming the
+    measured values when the run holds no case of that shape: it never interpolates or guesses.
+    """
+    rows = frame[is_core(frame)]
+    for name, value in query.items():
+        if value is None:
+            continue
+        if name == "S":
+            match = (rows["S_q"] == value) & (rows["S_kv"] == value)
+        elif name == "window":
+            match = rows["window"].map(lambda w: w is not None and w == w and int(w) == int(value))
+        else:
+            match = rows[name] == value
+        if not match.any():
+            column = rows["S_kv"] if name == "S" else rows[name]
+            seen = [str(v) for v in sorted(column.dropna().unique(), key=lambda v: (not isinstance(v, (int, np.integer)), v if isinstance(v, (int, np.integer)) else str(v)))]
+            given = ", ".join(f"{k}={v}" for k, v in query.items() if v is not None)
+            raise UserError(f"the run measured no case with {given}: {name} was measured at {', '.join(seen) or 'nothing'} only; run a suite with that shape first")
+        rows = rows[match]
+    out = []
+    for case_id, sub in rows.groupby("case_id", sort=True):
+        good = sub[(sub["status"] == "ok") & sub["agree_ok"]].sort_values("latency_ms_median")
+        best = good.iloc[0] if len(good) else None
+        second = good.iloc[1] if len(good) > 1 else None
+        out.append(Recommendation(
+            case_id, best["backend"] if best is not None else None, float(best["latency_ms_median"]) if best is not None else None,
+            second["backend"] if second is not None else None, float(second["latency_ms_median"]) if second is not None else None,
+            100.0 * (float(second["latency_ms_median"]) / float(best["latency_ms_median"]) - 1.0) if second is not None else None,
+            sub, second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"]),
+        ))
+    return out

@@ -1,0 +1,193 @@
+"""The float64 reference: attention computed independently of every backend, slice by slice into NaN-poisoned buffers.
+
+K/V heads are picked per (batch, K/V head) slice, so query heads g·h … g·h+g−1 read K/V head h. Large
+cases are sampled (query rows forward, slices backward) so a float64 pass stays within seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from harness.measure.eager import naive_attention
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, visible_mask
+
+#: Above this many score elements (B·H·S_q·S_kv) the reference samples query rows (forward) or
+#: (batch, K/V head) slices (backward), so that a float64 pass stays within seconds and ~1 GB.
+MAX_REFERENCE_SCORES = 2**26
+#: Query rows sampled for the forward reference of a large case.
+SAMPLED_ROWS = 128
+
+
+def poisoned_like(t: torch.Tensor) -> torch.Tensor:
+    """A buffer shaped like `t` filled with NaN, so that elements a kernel never writes show up.
+
+    Every output buffer the harness allocates comes from here: the reference's own buffers below,
+    and the `out=` buffer of any backend adapter whose kernel writes into a caller's tensor (it
+    must allocate it in `prepare`, so the first, checked call writes into NaN).
+    """
+    if not t.is_floating_point():
+        raise TypeError(f"cannot poison a {t.dtype} buffer with NaN")
+    return torch.full_like(t, float("nan"))
+
+
+def reference_device(case: Case) -> torch.device:
+    """Where the float64 reference runs: the CPU, except for CUDA cases (a CPU float64 pass at those sizes takes minutes)."""
+    return torch.device("cuda") if case.device == "cuda" else torch.device("cpu")
+
+
+def default_scale(case: Case) -> float:
+    """The softmax scale every backend is asked for: 1/√d_k."""
+    return 1.0 / math.sqrt(case.d_k)
+
+
+def query_rows(case: Case) -> torch.Tensor | None:
+    """The query rows the forward check compares: all (None), or a seeded sample including the first and last."""
+    if case.B * case.H * case.S_q * case.S_kv <= MAX_REFERENCE_SCORES or case.S_q <= SAMPLED_ROWS:
+        return None
+    rng = np.random.default_rng([case.seed, 0xC4EC])
+    rows = rng.choice(case.S_q, size=SAMPLED_ROWS - 2, replace=False)
+    return torch.as_tensor(sorted({0, case.S_q - 1, *rows.tolist()}))
+
+
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, *, return_weights: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q·Kᵀ·scale, masked)·V in the inputs' precision, `[B, H, S, d]`; query head h reads K/V head h // (H/H_kv).
+
+    `mask` is boolean, True where visible, broadcastable to `[B, 1, S_q, S_kv]`. A query row with
+    no visible key gives zero weights and a zero output (FlashAttention's convention), with finite
+    gradients, so the reference is defined everywhere.
+    """
+    H, H_kv = q.shape[1], k.shape[1]
+    kv_head = torch.arange(H, device=q.device) // (H // H_kv)
+    k, v = k.index_select(1, kv_head), v.index_select(1, kv_head)
+    scores = torch.matmul(q * scale, k.transpose(-2, -1))
+    empty = None
+    if mask is not None:
+        empty = ~mask.any(dim=-1, keepdim=True)
+        # Empty rows keep their finite scores (their weights are zeroed below), so that neither softmax
+        # nor its gradient ever sees a row of −inf only. In place: matmul's backward does not need its output.
+        scores.masked_fill_(~mask & ~empty if bool(empty.any()) else ~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if empty is not None and bool(empty.any()):
+        weights = weights.masked_fill(empty, 0.0)
+    out = torch.matmul(weights, v)
+    return (out, weights) if return_weights else out
+
+
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def reference_kernel(scale: float) -> Kernel:
+    """The float64 reference as a slice kernel."""
+    return lambda q, k, v, m: reference_attention(q, k, v, m, scale)
+
+
+def eager_kernel(scale: float) -> Kernel:
+    """Eager attention in the inputs' dtype (the rule's `lp`) as a slice kernel."""
+    return lambda q, k, v, m: naive_attention(q, k, v, m, scale=scale)
+
+
+def all_slices(case: Case) -> list[tuple[int, int]]:
+    """Every (batch, K/V head) slice of a case."""
+    return [(b, h) for b in range(case.B) for h in range(case.H_kv)]
+
+
+def _cast(inputs: AttentionInputs, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    return tuple(t.detach().to(device=device, dtype=dtype) for t in (inputs.q, inputs.k, inputs.v))
+
+
+def forward(case: Case, inputs: AttentionInputs, kernel: Kernel, dtype: torch.dtype, device: torch.device, rows: torch.Tensor | None) -> torch.Tensor:
+    """The output `[B, H, rows, d_v]`, computed one (batch, K/V head) slice at a time into a poisoned buffer."""
+    q, k, v = _cast(inputs, dtype, device)
+    mask = visible_mask(case, device=device)
+    if rows is not None:
+        rows = rows.to(device)
+        q = q[:, :, rows]
+        mask = mask[:, :, rows] if mask is not None else None
+    g = case.group_size
+    out = poisoned_like(q.new_empty(case.B, case.H, q.shape[2], case.d_v))
+    for b, h in all_slices(case):
+        heads = slice(h * g, (h + 1) * g)
+        out[b : b + 1, heads] = kernel(q[b : b + 1, heads], k[b : b + 1, h : h + 1], v[b : b + 1, h : h + 1], None if mask is None else mask[b : b + 1])
+    return out
+
+
+def gradients(
+    case: Case, inputs: AttentionInputs, kernel: Kernel, dtype: torch.dtype, device: torch.device, slices: Sequence[tuple[int, int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of the given slices, each in a poisoned buffer of the full shape (other slices stay NaN)."""
+    q, k, v = _cast(inputs, dtype, device)
+    grad_out = inputs.grad_out.detach().to(device=device, dtype=dtype)
+    mask = visible_mask(case, device=device)
+    dq, dk, dv = poisoned_like(q), poisoned_like(k), poisoned_like(v)
+    g = case.group_size
+    with torch.enable_grad():
+        for b, h in slices:
+            heads = slice(h * g, (h + 1) * g)
+            leaves = [t.clone().requires_grad_(True) for t in (q[b : b + 1, heads], k[b : b + 1, h : h + 1], v[b : b + 1, h : h + 1])]
+            out = kernel(*leaves, None if mask is None else mask[b : b + 1])
+            gq, gk, gv = torch.autograd.grad(out, leaves, grad_out[b : b + 1, heads])
+            dq[b : b + 1, heads], dk[b : b + 1, h : h + 1], dv[b : b + 1, h : h + 1] = gq, gk, gv
+    return dq, dk, dv
+
+
+class ReferenceCache:
+    """The most recent CPU reference, reused by the next check when its inputs are equal (the next backend on the same case).
+
+    Owned and passed by the loop that checks pairs: it pays off when that loop runs cases outer and
+    backends inner, and costs one comparison otherwise. Equality is verified element by element
+    against a copy, so a reused reference is always the one those very inputs give; CUDA references
+    are not kept (the copies would hold device memory).
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._inputs: list[torch.Tensor] = []
+        self._value: object = None
+
+    @staticmethod
+    def _tensors(inputs: AttentionInputs) -> list[torch.Tensor]:
+        return [t for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out) if t is not None]
+
+    def get(self, key: tuple, inputs: AttentionInputs, compute: Callable[[], object]) -> object:
+        """The value for `key` and these inputs, computed (and kept, on the CPU) when not the last one."""
+        tensors = self._tensors(inputs)
+        if (
+            self._key == key and len(tensors) == len(self._inputs)
+            and all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.detach(), b) for a, b in zip(tensors, self._inputs))
+        ):
+            return self._value
+        self._key, self._inputs, self._value = None, [], None
+        value = compute()
+        if all(t.device.type == "cpu" for t in tensors):
+            self._key, self._inputs, self._value = key, [t.detach().clone() for t in tensors], value
+        return value
+
+
+def cached(cache: ReferenceCache | None, key: tuple, inputs: AttentionInputs, compute: Callable[[], object]) -> object:
+    """`compute()`, or the cache's value when it holds these very inputs under `key`."""
+    return compute() if cache is None else cache.get(key, inputs, compute)
+
+
+def gradient_slices(case: Case) -> list[tuple[int, int]]:
+    """The (batch, K/V head) slices the backward check covers: all, or a seeded sample that fits the reference budget.
+
+    Gradients of one slice depend on that slice alone, so a sample is checked exactly; it is empty
+    when even one slice is over the budget.
+    """
+    slices = all_slices(case)
+    per_slice = case.group_size * case.S_q * case.S_kv
+    fits = MAX_REFERENCE_SCORES // per_slice
+    if fits >= len(slices):
+        return slices
+    if fits == 0:
+        return []
+    rng = np.random.default_rng([case.seed, 0x6AD])
+    picked = rng.choice(len(slices), size=max(1, fits - 2), replace=False).tolist()
+    return [slices[i] for i in sorted({0, len(slices) - 1, *picked})][:fits]

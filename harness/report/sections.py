@@ -1,0 +1,321 @@
+"""The report's sections, as data: each returns a `Section` of prose, tables, figures and CSVs for the writer.
+
+Prose is markup built here with `esc`; tables and figures stay data until `harness.report.writer` renders
+them, and every CSV a section names is written by the writer alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from typing import Any
+
+import pandas as pd
+
+from harness import analysis
+from harness.measure import roofline
+from harness.report import figures as figs
+from harness.report.page import esc, fmt
+from harness.report.writer import Csv, Section, Table, render_table
+
+
+def _pct(value: Any, row: Any) -> tuple[str, str]:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "", ""
+    if value > roofline.IMPOSSIBLE_PCT:
+        return f"{value:.1f} % impossible", "impossible"
+    return f"{value:.1f} %", ""
+
+
+def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, baseline: str) -> Section:
+    frame = data.frame
+    counts = frame["status"].value_counts()
+    cards = [
+        ("runs", ", ".join(data.dirs)),
+        ("suite", ", ".join(sorted({str(m.get("suite", "?")) for m in data.manifests.values()}))),
+        ("device", ", ".join(sorted({str(e.get("before", {}).get("device_name") or e.get("before", {}).get("device_type") or "?") for e in data.env.values()}))),
+        ("rows", f"{len(frame)} ({', '.join(f'{n} {s}' for s, n in counts.items())})"),
+        ("cases", str(frame["case_id"].nunique())),
+        ("backends", ", ".join(sorted(frame["backend"].dropna().unique()))),
+    ]
+    body = [f'<p class="muted">generated {esc(datetime.now(timezone.utc).isoformat(timespec="seconds"))} from the measured rows of the runs below; '
+            "every number here is recomputed from records.jsonl.</p>"]
+    body.append("".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>' for k, v in cards))
+    warnings = list(data.notes)
+    impossible = ok[ok["impossible"].fillna(False).astype(bool)]
+    if len(impossible):
+        warnings.append(f"{len(impossible)} measured rows exceed a measured peak (over 100 %): they are impossible, so either the ceiling "
+                        "measurement was disturbed (a shared or throttled machine) or the FLOP/byte count is wrong. They are flagged in the "
+                        "roofline table and are not wins.")
+    missing = [rid for rid, p in data.peaks.items() if not p or not p.get("matmul")]
+    if missing:
+        warnings.append(f"no measured peaks for {', '.join(missing)}: % of peak and the bound are left empty.")
+    noisy = ok[ok["suspect"].fillna(False).astype(bool)] if "suspect" in ok.columns else ok.iloc[0:0]
+    if len(noisy):
+        warnings.append(f"{len(noisy)} of {len(ok)} measured rows are suspect (IQR ≥ 25 % of the median): their medians should not be trusted.")
+    if len(data.dirs) > 1:
+        from harness.analysis.compare import environment_differences
+
+        envs = list(data.env.items())
+        for rid, env in envs[1:]:
+            for diff in environment_differences(envs[0][1], env):
+                warnings.append(f"{envs[0][0]} and {rid} differ: {diff}")
+    body.extend(f'<div class="warn">{esc(w)}</div>' for w in warnings)
+    if not wins.empty:
+        tally = wins["winner"].value_counts()
+        body.append("<h3>Wins per backend (cases where it was fastest among rows that agree)</h3>")
+        body.append(Table(tally.rename_axis("backend").reset_index(name="cases won"), scroll=False))
+    return Section("overview", "Overview", body, nav="Overview")
+
+
+def _non_core(frame: pd.DataFrame) -> list[str]:
+    return sorted(set(frame.loc[~frame["attention_core"].astype(bool), "backend"]))
+
+
+def _choose(frame, wins, speed, baseline, colors) -> Section:
+    body = [f"<p>For each case, the fastest backend among rows with status <code>ok</code> that agree with the float64 reference; "
+            f"the margin is how much slower the runner-up is; speedups are against <code>{esc(baseline)}</code>. "
+            f"Backends that declare they time another problem ({esc(', '.join(_non_core(frame)) or 'none in this run')}: the whole layer, "
+            "the projections alone, MLA) are not ranked against the attention cores.</p>"]
+    if wins.empty:
+        body.append('<p class="muted">No measured row agrees with the reference: there is no winner to report.</p>')
+        return Section("choose", "The backend to choose", body, nav="Backend to choose")
+    body.append(Csv(wins, "winners.csv"))
+    body.append(Table(wins, columns=["case_id", "winner", "winner_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates", "speedup_vs_baseline"],
+                      headers=["case", "winner", "winner ms", "runner-up", "runner-up ms", "margin %", "agreeing backends", f"speedup vs {baseline}"],
+                      formats={"margin_pct": lambda v, r: (f"{fmt(v)} (within noise)", "bad") if r["within_noise"] else (fmt(v), "")}))
+    if not speed.empty:
+        body.append(Csv(speed, "speedup_vs_baseline.csv", index=True))
+        body.append(f"<h3>Speedup against {esc(baseline)} (baseline time ÷ backend time; above 1 is faster)</h3>")
+        body.append(Table(speed, index=True))
+    else:
+        body.append(f'<p class="muted">The baseline {esc(baseline)} has no agreeing row in this run: no speedups (choose another with --baseline).</p>')
+    for f in figs.winner_map_figures(frame, colors):
+        body.append(f)
+    return Section("choose", "The backend to choose", body, nav="Backend to choose")
+
+
+def _latency(frame, ok, colors) -> Section:
+    body = []
+    for f in figs.latency_figures(frame, colors):
+        body.append(f)
+    if not ok.empty:
+        pivot = ok.pivot_table(index="case_id", columns="backend", values="latency_ms_median", aggfunc="first")
+        pivot = pivot.reindex(list(dict.fromkeys(ok["case_id"])))
+        body.append(Csv(pivot, "latency_ms.csv", index=True))
+        body.append("<h3>Median latency (ms), case × backend</h3>")
+        body.append(Table(pivot, index=True))
+    else:
+        body.append('<p class="muted">No measured rows.</p>')
+    return Section("latency", "Latency", body, nav="Latency")
+
+
+def _roofline(data, ok, colors) -> Section:
+    body = ["<p>Ceilings measured on this device at the start of the run (fastest sample of a large matrix product per dtype, "
+            "and of a large copy counting bytes read plus written). A row's bound is compute when its arithmetic intensity "
+            "(FLOPs per byte of the minimum traffic) is at or above the ridge point, memory otherwise; "
+            "<em>% of roof</em> is against the lower of the two ceilings at that intensity.</p>"]
+    peak_rows = []
+    for rid, peaks in data.peaks.items():
+        if not peaks:
+            peak_rows.append({"run": rid, "what": "(not measured)"})
+            continue
+        for dtype, entry in (peaks.get("matmul") or {}).items():
+            peak_rows.append({"run": rid, "what": f"matmul {dtype}", "size": f"n={entry.get('n')}", "peak": entry.get("tflops"), "unit": "TFLOP/s", "median": entry.get("tflops_median")})
+        if peaks.get("copy"):
+            c = peaks["copy"]
+            peak_rows.append({"run": rid, "what": "copy", "size": f"{c.get('bytes', 0) / 2**20:.0f} MiB", "peak": c.get("gbps"), "unit": "GB/s", "median": c.get("gbps_median")})
+        for what, err in (peaks.get("errors") or {}).items():
+            peak_rows.append({"run": rid, "what": what, "size": "", "peak": None, "unit": f"failed: {err}"})
+    peaks_frame = pd.DataFrame(peak_rows)
+    body.append(Csv(peaks_frame, "peaks.csv"))
+    body.append(Table(peaks_frame, scroll=False))
+    for f in figs.tflops_figures(data.frame, data.peaks, colors):
+        body.append(f)
+    if not ok.empty:
+        cols = ["case_id", "backend", "tflops", "pct_peak_flops", "gbps", "pct_peak_bw", "arithmetic_intensity", "ridge_flop_per_byte", "bound", "pct_roof", "impossible"]
+        roof = ok[cols]
+        body.append(Csv(roof, "roofline.csv"))
+        flagged = roof[roof["impossible"].fillna(False).astype(bool)]
+        if len(flagged):
+            body.append(f'<div class="warn">{len(flagged)} rows are above 100 % of a measured peak: impossible, flagged in red below.</div>')
+        body.append(Table(roof, headers=["case", "backend", "TFLOP/s", "% peak FLOP/s", "GB/s", "% peak BW", "FLOP/byte", "ridge", "bound", "% of roof", "impossible"],
+                          formats={"pct_peak_flops": _pct, "pct_peak_bw": _pct, "pct_roof": _pct,
+                                   "impossible": lambda v, r: ("IMPOSSIBLE", "impossible") if v is True or v == 1 else ("", "")}))
+    return Section("roofline", "Roofline: how close to what the hardware allows", body, nav="Roofline")
+
+
+def _crossover(frame, cross, colors) -> Section:
+    body = ["<p>The attention core (scores, softmax, weighted sum) against the layer's projections (Q, K, V and output, "
+            "<code>8·B·S·D²</code> FLOPs): by FLOPs the core (<code>4·B·S²·D</code>) overtakes at <code>S = 2D</code>; "
+            "the measured <code>S*</code> is where its median time overtakes the projections', interpolated on log-log axes "
+            "between the two sweep points that bracket it. Outside the sweep it is a bound, never an extrapolation.</p>"]
+    if cross.empty:
+        body.append('<p class="muted">This run has no pair of projections and attention-core rows on the same cases: run '
+                    "<code>attnbench run --suite crossover</code> (or any suite that includes the <code>projections</code> backend).</p>")
+        return Section("crossover", "The S² crossover against D", body, nav="Crossover S*")
+    body.append(Csv(cross, "crossover.csv"))
+    shown = cross.sort_values(["D", "group", "backend"])
+    body.append(Table(shown, columns=["backend", "D", "group", "S_star_text", "S_star_over_D", "model_S_star", "rule_of_thumb_S", "S_min", "S_max", "note"],
+                      headers=["backend", "D", "fixed parameters", "measured S*", "S*/D", "model S* = 2D", "rule of thumb S ≈ D", "S from", "S to", "note"],
+                      formats={"S_star_text": lambda v, r: (v, "good" if r["bound"] is None or r["bound"] != r["bound"] else "bad")}))
+    for f in figs.crossover_figures(frame, cross, colors):
+        body.append(f)
+    return Section("crossover", "The S² crossover against D", body, nav="Crossover S*")
+
+
+def _scaling(frame, fits) -> Section:
+    body = [f"<p>Per backend with every other parameter fixed: latency ∝ S<sup>β</sup> and peak memory ∝ S<sup>α</sup>, least squares on log-log axes, "
+            f"with R². A fit needs at least {analysis.MIN_FIT_POINTS} values of S; with fewer the table says so. "
+            "Quadratic attention shows β → 2 at large S; materialising backends show α ≈ 2 (the S×S scores), fused kernels α ≈ 1.</p>"]
+    if fits.empty:
+        body.append('<p class="muted">No measured rows to fit.</p>')
+        return Section("scaling", "Scaling laws", body, nav="Scaling")
+    body.append(Csv(fits, "scaling.csv"))
+    summary = fits.groupby("backend").agg(
+        groups=("group", "count"),
+        beta_fitted=("beta_latency", lambda s: int(pd.to_numeric(s, errors="coerce").notna().sum())),
+        beta_median=("beta_latency", lambda s: pd.to_numeric(s, errors="coerce").median()),
+        alpha_median=("alpha_memory", lambda s: pd.to_numeric(s, errors="coerce").median()),
+        alpha_fitted=("alpha_memory", lambda s: int(pd.to_numeric(s, errors="coerce").notna().sum())),
+    ).reset_index()
+    body.append("<h3>Summary per backend (median over the fixed-parameter groups)</h3>")
+    body.append(Table(summary, headers=["backend", "groups", "groups with a latency fit", "median β (latency)", "median α (memory)", "groups with a memory fit"], scroll=False))
+
+    def exponent(name_exp: str, name_r2: str, name_note: str):
+        def cell(value, row):
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                return row[name_note], "bad"
+            return f"{value:.2f} (R² {row[name_r2]:.3f})", ""
+        return cell
+
+    body.append("<h3>Every fit</h3>")
+    body.append(Table(fits, columns=["backend", "group", "S_values", "beta_latency", "alpha_memory"],
+                      headers=["backend", "fixed parameters", "S measured", "β latency (R²)", "α memory (R²)"],
+                      formats={"beta_latency": exponent("beta_latency", "r2_latency", "note_latency"),
+                               "alpha_memory": exponent("alpha_memory", "r2_memory", "note_memory")}))
+    return Section("scaling", "Scaling laws", body, nav="Scaling")
+
+
+def _memory(frame, memory, fits, colors) -> Section:
+    body = ["<p>Measured peak memory of one call beside its model: materialising backends (naive, SDPA's math kernel) hold the "
+            "scores and the probabilities, <code>2·B·H·S_q·S_kv</code> elements of the case's dtype (the naive backend computes in that "
+            "dtype); fused kernels need <code>O(B·H·S·d)</code>, modelled as the output they allocate. A ratio near 1 means the model "
+            "explains the memory; far above it, something else is held.</p>"]
+    for f in figs.memory_figures(frame, fits, colors):
+        body.append(f)
+    if memory.empty:
+        body.append('<p class="muted">No measured rows.</p>')
+        return Section("memory", "Memory against its model", body, nav="Memory")
+    body.append(Csv(memory, "memory_model.csv"))
+    pivot = memory.pivot_table(index="case_id", columns="backend", values="ratio", aggfunc="first")
+    pivot = pivot.reindex(list(dict.fromkeys(memory["case_id"])))
+    body.append(Csv(pivot, "memory_ratio.csv", index=True))
+    models = memory.groupby("backend")["model"].first().reset_index()
+    body.append(Table(models, headers=["backend", "model"], scroll=False))
+    body.append("<h3>Measured ÷ model, case × backend</h3><p class=\"muted\">Blank: no measurement, or a reading of zero "
+                "(below the meter's resolution; on the CPU the resident set grows by whole pages).</p>")
+    body.append(Table(pivot, index=True))
+    return Section("memory", "Memory against its model", body, nav="Memory")
+
+
+def _agreement(frame, ok, colors) -> Section:
+    body = ["<p>Each measured row is checked against a float64 reference computed from the same inputs; a row agrees when its "
+            "largest error is within twice the eager computation's error in the same dtype plus a floor. Rows that disagree never win.</p>"]
+    if ok.empty:
+        body.append('<p class="muted">No measured rows.</p>')
+        return Section("agreement", "Agreement with the reference", body, nav="Agreement")
+    state = ok["agree"].map(lambda a: "agrees" if a is True else ("not checked" if a is None or (isinstance(a, float) and math.isnan(a)) else "disagrees"))
+    counts = pd.crosstab(ok["backend"], state)
+    body.append(Table(counts, index=True, scroll=False))
+    for f in figs.agreement_figure(frame, colors):
+        body.append(f)
+    bad = ok[state == "disagrees"][["case_id", "backend", "max_abs_err", "err_bound", "rel_err"]]
+    body.append(Csv(ok[["case_id", "backend", "max_abs_err", "err_bound", "rel_err", "agree"]], "agreement.csv"))
+    if len(bad):
+        body.append("<h3>Rows that disagree</h3>")
+        body.append(Table(bad))
+    return Section("agreement", "Agreement with the reference", body, nav="Agreement")
+
+
+def _failures(frame) -> Section:
+    rows = frame[frame["status"] != "ok"]
+    if rows.empty:
+        return Section("failures", "Rows that did not run", ['<p class="muted">Every pair ran.</p>'], nav="Failures")
+    grouped = (rows.assign(reason=rows["reason"].fillna(""))
+               .groupby(["backend", "status", "reason"], sort=True)
+               .agg(rows=("case_id", "count"), example=("case_id", "first")).reset_index())
+    return Section("failures", "Rows that did not run", [
+        Csv(rows[["case_id", "backend", "status", "reason"]], "failures.csv"),
+        "<p>Unsupported, out-of-memory, failed, crashed and timed-out pairs, with the reason each gave (identical reasons grouped).</p>",
+        Table(grouped, headers=["backend", "status", "reason", "rows", "example case"]),
+    ], nav="Failures")
+
+
+_ENV_KEYS = ("time_utc", "host", "device_type", "device_name", "device_capability", "cpu_model", "cpu_count", "torch_threads",
+             "python", "platform", "torch", "torch_cuda", "cudnn", "numpy", "pandas", "pytest_benchmark", "xformers", "flash_attn")
+
+
+def _environment(data: analysis.RunData) -> Section:
+    body = []
+    for rid, env in data.env.items():
+        before = env.get("before") or {}
+        after = env.get("after") or {}
+        keys = [k for k in _ENV_KEYS if k in before] + sorted(k for k in before if k not in _ENV_KEYS)
+        rows = pd.DataFrame([{"field": k, "value": json.dumps(before.get(k)) if isinstance(before.get(k), (dict, list)) else before.get(k),
+                              **({"after": after.get(k)} if after else {})} for k in keys])
+        body.append(f"<h3>{esc(rid)}</h3>")
+        body.append(Table(rows, scroll=False) if not rows.empty else '<p class="muted">no env.json in this run</p>')
+        body.append(_telemetry(env.get("telemetry_before"), env.get("telemetry_after")))
+        manifest = data.manifests.get(rid) or {}
+        if manifest:
+            body.append(f'<p class="muted">suite {esc(manifest.get("suite"))}, {esc(len(manifest.get("pairs", [])))} pairs, created {esc(manifest.get("created_utc"))}, '
+                        f'backends {esc(", ".join(manifest.get("backends", [])))}</p>')
+    return Section("environment", "Environment", body, nav="Environment")
+
+
+def _telemetry(before: Any, after: Any) -> str:
+    """GPU clocks, temperature, power and throttle reasons, before and after the run side by side."""
+    if not before and not after:
+        return "<p><b>Clocks and throttling</b>: not recorded (a CPU run has no GPU clocks to read).</p>"
+    out = ["<p><b>Clocks and throttling, before and after the run</b></p>"]
+    for label, tele in (("before", before), ("after", after)):
+        if isinstance(tele, dict):  # NVML could not be read: say why
+            out.append(f"<p class=\"muted\">{esc(label)}: {esc(tele.get('unavailable', json.dumps(tele)))}</p>")
+    gpus_before = {g.get("index"): g for g in before} if isinstance(before, list) else {}
+    gpus_after = {g.get("index"): g for g in after} if isinstance(after, list) else {}
+    rows = []
+    for index in sorted(set(gpus_before) | set(gpus_after), key=str):
+        b, a = gpus_before.get(index, {}), gpus_after.get(index, {})
+        for key in dict.fromkeys([*b, *a]):
+            if key == "index":
+                continue
+            rows.append({"gpu": index, "field": key, "before": b.get(key), "after": a.get(key)})
+    if rows:
+        frame = pd.DataFrame(rows).astype({"before": object, "after": object})
+        changed = lambda v, r: (fmt(v), "bad" if r["field"].startswith("throttle") and r["before"] != r["after"] else "")  # noqa: E731
+        out.append(render_table(Table(frame, scroll=False, formats={"after": changed})))
+    return "".join(out)
+
+
+def sections(data: analysis.RunData, baseline: str) -> list[Section]:
+    """Every section of the report, in page order, computed from the loaded runs."""
+    frame = data.frame
+    colors = figs.backend_colors(frame["backend"].dropna())
+    wins = analysis.winners(frame, baseline)
+    speed = analysis.speedups(frame, baseline)
+    fits = analysis.scaling_fits(frame)
+    ok = analysis.ok_rows(frame)
+    return [
+        _overview(data, ok, wins, baseline),
+        _choose(frame, wins, speed, baseline, colors),
+        _latency(frame, ok, colors),
+        _roofline(data, ok, colors),
+        _crossover(frame, analysis.crossovers(frame), colors),
+        _scaling(frame, fits),
+        _memory(frame, analysis.memory_vs_model(frame), fits, colors),
+        _agreement(frame, ok, colors),
+        _failures(frame),
+        _environment(data),
+    ]

@@ -1,0 +1,200 @@
+"""The record of one (case, backend) pair: a typed row, one status vocabulary, and the schema derived from them.
+
+Everything that writes a row (the pair executor, the supervisor's failure rows) builds a `Record`;
+everything that reads one (gpu-check, stability, the analysis) goes through `Record.from_dict`, which
+checks each field's type, so a reader never guesses whether `agree` is a bool, a 1 or "true".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+import types
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from harness.errors import UserError
+
+SCHEMA_VERSION = 1
+
+
+class Status(str, Enum):
+    """How a pair ended: the only status words a record, `attnbench check` or `gpu-check` uses."""
+
+    OK = "ok"
+    UNSUPPORTED = "unsupported"
+    OOM = "oom"
+    ERROR = "error"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    #: Not run at all (gpu-check's budget was spent before this backend's turn).
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Statuses that are not a failure of the backend: it ran, or it said honestly that it cannot.
+NOT_FAILURES = (Status.OK, Status.UNSUPPORTED)
+
+
+def verdict(status: Status, agree: bool | None) -> str:
+    """The one word for a pair's outcome in tables: agree / disagree / not checked, or the status when it did not run."""
+    if status is not Status.OK:
+        return status.value
+    return "not checked" if agree is None else ("agree" if agree else "disagree")
+
+
+@dataclass
+class Record:
+    """One row of `records.jsonl`: the case's fields, the backend, the outcome and every measured number.
+
+    Field order is the CSV's column order. None means "not measured" (a pair that did not run, or a
+    phase that was switched off); numbers are stored at full precision, only reports round.
+    """
+
+    case_id: str
+    B: int
+    S_q: int
+    S_kv: int
+    H: int
+    H_kv: int
+    d_k: int
+    d_v: int
+    dtype: str
+    device: str
+    causal: bool
+    mode: str
+    window: int | None
+    padding: bool
+    mla: bool
+    seed: int
+    attention_kind: str
+    backend: str
+    family: str
+    backend_version: str | None = None
+    status: Status = Status.OK
+    reason: str | None = None
+    latency_ms_median: float | None = None
+    latency_ms_p20: float | None = None
+    latency_ms_p80: float | None = None
+    latency_ms_min: float | None = None
+    latency_ms_mean: float | None = None
+    latency_ms_max: float | None = None
+    latency_ms_stdev: float | None = None
+    iqr_ratio: float | None = None
+    samples: int | None = None
+    iterations: int | None = None
+    noisy: bool | None = None
+    suspect: bool | None = None
+    too_short: bool | None = None
+    warmup_s: float | None = None
+    clock_resolution_s: float | None = None
+    timer: str | None = None
+    compile_s: float | None = None
+    peak_mem_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    memory_method: str | None = None
+    flops: float | None = None
+    bytes: float | None = None
+    kv_cache_bytes: float | None = None
+    tflops: float | None = None
+    gbps: float | None = None
+    arithmetic_intensity: float | None = None
+    kv_expanded: bool | None = None
+    notes: dict[str, Any] | None = None
+    max_abs_err: float | None = None
+    err_bound: float | None = None
+    rel_err: float | None = None
+    agree: bool | None = None
+    run_id: str = ""
+    worker: str = "0"
+    timestamp: float = field(default_factory=time.time)
+    schema_version: int = SCHEMA_VERSION
+    #: Per-call seconds ×1e3 of every timed sample: kept in the JSONL, left out of the flat CSV.
+    sample_ms: list[float] | None = None
+    #: Columns this version does not know (a newer writer, a plugin): carried through untouched.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pair_key(self) -> str:
+        """`<case id>-<backend>`: the pair's identity in a run."""
+        return f"{self.case_id}-{self.backend}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of this record (NaN and infinities as null; raw samples only when there are some)."""
+        out = {name: _clean(getattr(self, name)) for name in COLUMNS}
+        if self.sample_ms is not None:
+            out["sample_ms"] = [_clean(v) for v in self.sample_ms]
+        out.update({k: _clean(v) for k, v in self.extra.items() if k not in out})
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "record") -> "Record":
+        """A record from its JSON object, each known field type-checked; UserError naming `where` and the field."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        missing = [name for name in _REQUIRED if name not in data]
+        if missing:
+            raise UserError(f"{where}: field {missing[0]!r} is missing")
+        values = {}
+        for name, value in data.items():
+            if name in known:
+                values[name] = _typed(name, value, where)
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN or Infinity: store them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+_HINTS = get_type_hints(Record)
+#: Fields every stored record has (the pair's identity); everything else may be null.
+_REQUIRED = tuple(f.name for f in dataclasses.fields(Record) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+
+
+def _typed(name: str, value: Any, where: str) -> Any:
+    """`value` as field `name`'s declared type, or UserError naming the field and the value."""
+    hint = _HINTS[name]
+    options = _options(hint)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise UserError(f"{where}: field {name!r} is null")
+    for kind in options:
+        if kind is Status:
+            try:
+                return Status(value)
+            except ValueError:
+                continue
+        kind = get_origin(kind) or kind
+        if kind is bool and isinstance(value, bool):
+            return value
+        if kind is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if kind in (str, dict, list) and isinstance(value, kind):
+            return value
+    raise UserError(f"{where}: field {name!r} has value {value!r}, expected {_describe(hint)}")
+
+
+def _options(hint: Any) -> tuple[Any, ...]:
+    """The types a field's annotation admits (`int | None` → int, NoneType)."""
+    return get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+
+
+def _describe(hint: Any) -> str:
+    names = {Status: "one of " + ", ".join(s.value for s in Status), bool: "true or false", int: "an integer",
+             float: "a number", str: "a string", dict: "an object", list: "a list"}
+    options = [o for o in _options(hint) if o is not type(None)]
+    return " or ".join(names.get(get_origin(o) or o, str(o)) for o in options)
+
+
+#: Columns every record has, in CSV order (the case's fields first); the raw samples stay in the JSONL only.
+COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Record) if f.name not in ("sample_ms", "extra"))
+RAW_COLUMNS = ("sample_ms",)

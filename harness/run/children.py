@@ -1,0 +1,91 @@
+"""The one way attnbench starts a child process: workers, gpu-check's per-backend children, stability's fresh processes, the CUDA peaks.
+
+Every child runs `python -m ...` from the checkout's root (so `harness` resolves without an
+install), in a session of its own (a kill reaches its children too), and with a parent-death
+signal, so that none outlives a parent killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+from harness.run.protocol import die_with_parent
+
+#: The checkout's root: children start there.
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def python_command(module: str, *args: str) -> list[str]:
+    """`python -m module args…` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+def spawn(command: Sequence[str], *, stdout: TextIO | int | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a child in its own session that dies with this process; stderr goes with stdout."""
+    parent = os.getpid()
+    return subprocess.Popen(list(command), stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
+                            env=env, cwd=ROOT, start_new_session=True, preexec_fn=lambda: die_with_parent(parent))
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """Kill a spawned child's whole process group and reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    """How a short-lived child ended: exit code (None after a timeout), its JSON lines and the tail of its output."""
+
+    returncode: int | None
+    objects: tuple[dict[str, Any], ...]
+    tail: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Exited 0 and said something."""
+        return self.returncode == 0 and bool(self.objects)
+
+    def describe(self) -> str:
+        """One line: how it ended and the last of what it printed."""
+        if self.timed_out:
+            return f"timed out; last output: {self.tail}"
+        return f"exit {self.returncode}: {self.tail}"
+
+
+def run_child(command: Sequence[str], timeout_s: float | None = None, env: dict[str, str] | None = None) -> ChildResult:
+    """Run a child to its end (or kill it at `timeout_s`); collect the JSON objects it printed one per line on stdout."""
+    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                               start_new_session=True, preexec_fn=lambda parent=os.getpid(): die_with_parent(parent))
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        out, err = process.communicate()
+        timed_out = True
+    objects = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            try:
+                objects.append(json.loads(line))
+            except ValueError:
+                pass  # a stray line that only looked like JSON; the tail shows it
+    tail = " ".join((err or out or "").split())[-300:]
+    return ChildResult(None if timed_out else process.returncode, tuple(objects), tail, timed_out)
+
+
+def emit(obj: dict[str, Any]) -> None:
+    """In a child: print one JSON object on its own line for `run_child` to collect."""
+    print(json.dumps(obj, default=str), flush=True)

@@ -1,0 +1,203 @@
+"""The run folder: its manifest, its lock, what has been recorded, and the environment and peaks written beside the rows.
+
+A folder is a run folder when it holds `manifest.json`. Nothing else is ever deleted: `--force`
+removes an existing folder only when it holds a manifest (a run's), never a folder no run wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from harness.env import fingerprint, gpu_telemetry
+from harness.errors import UserError
+from harness.measure import roofline
+from harness.results.record import Record
+from harness.results.store import RECORDS, read_records, typed_records
+from harness.run import protocol
+from harness.run.children import python_command, run_child
+from harness.suite.cases import Case
+from harness.suite.catalog import load_suite, pair_key
+
+MANIFEST = "manifest.json"
+SUITE_COPY = "suite.toml"
+ENV = "env.json"
+#: How long a new supervisor waits for orphaned workers of a killed one to die (they get SIGKILL at once on Linux).
+ORPHAN_WAIT_S = 5.0
+
+
+def new_run_id(suite_name: str) -> str:
+    """A sortable, unique-enough run id: UTC time, suite name and process id."""
+    return f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-{suite_name}-{os.getpid()}"
+
+
+@dataclass
+class RunFolder:
+    """One run folder and its manifest, locked for one supervisor while it is open."""
+
+    path: Path
+    manifest: dict[str, Any]
+    _lock: protocol.FolderLock | None = None
+
+    # -- opening --------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: Path, manifest: dict[str, Any], *, force: bool, suite_file: str | None) -> "RunFolder":
+        """Make a new run folder (replacing an earlier run's folder only with `force`) and write its manifest."""
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise UserError(f"run folder {path} exists and is not a folder")
+        if path.exists() and any(path.iterdir()):
+            if not force:
+                raise UserError(f"run folder {path} already exists: pass --force to overwrite it or --resume {path} to finish it")
+            if not (path / MANIFEST).is_file():
+                raise UserError(f"--force refuses to delete {path}: it holds no {MANIFEST}, so no run wrote it")
+            old = cls(path, {})
+            old.lock()  # never delete a folder that live workers still write to
+            shutil.rmtree(path)
+            old.unlock()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create run folder {path}: {exc.strerror or exc}") from None
+        folder = cls(path, manifest)
+        folder.lock()
+        if suite_file is not None:
+            # Workers and a later --resume read this frozen copy, whatever happens to the user's file.
+            shutil.copyfile(suite_file, path / SUITE_COPY)
+            manifest["suite_copy"] = SUITE_COPY
+        folder.write_manifest()
+        return folder
+
+    @classmethod
+    def open(cls, path: Path) -> "RunFolder":
+        """An existing run folder, to resume (not yet locked)."""
+        path = Path(path)
+        manifest_path = path / MANIFEST
+        if not manifest_path.is_file():
+            raise UserError(f"cannot resume {path}: no {MANIFEST} there (is it a run folder?)")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot resume {path}: {MANIFEST} is not valid JSON ({exc})") from None
+        missing = [k for k in ("run_id", "suite_arg", "device", "backends", "pairs") if k not in manifest]
+        if not isinstance(manifest, dict) or missing:
+            raise UserError(f"cannot resume {path}: {MANIFEST} lacks {', '.join(missing) or 'its fields'}")
+        return cls(path, manifest)
+
+    def write_manifest(self) -> None:
+        """Write the manifest (atomically: a kill never leaves half a manifest)."""
+        protocol.atomic_write(self.path / MANIFEST, json.dumps(self.manifest, indent=1))
+
+    # -- locking ----------------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Lock the folder for this supervisor, refusing while another supervisor or any worker still uses it."""
+        lock = protocol.FolderLock(self.path / protocol.SUPERVISOR_LOCK)
+        if not lock.try_exclusive():
+            raise UserError(f"run folder {self.path} is in use by another attnbench run: wait for it to end or stop it first")
+        workers = protocol.FolderLock(self.path / protocol.WORKERS_LOCK)
+        # Orphaned workers of a killed supervisor die with it (parent-death signal), but not at once.
+        if not workers.try_exclusive(wait_s=ORPHAN_WAIT_S):
+            lock.release()
+            raise UserError(f"run folder {self.path} still has live workers of an earlier attempt "
+                            f"(they hold {self.path / protocol.WORKERS_LOCK}): stop them, then resume")
+        workers.release()
+        self._lock = lock
+
+    def unlock(self) -> None:
+        """Give the folder up."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # -- what the run is and what it has -----------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        """The run's id (its folder's name when it was created)."""
+        return self.manifest["run_id"]
+
+    @property
+    def device(self) -> str:
+        """`cpu` or `cuda`."""
+        return self.manifest["device"]
+
+    @property
+    def suite_arg(self) -> str:
+        """What workers load the suite from: the frozen copy of a TOML suite, else the suite's name."""
+        copy = self.manifest.get("suite_copy")
+        return str(self.path / copy) if copy else self.manifest["suite_arg"]
+
+    @property
+    def broken(self) -> dict[str, str]:
+        """Backends whose plugin failed to load, with the error."""
+        return self.manifest.get("broken", {})
+
+    def pairs(self) -> dict[str, tuple[Case, str]]:
+        """Every pair of the run by key."""
+        suite = load_suite(self.suite_arg).on_device(self.device)
+        return {pair_key(c, b): (c, b) for c, b in suite.pairs(self.manifest["backends"])}
+
+    def recorded(self, repair: bool = False) -> list[Record]:
+        """The records so far; with `repair` (only while no worker runs) a truncated last line is cut off the file."""
+        path = self.path / RECORDS
+        if not path.exists():
+            return []
+        if repair and read_records(path).dropped_partial_line:
+            drop_partial_line(path)
+        return typed_records(path)
+
+    def count_lines(self) -> int:
+        """Lines in the records file so far (cheap: for progress, not for truth)."""
+        try:
+            with open(self.path / RECORDS, "rb") as f:
+                return sum(1 for _ in f)
+        except OSError:
+            return 0
+
+    # -- beside the rows ---------------------------------------------------------------------------
+    def write_env_before(self) -> None:
+        """The environment's fingerprint and, on a GPU, its clocks and temperatures before any pair."""
+        env = {"before": fingerprint(self.device), "telemetry_before": gpu_telemetry() if self.device == "cuda" else None}
+        (self.path / ENV).write_text(json.dumps(env, indent=1, default=str))
+
+    def write_env_after(self) -> None:
+        """The GPU's clocks and temperatures after the last pair, beside those from before."""
+        env_path = self.path / ENV
+        env = json.loads(env_path.read_text()) if env_path.exists() else {}
+        env["telemetry_after"] = gpu_telemetry() if self.device == "cuda" else None
+        env_path.write_text(json.dumps(env, indent=1, default=str))
+
+    def write_peaks(self, dtypes: list[str]) -> Path:
+        """Measure the device's ceilings into `peaks.json`, before any worker starts so nothing competes with them."""
+        return write_peaks(self.path, self.device, dtypes)
+
+
+def write_peaks(run_dir: Path, device: str, dtypes: list[str]) -> Path:
+    """Measure the device's matmul and copy ceilings into `run_dir/peaks.json`; a failed measurement leaves a file saying why.
+
+    CUDA is measured in a child process so that the supervisor never holds a CUDA context (and
+    its memory) while the workers run; the CPU measurement is short and runs in process.
+    """
+    path = Path(run_dir) / roofline.PEAKS
+    if device != "cuda":
+        path.write_text(json.dumps(roofline.measure_peaks(device, dtypes), indent=1))
+        return path
+    done = run_child(python_command("harness.measure.roofline", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)), timeout_s=600)
+    if done.returncode != 0 or not path.exists():
+        failure = {"device": "cuda", "matmul": {}, "copy": None, "errors": {"measure": f"peak measurement failed ({done.describe()})"}}
+        path.write_text(json.dumps(failure, indent=1))
+    return path
+
+
+def drop_partial_line(path: Path) -> None:
+    """Cut a truncated last line (a kill mid-write) so that appends start on a fresh line."""
+    raw = path.read_bytes()
+    cut = raw.rfind(b"\n") + 1
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())

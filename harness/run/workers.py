@@ -1,0 +1,157 @@
+"""The worker pool: which worker slots a run gets, starting a pytest worker on a run folder, and watching it.
+
+A worker is `pytest suites/test_bench.py` with the attnbench plugin: it claims pairs from the run
+folder's `pending.txt` and appends their records itself. The supervisor only starts workers, polls
+them, and accounts for the pair a worker was running when it died or overran.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from harness.errors import UserError
+from harness.run import protocol
+from harness.run.children import ROOT, kill_group, python_command, spawn
+from harness.run.rundir import RunFolder
+
+#: The worker's test module: one test per (case, backend) pair.
+BENCH_MODULE = ROOT / "suites" / "test_bench.py"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A place for one worker: its name in records and what its environment adds (CUDA_VISIBLE_DEVICES, thread counts)."""
+
+    name: str
+    env: dict[str, str]
+
+
+def worker_slots(device: str, workers: int, gpus: list[int] | None, memory_limit: int | None) -> list[Slot]:
+    """The workers a run gets: one per GPU with --gpus, else `workers` CPU workers sharing the cores."""
+    if workers < 1:
+        raise UserError(f"--workers must be at least 1, got {workers}")
+    if gpus is not None:
+        if device != "cuda":
+            raise UserError("--gpus needs --device cuda (on the CPU, use --workers N)")
+        if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
+            raise UserError(f"--gpus lists each GPU once, by index: got {','.join(map(str, gpus))}")
+        return [Slot(f"gpu{g}", {"CUDA_VISIBLE_DEVICES": str(g)}) for g in gpus]
+    if device == "cuda" and workers > 1:
+        raise UserError("--workers > 1 on CUDA would share one GPU between workers and disturb their timings: use --gpus all")
+    if device == "cuda" and memory_limit is not None:
+        raise UserError("--memory-limit caps CPU workers only (CUDA maps far more address space than it uses)")
+    env = {}
+    if workers > 1:
+        # Split the cores so that concurrent workers do not oversubscribe them.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    return [Slot(str(i), env) for i in range(workers)]
+
+
+def worker_command(folder: RunFolder, slot: Slot, attempt: int, memory_limit: int | None) -> list[str]:
+    """The pytest command line of one worker on a run folder."""
+    manifest = folder.manifest
+    command = python_command(
+        "pytest", str(BENCH_MODULE), "-p", "harness.run.pytest_plugin", "-p", "no:cacheprovider", "-q", "--no-header",
+        "--rootdir", str(ROOT),
+        "--attnbench-suite", folder.suite_arg, "--attnbench-device", folder.device,
+        "--attnbench-backends", ",".join(b for b in manifest["backends"] if b not in folder.broken),
+        "--attnbench-run-dir", str(folder.path), "--attnbench-pairs", str(folder.path / protocol.PENDING),
+        "--attnbench-share", "--attnbench-worker", slot.name, "--attnbench-parent-pid", str(os.getpid()),
+        "--benchmark-json", str(folder.path / f"pytest-benchmark-{slot.name}-{attempt}.json"),
+    )
+    if not manifest.get("check", True):
+        command.append("--attnbench-no-check")
+    if memory_limit is not None:
+        command += ["--attnbench-memory-limit", str(memory_limit)]
+    return command
+
+
+class Worker:
+    """One pytest worker process and what it is doing."""
+
+    def __init__(self, slot: Slot, process: subprocess.Popen, current: Path, log_path: Path, log: TextIO, attempt: int) -> None:
+        self.slot, self.process, self.current, self.log_path, self._log, self.attempt = slot, process, current, log_path, log, attempt
+        self._pair = ""
+        self._pair_since = time.monotonic()
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, folder: RunFolder, slot: Slot, extra_env: dict[str, str], memory_limit: int | None, attempt: int = 0) -> "Worker":
+        """Start a worker on the folder's pending pairs, its output going to `worker-<slot>.log`."""
+        current = protocol.current_path(folder.path, slot.name)
+        protocol.atomic_write(current, "")
+        log_path = folder.path / f"worker-{slot.name}.log"
+        command = worker_command(folder, slot, attempt, memory_limit)
+        log = open(log_path, "a")
+        log.write(f"\n=== attempt {attempt}: {' '.join(command)}\n")
+        log.flush()
+        process = spawn(command, stdout=log, env={**os.environ, **slot.env, **extra_env})
+        return cls(slot, process, current, log_path, log, attempt)
+
+    def current_pair(self) -> str:
+        """The pair the worker said it started and has not finished ('' if none)."""
+        try:
+            return self.current.read_text().strip()
+        except OSError:
+            return ""
+
+    def poll(self, timeout_s: float) -> str | None:
+        """None while running; `exited` when the process ended, `timeout` when a pair overran (the worker is killed)."""
+        rc = self.process.poll()
+        if rc is not None:
+            self.returncode = rc
+            self._log.close()
+            return "exited"
+        pair = self.current_pair()
+        if pair != self._pair:
+            self._pair, self._pair_since = pair, time.monotonic()
+        elif pair and time.monotonic() - self._pair_since > timeout_s:
+            self.kill()
+            self.returncode = self.process.returncode
+            self._log.close()
+            return "timeout"
+        return None
+
+    def describe_end(self, outcome: str) -> str:
+        """How the process ended, in words."""
+        if outcome == "timeout":
+            return "killed for running past its time limit"
+        rc = self.returncode
+        if rc is not None and rc < 0:
+            return f"killed by signal {signal_name(-rc)}"
+        return f"exit code {rc}"
+
+    def failure(self, outcome: str, timeout_s: float) -> tuple[str, str]:
+        """The status and reason for the pair that was running when the worker ended."""
+        if outcome == "timeout":
+            return "timeout", f"killed after running past the {timeout_s:g} s time limit (--timeout)"
+        rc = self.returncode
+        if rc is not None and rc < 0:
+            return "crashed", f"worker killed by signal {signal_name(-rc)} while running this pair (log: {self.log_path.name})"
+        return "crashed", f"worker exited with code {rc} while running this pair (log: {self.log_path.name})"
+
+    def kill(self) -> None:
+        """Kill the worker's whole process group."""
+        kill_group(self.process)
+
+    def log_tail(self, lines: int = 8) -> str:
+        """The last lines of the worker's log, indented."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "".join(f"  {line}\n" for line in text[-lines:])
+
+
+def signal_name(number: int) -> str:
+    """`SIGKILL` for 9, the number itself when it names no signal."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
