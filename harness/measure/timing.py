@@ -8,7 +8,10 @@ injected, so tests drive everything with a fake clock and get exact answers.
 
 from __future__ import annotations
 
+import glob
 import math
+import resource
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol, Sequence
@@ -127,7 +130,12 @@ class Measurement:
 
     `launch_leaked`: samples whose interval may hold host time, because the host took longer to
     reach the timed call than the GPU spin queued before it lasted (device clocks only; None for
-    clocks that cannot tell).
+    clocks that cannot tell). `contended`: the process' threads waited for a CPU for at least
+    CONTENDED_RUN_WAIT of the timed phase's wall time (or, where the kernel does not report run-queue
+    waits, were preempted at least CONTENDED_SWITCH_RATE times a second); None when nothing could be
+    read. The evidence: `run_queue_wait_ratio` (thread-seconds spent runnable but not running, per
+    wall second), `involuntary_switches` (preemptions during the timed phase) and `cpu_wall_ratio`
+    (process CPU time over wall time × intra-op threads).
     """
 
     stats: Stats
@@ -136,6 +144,10 @@ class Measurement:
     too_short: bool = False
     extra: dict = field(default_factory=dict)
     launch_leaked: int | None = None
+    contended: bool | None = None
+    run_queue_wait_ratio: float | None = None
+    involuntary_switches: int | None = None
+    cpu_wall_ratio: float | None = None
 
     def as_dict(self) -> dict:
         """Plain-dict form (for records)."""
@@ -201,6 +213,89 @@ def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable
     return Plan(iterations=iterations, rounds=rounds, warmup_calls=calls, warmup_s=warmup_s, call_s=call_s)
 
 
+#: Thread-seconds waiting for a CPU per wall second at or above which a measurement is contended:
+#: a waiting thread can stretch the call by about that fraction, as much as the noise flag tolerates.
+CONTENDED_RUN_WAIT = NOISY_IQR
+#: Involuntary context switches per wall second that mark contention where run-queue waits are not
+#: reported (two runnable tasks sharing a core are switched every few ms: hundreds a second).
+CONTENDED_SWITCH_RATE = 100.0
+
+
+def involuntary_switches() -> int:
+    """This process's involuntary context switches so far (all threads)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
+def run_queue_wait_s() -> float | None:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (/proc schedstat), or None."""
+    total_ns, seen = 0, False
+    for path in glob.glob("/proc/self/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                total_ns += int(f.read().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended between the listing and the read
+    return total_ns / 1e9 if seen else None
+
+
+def intra_op_threads() -> int:
+    """torch's intra-op thread count if torch is loaded, else 1 (the threads a CPU call can keep busy)."""
+    torch = sys.modules.get("torch")
+    return max(1, int(torch.get_num_threads())) if torch is not None else 1
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """One reading of the process's CPU accounting (None where this system does not report a counter)."""
+
+    wall_s: float
+    cpu_s: float
+    involuntary_switches: int | None
+    run_wait_s: float | None
+
+
+class CpuProbe:
+    """Reads wall time, process CPU time, preemptions and run-queue waits; every source is injectable, as the clock is."""
+
+    def __init__(
+        self,
+        wall: Clock = time.perf_counter,
+        cpu: Clock = time.process_time,
+        switches: Callable[[], int | None] = involuntary_switches,
+        run_wait: Callable[[], float | None] = run_queue_wait_s,
+        threads: Callable[[], int] = intra_op_threads,
+    ) -> None:
+        self._wall, self._cpu, self._switches, self._run_wait, self._threads = wall, cpu, switches, run_wait, threads
+
+    def read(self) -> CpuReading:
+        """The counters now."""
+        return CpuReading(self._wall(), self._cpu(), self._switches(), self._run_wait())
+
+    def threads(self) -> int:
+        """Threads the timed calls may use."""
+        return self._threads()
+
+
+def contention(before: CpuReading, after: CpuReading, threads: int) -> dict:
+    """Whether the CPU was contended between two readings, and the evidence (Measurement's field names)."""
+    wall = after.wall_s - before.wall_s
+    if wall <= 0:
+        return {}
+    switches = None if before.involuntary_switches is None or after.involuntary_switches is None else after.involuntary_switches - before.involuntary_switches
+    wait_ratio = None if before.run_wait_s is None or after.run_wait_s is None else (after.run_wait_s - before.run_wait_s) / wall
+    if wait_ratio is not None:
+        contended: bool | None = wait_ratio >= CONTENDED_RUN_WAIT
+    elif switches is not None:
+        contended = switches / wall >= CONTENDED_SWITCH_RATE
+    else:
+        contended = None
+    return {
+        "contended": contended, "run_queue_wait_ratio": wait_ratio, "involuntary_switches": switches,
+        "cpu_wall_ratio": (after.cpu_s - before.cpu_s) / (wall * max(1, threads)),
+    }
+
+
 def leaked_samples(leaked_readings: Sequence[int], first: int, last: int, rounds: int) -> int:
     """Samples among readings `first`+1 … `last` whose interval may hold launch time.
 
@@ -220,19 +315,25 @@ def measure(
     *,
     setup: Callable[[], object] | None = None,
     loop: Loop | None = None,
+    probe: CpuProbe | None = None,
 ) -> Measurement:
-    """Warm up, calibrate and time `fn`; `loop` defaults to a direct loop over `clock`."""
+    """Warm up, calibrate and time `fn`; `loop` defaults to a direct loop over `clock`, `probe` to this process's counters."""
+    probe = probe or CpuProbe()
     resolution = clock_resolution(clock)
     p = plan(fn, clock, budget, setup)
+    # Counters are read around the timed phase only: per sample, reading /proc would cost more than a short call.
     readings_before = getattr(clock, "readings", None)
+    cpu_before = probe.read()
     samples = (loop or direct_loop(clock))(fn, setup=setup, rounds=p.rounds, iterations=p.iterations)
+    cpu_after = probe.read()
     leaked = None
     if readings_before is not None:
         leaked = leaked_samples(clock.leaked, readings_before, clock.readings, p.rounds)  # type: ignore[attr-defined]
     stats = Stats.from_samples(samples, p.iterations)
     # A sample shorter than ~100 clock ticks is mostly quantisation (pyperf's warning, in spirit).
     too_short = resolution > 0 and stats.min * p.iterations < 100 * resolution
-    return Measurement(stats=stats, plan=p, clock_resolution_s=resolution, too_short=too_short, launch_leaked=leaked)
+    return Measurement(stats=stats, plan=p, clock_resolution_s=resolution, too_short=too_short, launch_leaked=leaked,
+                       **contention(cpu_before, cpu_after, probe.threads()))
 
 
 class FakeClock:
