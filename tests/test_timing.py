@@ -1,11 +1,14 @@
-"""The measurement engine: exact statistics from a fake clock, a real busy-wait, calibration."""
+"""The measurement engine: exact statistics from a fake clock, a real busy-wait, calibration, CPU contention."""
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
-from harness.measure.timing import Budget, FakeClock, Stats, direct_loop, measure, plan
+from harness.measure.timing import Budget, CpuProbe, FakeClock, Stats, direct_loop, measure, plan, run_queue_wait_s
 
 
 def test_stats_from_known_samples_are_exact():
@@ -106,5 +109,119 @@ def busy_wait(seconds):
 
 def test_ten_millisecond_busy_wait_is_reported_within_three_percent():
     m = measure(lambda: busy_wait(0.010), budget=Budget(warmup_s=0.02, measure_s=0.1, min_rounds=5, max_rounds=20))
-    assert m.stats.median == pytest.approx(0.010, rel=0.03)
     assert m.stats.min >= 0.010  # a busy-wait cannot finish early
+    if m.contended:
+        # On a shared machine the wait for a CPU is in the samples; the measurement says so, and
+        # only an uncontended one can be held to 3 %.
+        pytest.skip(f"CPU contended during the samples (run-queue wait {m.run_queue_wait_ratio:.2f} of wall)")
+    assert m.stats.median == pytest.approx(0.010, rel=0.03)
+
+
+class Machine:
+    """A simulated process: each call moves the wall clock, the CPU clock, the run-queue wait and the preemption count."""
+
+    def __init__(self) -> None:
+        self.wall = FakeClock()
+        self.cpu = self.waited = 0.0
+        self.switches = 0
+
+    def probe(self, *, run_wait: bool = True, switches: bool = True, threads: int = 1) -> CpuProbe:
+        """A probe reading this machine's counters (None for those the kernel is made not to report)."""
+        return CpuProbe(
+            wall=self.wall, cpu=lambda: self.cpu,
+            switches=(lambda: self.switches) if switches else (lambda: None),
+            run_wait=(lambda: self.waited) if run_wait else (lambda: None),
+            threads=lambda: threads,
+        )
+
+    def work(self, wall_s: float, cpu_s: float, waited_s: float, switches: int, *, quiet_after: int | None = None):
+        """A call taking `wall_s`, of which `cpu_s` on a CPU; its threads wait `waited_s` and are preempted `switches` times.
+
+        From call `quiet_after` on, the other process is gone: the call takes its CPU time alone.
+        """
+        calls = []
+
+        def call():
+            calls.append(1)
+            if quiet_after is not None and len(calls) > quiet_after:
+                self.wall.advance(cpu_s)
+                self.cpu += cpu_s
+                return
+            self.wall.advance(wall_s)
+            self.cpu += cpu_s
+            self.waited += waited_s
+            self.switches += switches
+
+        return call
+
+
+FIXED = Budget(warmup_s=0.0, measure_s=0.0, min_sample_s=0.0, min_rounds=20, max_rounds=20)
+
+
+def test_a_pair_slowed_evenly_by_another_process_is_contended_though_not_noisy():
+    # The issue's pair: 63.8 ms every sample (1.6 ms alone), IQR/median 0.00: neither noisy nor suspect.
+    machine = Machine()
+    m = measure(machine.work(63.8e-3, 1.6e-3, 62.2e-3, 16), machine.wall, FIXED, probe=machine.probe())
+    assert m.stats.median == pytest.approx(63.8e-3) and not m.stats.noisy and not m.stats.suspect
+    assert m.contended is True
+    assert m.run_queue_wait_ratio == pytest.approx(62.2 / 63.8)
+    assert m.cpu_wall_ratio == pytest.approx(1.6 / 63.8)
+    assert m.involuntary_switches == 16 * 20  # the timed samples' only, not the warm-up call's
+
+
+def test_two_threads_losing_a_core_in_eight_millisecond_steps_are_contended():
+    # sdpa S=128 on two threads: 0.31 ms alone, 7.99 ms when one thread waits out another process's slice.
+    machine = Machine()
+    m = measure(machine.work(7.99e-3, 2 * 0.31e-3, 7.68e-3, 2), machine.wall, FIXED, probe=machine.probe(threads=2))
+    assert m.contended is True
+    assert m.cpu_wall_ratio == pytest.approx(0.62 / (7.99 * 2))
+
+
+def test_a_quiet_pair_is_not_contended():
+    machine = Machine()
+    m = measure(machine.work(1.6e-3, 1.6e-3, 0.0, 0), machine.wall, FIXED, probe=machine.probe())
+    assert m.contended is False
+    assert m.run_queue_wait_ratio == 0.0 and m.involuntary_switches == 0 and m.cpu_wall_ratio == pytest.approx(1.0)
+
+
+def test_contention_during_warm_up_only_does_not_flag_the_samples():
+    machine = Machine()
+    work = machine.work(63.8e-3, 1.6e-3, 62.2e-3, 16, quiet_after=1)  # FIXED warms up with one call
+    m = measure(work, machine.wall, FIXED, probe=machine.probe())
+    assert m.plan.warmup_calls == 1
+    assert m.contended is False and m.stats.median == pytest.approx(1.6e-3)
+
+
+def test_without_run_queue_waits_preemptions_decide_and_without_either_nobody_knows():
+    machine = Machine()
+    contended = measure(machine.work(63.8e-3, 1.6e-3, 62.2e-3, 16), machine.wall, FIXED, probe=machine.probe(run_wait=False))
+    assert contended.contended is True and contended.run_queue_wait_ratio is None  # 16 per 63.8 ms: 250 a second
+    quiet = measure(machine.work(1.6e-3, 1.6e-3, 0.0, 0), machine.wall, FIXED, probe=machine.probe(run_wait=False))
+    assert quiet.contended is False
+    unknown = measure(machine.work(63.8e-3, 1.6e-3, 62.2e-3, 16), machine.wall, FIXED, probe=machine.probe(run_wait=False, switches=False))
+    assert unknown.contended is None and unknown.cpu_wall_ratio == pytest.approx(1.6 / 63.8)
+
+
+HOG = "import sys\nsys.stdout.write('ready\\n')\nsys.stdout.flush()\nwhile True:\n    pass\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or run_queue_wait_s() is None,
+                    reason="needs CPU affinity and the kernel's per-thread run-queue waits (/proc/self/task/*/schedstat)")
+def test_a_busy_process_on_the_measuring_cpu_is_seen():
+    # Pinned to one CPU with a busy loop pinned beside it, the timing thread waits about half the
+    # time on any machine, however many cores it has. (The converse, a quiet machine read as quiet,
+    # is not asserted: a shared test machine is rarely quiet.)
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})  # this thread only; the hog inherits it
+    try:
+        hog = subprocess.Popen([sys.executable, "-c", HOG], stdout=subprocess.PIPE)
+        try:
+            assert hog.stdout.readline() == b"ready\n"
+            m = measure(lambda: busy_wait(1e-3), budget=Budget(warmup_s=0.01, measure_s=0.1, min_rounds=20, max_rounds=100))
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert m.contended is True, m
+    assert m.run_queue_wait_ratio >= 0.25 and m.involuntary_switches > 0

@@ -1,4 +1,9 @@
-"""Peak memory of one call, measured (never modelled), on CUDA and on the CPU."""
+"""Peak memory of one call, measured (never modelled), on CUDA and on the CPU.
+
+On the CPU the measurement changes no allocator setting: it hands free heap pages back to the OS
+before the call instead of pinning glibc's mmap threshold, so the pairs timed after it run under
+the allocator every other process gets.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from typing import Callable
 
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
-_M_MMAP_THRESHOLD = -3
+#: Named apart from the old "rss-hwm", which read resident free heap pages as no memory at all.
+CPU_METHOD = "rss-hwm-trimmed"
 
 
 @dataclass(frozen=True)
@@ -31,10 +37,20 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in {_STATUS}")
 
 
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def cpu_peak_supported() -> str | None:
-    """None if the process' peak RSS can be reset and read here, else why not."""
+    """None if the process' peak RSS can be reset and read here, and free heap pages handed back first, else why not."""
     if not os.path.exists(_CLEAR_REFS):
         return "peak RSS needs Linux's /proc/self/clear_refs"
+    libc = _libc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return "peak RSS needs glibc's malloc_trim (free heap pages would hide the call's allocations)"
     try:
         with open(_CLEAR_REFS, "w") as f:
             f.write("5")
@@ -44,32 +60,34 @@ def cpu_peak_supported() -> str | None:
     return None
 
 
-def _return_large_frees_to_os() -> None:
-    """Serve large allocations by mmap so that freed tensors leave the RSS at once.
+def release_free_heap_pages() -> None:
+    """Hand the pages of free heap memory back to the OS (glibc `malloc_trim(0)`), changing no allocator setting.
 
-    Without this, glibc raises its mmap threshold after the first large free and later
-    tensors reuse already-resident heap pages, so the high-water mark would undercount.
+    The high-water mark only sees pages that become resident. Earlier calls leave freed blocks in
+    glibc's arenas with their pages still resident (after the first large free glibc raises its
+    mmap threshold, so a 4 MiB output is then served from the heap, not a fresh mapping), and the
+    measured call reuses them unseen: a worker's first pairs read 0. `malloc_trim(0)` releases every
+    whole free page in every arena (MADV_DONTNEED), so what the call touches is counted again.
     """
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
-    except OSError:
-        pass
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(ctypes.c_size_t(0))
 
 
 def cpu_peak(fn: Callable[[], object]) -> MemoryPeak:
     """Peak resident memory added by `fn()`, from the VmHWM high-water mark reset just before the call."""
     reason = cpu_peak_supported()
     if reason:
-        return MemoryPeak(None, method="rss-hwm", reason=reason)
-    _return_large_frees_to_os()
+        return MemoryPeak(None, method=CPU_METHOD, reason=reason)
     gc.collect()
+    release_free_heap_pages()
     baseline_kib = _status_kib("VmRSS")
     with open(_CLEAR_REFS, "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
     result = fn()
     peak_kib = _status_kib("VmHWM")
     del result
-    return MemoryPeak(max(0, peak_kib - baseline_kib) * 1024, method="rss-hwm")
+    return MemoryPeak(max(0, peak_kib - baseline_kib) * 1024, method=CPU_METHOD)
 
 
 def cuda_peak(fn: Callable[[], object], device: object = None) -> MemoryPeak:

@@ -1,0 +1,148 @@
+"""The CUDA clock on a simulated host/GPU timeline whose GPU clock rate changes, as a real one's does.
+
+An idle H200 ran the spin kernel at 1.38e8 cycles/s, a busy one at 1.37e9: a clock that keeps the
+rate it measured cold sizes every spin a tenth too short, and the host's launch time enters every
+sample. These tests hold the clock to the device time whatever the rate does, and to counting
+every sample that still holds launch time.
+"""
+
+import pytest
+
+from harness.measure.timing import SPIN_MAX_S, Budget, CudaEventClock, measure
+
+COLD = 1.38e8  # spin cycles per second, GPU idling at 345 MHz
+HOT = 1.37e9  # after two seconds of matmuls
+
+
+class Timeline:
+    """A simulated host and GPU: kernels queue behind each other and never start before the host launches them.
+
+    `rate` is the GPU clock (spin cycles per second) at the moment a spin is launched; tests change
+    it between calibration and measurement, or from a given kernel on (`ramp`).
+    """
+
+    def __init__(self, cycles_per_s: float) -> None:
+        self.host = 0.0
+        self.busy_until = 0.0
+        self.rate = cycles_per_s
+        self.ramp: tuple[int, float] | None = None  # (after this many kernels, the new rate)
+        self.kernels = 0
+        timeline = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = max(timeline.host, timeline.busy_until)
+                timeline.busy_until = self.t
+
+            def synchronize(self):
+                timeline.host = max(timeline.host, self.t)
+
+            def elapsed_time(self, other):
+                return (other.t - self.t) * 1e3
+
+        class Cuda:
+            pass
+
+        self.cuda = Cuda()
+        self.cuda.Event = Event
+        self.cuda._sleep = lambda cycles: self.kernel(cycles / self.current_rate())
+
+    def current_rate(self) -> float:
+        if self.ramp is not None and self.kernels >= self.ramp[0]:
+            self.rate = self.ramp[1]
+        return self.rate
+
+    def kernel(self, seconds: float) -> None:
+        """Launch a kernel of `seconds` device time at the current host time."""
+        self.kernels += 1
+        self.busy_until = max(self.host, self.busy_until) + seconds
+
+    def call(self, host_s: float, device_s: float) -> None:
+        """A timed call: `host_s` of Python before its kernel launch, then a kernel of `device_s`."""
+        self.host += host_s
+        self.kernel(device_s)
+
+    def host_clock(self) -> float:
+        return self.host
+
+
+def sample(clock, tl, host_s, device_s):
+    """One sample as the loops take it: a reading, the call, a reading; and whether the clock flagged it."""
+    start = clock()
+    tl.call(host_s, device_s)
+    end = clock()
+    # getattr: run against a clock that keeps no such count, the values are what fail, not a name.
+    return end - start, getattr(clock, "readings", None) in getattr(clock, "leaked", ())
+
+
+def test_a_clock_calibrated_on_an_idle_gpu_reads_device_time_once_the_gpu_is_busy():
+    # The issue's decode kernel: 200 µs of Python before a 5 µs kernel. Calibrated cold, the old clock
+    # spun 400 µs worth of cold cycles, 40 µs at the hot rate, and read 165 µs for every sample.
+    tl = Timeline(COLD)
+    clock = CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
+    tl.rate = HOT
+    samples = [sample(clock, tl, 200e-6, 5e-6) for _ in range(8)]
+    assert [s for s, _ in samples[-5:]] == pytest.approx([5e-6] * 5, rel=1e-9, abs=1e-12)
+    assert not any(leaked for _, leaked in samples[-5:])
+
+
+def test_a_clock_made_on_a_busy_gpu_is_right_from_its_first_sample_whatever_an_earlier_clock_measured():
+    # The old clock measured the rate once per process: a second clock inherited the first one's cold rate.
+    tl = Timeline(COLD)
+    CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
+    tl.rate = HOT
+    clock = CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
+    first, leaked = sample(clock, tl, 50e-6, 10e-6)  # the first spin (100 µs) covers a 50 µs launch
+    assert first == pytest.approx(10e-6, rel=1e-9) and not leaked
+
+
+@pytest.mark.parametrize("host_s,device_s", [(30e-6, 10e-6), (200e-6, 5e-6), (20e-6, 3e-3), (1.5e-3, 20e-6), (5e-3, 20e-6)])
+@pytest.mark.parametrize("before,during", [(COLD, HOT), (HOT, COLD), (HOT, HOT)])
+def test_every_sample_holding_launch_time_is_flagged_and_no_exact_one_is(host_s, device_s, before, during):
+    # The GPU's clock changes after warm-up, mid-measurement: whatever it does, a sample either is
+    # the device time or is counted as leaked.
+    tl = Timeline(before)
+    clock = CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
+    for _ in range(4):
+        sample(clock, tl, host_s, device_s)
+    tl.ramp = (tl.kernels + 5, during)
+    samples = [sample(clock, tl, host_s, device_s) for _ in range(20)]
+    for measured, leaked in samples:
+        exact = measured == pytest.approx(device_s, rel=1e-9, abs=1e-12)
+        assert exact != leaked, (measured, leaked)
+    # Once re-measured, spins cover any host gap within the bound; beyond it, every sample leaks.
+    assert all(leaked for _, leaked in samples[-5:]) == (host_s > SPIN_MAX_S)
+
+
+def test_measure_counts_leaked_samples_only_not_the_untimed_setup_between_them():
+    # A 5 ms launch outruns the longest spin (2 ms): every sample holds 3 ms of host time and says so.
+    tl = Timeline(COLD)
+    clock = CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
+    tl.rate = HOT
+    budget = Budget(warmup_s=1e-3, measure_s=0.0, min_sample_s=0.0, min_rounds=10, max_rounds=10)
+    slow = measure(lambda: tl.call(5e-3, 20e-6), clock, budget, setup=lambda: tl.call(1e-6, 1e-3))
+    assert slow.launch_leaked == 10
+    assert slow.stats.median == pytest.approx(20e-6 + 5e-3 - SPIN_MAX_S, rel=1e-6)
+    # A slow host-side setup (an L2 flush's launch) leaks into the untimed interval between samples,
+    # which is no sample: nothing is counted, and the samples are the device time.
+    fast = measure(lambda: tl.call(50e-6, 20e-6), clock, budget, setup=lambda: tl.call(10e-3, 1e-3))
+    assert fast.launch_leaked == 0
+    assert fast.stats.median == pytest.approx(20e-6, rel=1e-9)
+
+
+def test_measure_through_a_cold_calibrated_clock_gives_the_kernel_time():
+    tl = Timeline(COLD)
+    clock = CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
+    tl.rate = HOT
+    budget = Budget(warmup_s=1e-3, measure_s=0.0, min_sample_s=0.0, min_rounds=20, max_rounds=20)
+    m = measure(lambda: tl.call(200e-6, 12.5e-6), clock, budget)
+    assert m.launch_leaked == 0
+    assert list(m.stats.samples) == pytest.approx([12.5e-6] * 20, rel=1e-9)
+
+
+def test_a_host_clock_has_no_leak_count():
+    m = measure(lambda: None, budget=Budget(warmup_s=0.0, measure_s=0.0, min_sample_s=0.0, min_rounds=3, max_rounds=3))
+    assert m.launch_leaked is None
