@@ -108,7 +108,7 @@ class _Timeline:
 
 @pytest.mark.parametrize("host_s,device_s", [(30e-6, 10e-6), (200e-6, 5e-6), (20e-6, 3e-3)])
 def test_cuda_event_clock_keeps_launch_overhead_out_of_device_time(host_s, device_s):
-    from harness.measure.timing import CudaEventClock
+    from harness.measure.cuda_clock import CudaEventClock
 
     tl = _Timeline()
     clock = CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
@@ -136,7 +136,7 @@ def test_cuda_event_clock_without_spin_would_count_the_launch():
 
 
 def test_spin_is_twice_the_longest_recent_host_gap_within_bounds():
-    from harness.measure.timing import SPIN_FIRST_S, SPIN_MAX_S, SPIN_MIN_S, spin_seconds
+    from harness.measure.cuda_clock import SPIN_FIRST_S, SPIN_MAX_S, SPIN_MIN_S, spin_seconds
 
     assert spin_seconds([]) == SPIN_FIRST_S
     assert spin_seconds([1e-6]) == SPIN_MIN_S

@@ -12,10 +12,9 @@ import torch
 
 from harness.backends.registry import load_registry
 from harness.measure.execute import build_step
-from harness.measure.profile import (
-    CATEGORIES, NCU_METRICS, RECORD_COLUMNS, STEP_MARKER, KernelStat, ProfileSummary, categorize, column_name,
-    ncu_available, ncu_command, parse_ncu_csv, profile_step,
-)
+from harness.measure.categories import CATEGORIES, categorize, column_name
+from harness.measure.ncu import NCU_METRICS, ncu_available, ncu_command, parse_ncu_csv
+from harness.measure.profile import RECORD_COLUMNS, STEP_MARKER, KernelStat, ProfileSummary, profile_step
 from harness.measure.timing import Budget, measure
 from harness.suite.cases import parse_case_id
 from harness.suite.inputs import make_inputs
@@ -26,7 +25,7 @@ MiB = 2**20
 
 
 def pair_step(backend_name: str, case_id: str):
-    """The zero-argument step the harness times for a pair, built as execute._measure_pair builds it."""
+    """The zero-argument step the harness times for a pair, built as the pair executor builds it."""
     case = parse_case_id(case_id)
     inputs = make_inputs(case)
     if case.mode != "fwd":

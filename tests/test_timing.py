@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from harness.measure.timing import Budget, CpuProbe, FakeClock, Stats, direct_loop, measure, plan, run_queue_wait_s
+from harness.measure.contention import CpuProbe, run_queue_wait_s
+from harness.measure.timing import Budget, FakeClock, Stats, direct_loop, measure, plan
 
 
 def test_stats_from_known_samples_are_exact():

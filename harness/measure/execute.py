@@ -24,7 +24,8 @@ from harness.measure import theory
 from harness.measure.memory import MemoryPeak, measure_peak
 from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
 from harness.measure.reference import ReferenceCache
-from harness.measure.timing import QUICK_BUDGET, Budget, Clock, CudaEventClock, L2Flusher, Loop, Measurement, measure
+from harness.measure.cuda_clock import CudaEventClock, L2Flusher
+from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, Measurement, measure
 from harness.results.record import Record, Status
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, make_inputs

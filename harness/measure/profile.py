@@ -16,89 +16,20 @@ Counting rules, so that nothing is counted twice:
   concurrent streams overlap, so their sum can exceed the wall time; the harness's backends
   use one stream.
 
-Nsight Compute (`ncu`) is a separate path: `ncu_command` builds the command line that runs a pair
-under it, `parse_ncu_csv` reads its `--csv` output.
+Nsight Compute (`ncu`) is a separate path: `harness.measure.ncu`.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import os
-import re
-import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-#: Categories every operator or kernel falls into, in the order tables and record columns list them.
-CATEGORIES = ("matmul", "softmax", "elementwise", "copy/expand", "fused attention", "other")
+from harness.measure.categories import CATEGORIES, categorize, column_name
 
 #: Name of the user annotation around each profiled step (`record_function`), followed by its index.
 STEP_MARKER = "attnbench::profile_step#"
-
-# Exact aten base names (namespace and in-place `_` stripped). Checked before the substring
-# patterns below, because the patterns are for names nobody listed (CUDA kernels, new ops).
-_CPU_OPS: dict[str, str] = {}
-for _category, _names in {
-    "matmul": "mm bmm addmm baddbmm addbmm matmul linear einsum dot vdot mv addmv tensordot "
-              "_addmm_activation mkldnn_linear mkldnn_matmul _mkldnn_matmul _int_mm",
-    "softmax": "softmax _softmax log_softmax _log_softmax _safe_softmax _masked_softmax "
-               "_softmax_backward_data _log_softmax_backward_data _masked_softmax_backward",
-    "fused attention": "_scaled_dot_product_flash_attention _scaled_dot_product_flash_attention_for_cpu "
-                       "_scaled_dot_product_flash_attention_backward _scaled_dot_product_flash_attention_for_cpu_backward "
-                       "_scaled_dot_product_efficient_attention _scaled_dot_product_efficient_attention_backward "
-                       "_scaled_dot_product_cudnn_attention _scaled_dot_product_cudnn_attention_backward "
-                       "_scaled_dot_product_fused_attention_overrideable _scaled_dot_product_fused_attention_overrideable_backward "
-                       "_flash_attention_forward _flash_attention_backward _efficient_attention_forward _efficient_attention_backward",
-    "copy/expand": "copy _copy_from _copy_from_and_resize _to_copy to contiguous clone expand expand_as repeat "
-                   "repeat_interleave index_select index gather cat stack view view_as reshape _reshape_alias "
-                   "as_strided transpose permute unsqueeze squeeze t _unsafe_view select slice narrow flatten "
-                   "unflatten alias detach lift_fresh split chunk unbind movedim resolve_conj resolve_neg",
-    "elementwise": "mul add sub rsub div masked_fill where nan_to_num exp exp2 log neg reciprocal fill zero zeros "
-                   "zeros_like ones ones_like full full_like tanh gelu relu sigmoid silu logical_not logical_and "
-                   "logical_or bitwise_not bitwise_and bitwise_or eq ne lt gt le ge isnan isinf clamp clamp_min "
-                   "clamp_max rsqrt sqrt pow abs sign square maximum minimum addcmul addcdiv lerp triu tril "
-                   "threshold_backward gelu_backward scalar_tensor",
-    # The SDPA dispatcher and its composite math path: their self time is dispatch, not a fused kernel.
-    "other": "scaled_dot_product_attention _scaled_dot_product_attention_math _fused_sdp_choice empty empty_like "
-             "empty_strided resize sum mean amax amin max min logsumexp",
-}.items():
-    for _name in _names.split():
-        _CPU_OPS[_name] = _category
-
-# Substring patterns on the lowercased name, first match wins. Fused attention comes first because
-# its kernels' names also contain "cutlass" or "gemm" (fmha_cutlassF…, cudnn sdpa); copy comes
-# before elementwise because torch's copy kernels run inside `elementwise_kernel<…direct_copy…>`.
-_PATTERNS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("fused attention", ("flash", "fmha", "sdpa", "efficient_attention", "attention", "_attn")),
-    ("softmax", ("softmax",)),
-    ("matmul", ("gemm", "gemv", "cutlass", "xmma", "cublas", "nvjet", "matmul", "bmm", "dot_kernel")),
-    ("copy/expand", ("copy", "memcpy", "index_select", "indexselect", "repeat", "expand", "contiguous", "transpose", "permute")),
-    ("elementwise", ("elementwise", "memset", "fill", "where", "masked", "unrolled", "vectorized")),
-)
-
-
-def categorize(name: str) -> str:
-    """The category of a CPU operator (`aten::bmm`) or CUDA kernel name, one of CATEGORIES."""
-    if name.startswith("autograd::") or re.search(r"Backward\d*$", name):
-        return "other"  # autograd's bookkeeping around a backward node, not the node's operators
-    if "::" in name:
-        base = name.rsplit("::", 1)[1]
-        base = base[:-1] if base.endswith("_") and not base.endswith("__") else base
-        if base in _CPU_OPS:
-            return _CPU_OPS[base]
-    lowered = name.lower()
-    for category, needles in _PATTERNS:
-        if any(n in lowered for n in needles):
-            return category
-    return "other"
-
-
-def column_name(category: str) -> str:
-    """The record column of a category's time per step: `profile_ms_copy_expand` for "copy/expand"."""
-    return "profile_ms_" + re.sub(r"[^0-9a-z]+", "_", category.lower()).strip("_")
-
 
 #: The record columns `ProfileSummary.record_columns` fills, always all of them, in this order.
 RECORD_COLUMNS = (
@@ -368,122 +299,3 @@ def _memory_peak(
         return peak, None, "memory peak: the allocation that reached it was made outside any operator"
     innermost = max(holders, key=lambda e: (e.time_range.start, -e.time_range.end))
     return peak, innermost.name, None
-
-
-# --- Nsight Compute -------------------------------------------------------------------------------
-
-#: The small metric set `--ncu` collects: SM and DRAM throughput, tensor-pipe utilisation, achieved occupancy.
-NCU_METRICS = (
-    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
-    "sm__warps_active.avg.pct_of_peak_sustained_active",
-)
-
-
-def ncu_available() -> str | None:
-    """None if Nsight Compute's `ncu` is on PATH, else the one-line reason it cannot run."""
-    if shutil.which("ncu") is None:
-        return "Nsight Compute (ncu) is not on PATH: no per-kernel hardware metrics"
-    return None
-
-
-def ncu_command(
-    argv: Sequence[str],
-    metrics: Sequence[str] = NCU_METRICS,
-    *,
-    ncu: str = "ncu",
-    kernel_regex: str | None = None,
-    launch_skip: int = 0,
-    launch_count: int | None = None,
-    profile_from_start: bool = True,
-) -> list[str]:
-    """The command line that runs `argv` (a python command) under ncu with `metrics`, CSV on stdout.
-
-    ncu replays every kernel once per metric pass, so a whole run is slow: limit it with
-    `launch_skip`/`launch_count`, a kernel-name regex, or `profile_from_start=False`, which profiles
-    only between `torch.cuda.profiler.start()` and `stop()` in the child.
-    """
-    if not argv:
-        raise ValueError("ncu_command needs the command to profile")
-    cmd = [ncu, "--csv", "--page", "details", "--target-processes", "all", "--metrics", ",".join(metrics)]
-    if kernel_regex:
-        cmd += ["--kernel-name", f"regex:{kernel_regex}"]
-    if launch_skip:
-        cmd += ["--launch-skip", str(launch_skip)]
-    if launch_count is not None:
-        cmd += ["--launch-count", str(launch_count)]
-    if not profile_from_start:
-        cmd += ["--profile-from-start", "off"]
-    return cmd + list(argv)
-
-
-@dataclass(frozen=True)
-class NcuKernel:
-    """One profiled kernel launch from ncu's CSV: its launch id, name, and metric values (None if unreadable)."""
-
-    launch_id: int | None
-    kernel: str
-    metrics: dict[str, float | None]
-    units: dict[str, str]
-
-
-def _ncu_number(text: str) -> float | None:
-    """A metric value as ncu prints it (thousands separators, "n/a"), or None when it is not a number.
-
-    Commas are read as thousands separators, ncu's default; a decimal-comma locale would be misread
-    (unverified whether ncu follows the locale: run it with LC_ALL=C).
-    """
-    cleaned = text.strip().replace(",", "")
-    try:
-        return float(cleaned)
-    except ValueError:
-        return None
-
-
-def parse_ncu_csv(text: str) -> list[NcuKernel]:
-    """Per-launch metric dicts from `ncu --csv` output (the long details page or the wide raw page).
-
-    Lines before the header (ncu's `==PROF==` lines, the program's own output) are skipped. Details
-    page: one row per (launch, metric) with "ID", "Kernel Name", "Metric Name", "Metric Unit",
-    "Metric Value". Raw page: one row per launch, a column per metric, and a row of units under the
-    header.
-    """
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith('"') and '"Kernel Name"' in line), None)
-    if start is None:
-        return []
-    # The program's and ncu's own lines can come after the table too; a CSV row starts with a quote.
-    rows = list(csv.reader(io.StringIO("\n".join(l for l in lines[start:] if l.startswith('"')))))
-    header, body = rows[0], rows[1:]
-    col = {name: i for i, name in enumerate(header)}
-
-    def launch_id(row: list[str]) -> int | None:
-        value = row[col["ID"]].strip() if "ID" in col and col["ID"] < len(row) else ""
-        return int(value) if value.isdigit() else None
-
-    launches: dict[tuple[int | None, str], NcuKernel] = {}
-    if "Metric Name" in col and "Metric Value" in col:
-        for row in body:
-            if len(row) < len(header):
-                continue
-            key = (launch_id(row), row[col["Kernel Name"]])
-            entry = launches.setdefault(key, NcuKernel(key[0], key[1], {}, {}))
-            metric = row[col["Metric Name"]]
-            entry.metrics[metric] = _ncu_number(row[col["Metric Value"]])
-            if "Metric Unit" in col:
-                entry.units[metric] = row[col["Metric Unit"]]
-        return list(launches.values())
-    metric_cols = [name for name in header if "__" in name]  # ncu metric names are unit__counter.rollup
-    units: dict[str, str] = {}
-    if body and (not body[0][col["Kernel Name"]].strip()):  # the units row has no kernel name
-        units = {name: body[0][col[name]] for name in metric_cols if col[name] < len(body[0])}
-        body = body[1:]
-    result = []
-    for row in body:
-        if len(row) < len(header):
-            continue
-        result.append(NcuKernel(launch_id(row), row[col["Kernel Name"]],
-                                {m: _ncu_number(row[col[m]]) for m in metric_cols}, dict(units)))
-    return result
-

@@ -88,7 +88,7 @@ def measure_peaks(device: str, dtypes: Iterable[str]) -> dict[str, Any]:
     device = "cuda" if str(device).startswith("cuda") else "cpu"
     names = sorted({canonical_dtype(d) for d in dtypes}) or ["fp32"]
     if device == "cuda":
-        from harness.measure.timing import CudaEventClock
+        from harness.measure.cuda_clock import CudaEventClock
 
         clock: Clock = CudaEventClock()
         budget, copy_bytes = CUDA_BUDGET, CUDA_COPY_BYTES

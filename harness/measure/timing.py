@@ -8,15 +8,14 @@ injected, so tests drive everything with a fake clock and get exact answers.
 
 from __future__ import annotations
 
-import glob
 import math
-import resource
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
+
+from harness.measure.contention import CpuProbe, contention
 
 #: A clock returns seconds as a float; only differences between two readings matter.
 Clock = Callable[[], float]
@@ -213,89 +212,6 @@ def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable
     return Plan(iterations=iterations, rounds=rounds, warmup_calls=calls, warmup_s=warmup_s, call_s=call_s)
 
 
-#: Thread-seconds waiting for a CPU per wall second at or above which a measurement is contended:
-#: a waiting thread can stretch the call by about that fraction, as much as the noise flag tolerates.
-CONTENDED_RUN_WAIT = NOISY_IQR
-#: Involuntary context switches per wall second that mark contention where run-queue waits are not
-#: reported (two runnable tasks sharing a core are switched every few ms: hundreds a second).
-CONTENDED_SWITCH_RATE = 100.0
-
-
-def involuntary_switches() -> int:
-    """This process's involuntary context switches so far (all threads)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
-
-
-def run_queue_wait_s() -> float | None:
-    """Seconds this process's threads have spent runnable but waiting for a CPU (/proc schedstat), or None."""
-    total_ns, seen = 0, False
-    for path in glob.glob("/proc/self/task/*/schedstat"):
-        try:
-            with open(path) as f:
-                total_ns += int(f.read().split()[1])
-            seen = True
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended between the listing and the read
-    return total_ns / 1e9 if seen else None
-
-
-def intra_op_threads() -> int:
-    """torch's intra-op thread count if torch is loaded, else 1 (the threads a CPU call can keep busy)."""
-    torch = sys.modules.get("torch")
-    return max(1, int(torch.get_num_threads())) if torch is not None else 1
-
-
-@dataclass(frozen=True)
-class CpuReading:
-    """One reading of the process's CPU accounting (None where this system does not report a counter)."""
-
-    wall_s: float
-    cpu_s: float
-    involuntary_switches: int | None
-    run_wait_s: float | None
-
-
-class CpuProbe:
-    """Reads wall time, process CPU time, preemptions and run-queue waits; every source is injectable, as the clock is."""
-
-    def __init__(
-        self,
-        wall: Clock = time.perf_counter,
-        cpu: Clock = time.process_time,
-        switches: Callable[[], int | None] = involuntary_switches,
-        run_wait: Callable[[], float | None] = run_queue_wait_s,
-        threads: Callable[[], int] = intra_op_threads,
-    ) -> None:
-        self._wall, self._cpu, self._switches, self._run_wait, self._threads = wall, cpu, switches, run_wait, threads
-
-    def read(self) -> CpuReading:
-        """The counters now."""
-        return CpuReading(self._wall(), self._cpu(), self._switches(), self._run_wait())
-
-    def threads(self) -> int:
-        """Threads the timed calls may use."""
-        return self._threads()
-
-
-def contention(before: CpuReading, after: CpuReading, threads: int) -> dict:
-    """Whether the CPU was contended between two readings, and the evidence (Measurement's field names)."""
-    wall = after.wall_s - before.wall_s
-    if wall <= 0:
-        return {}
-    switches = None if before.involuntary_switches is None or after.involuntary_switches is None else after.involuntary_switches - before.involuntary_switches
-    wait_ratio = None if before.run_wait_s is None or after.run_wait_s is None else (after.run_wait_s - before.run_wait_s) / wall
-    if wait_ratio is not None:
-        contended: bool | None = wait_ratio >= CONTENDED_RUN_WAIT
-    elif switches is not None:
-        contended = switches / wall >= CONTENDED_SWITCH_RATE
-    else:
-        contended = None
-    return {
-        "contended": contended, "run_queue_wait_ratio": wait_ratio, "involuntary_switches": switches,
-        "cpu_wall_ratio": (after.cpu_s - before.cpu_s) / (wall * max(1, threads)),
-    }
-
-
 def leaked_samples(leaked_readings: Sequence[int], first: int, last: int, rounds: int) -> int:
     """Samples among readings `first`+1 … `last` whose interval may hold launch time.
 
@@ -348,124 +264,3 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         """Move the clock forward."""
         self.now += seconds
-
-
-#: Bounds of the spin the CUDA clock queues after each reading (seconds), and its multiple of the host gap.
-SPIN_MIN_S = 20e-6
-SPIN_MAX_S = 2e-3
-SPIN_FIRST_S = 100e-6
-SPIN_FACTOR = 2.0
-#: Cycles of the spin that gives a new clock its first rate estimate, and how many recent spins' rates it keeps.
-CALIBRATION_CYCLES = 1_000_000
-RECENT_SPINS = 16
-
-
-def spin_seconds(host_gaps: Sequence[float]) -> float:
-    """How long the GPU should spin after a reading: twice the longest recent host gap between readings, bounded."""
-    if not host_gaps:
-        return SPIN_FIRST_S
-    return min(SPIN_MAX_S, max(SPIN_MIN_S, SPIN_FACTOR * max(host_gaps)))
-
-
-@dataclass(frozen=True)
-class _Spin:
-    """A queued spin: its cycles, the host time it was queued at, and the events around it."""
-
-    cycles: int
-    queued_at: float
-    start: object
-    end: object
-
-
-class CudaEventClock:
-    """Device time from CUDA events, without the host's launch overhead in the interval.
-
-    Each reading records an event and waits for it, then queues a spin kernel (`torch.cuda._sleep`)
-    and records, after it, the event the next interval starts from. While the GPU spins, the host
-    enqueues the timed call, so the interval holds device work only, not the time Python takes to
-    reach the first kernel launch (which would dominate µs-scale decode kernels: an idle GPU starts
-    the interval at the reading, not at the first kernel). The spin lasts twice the longest recent
-    host gap between readings (bounded by SPIN_MAX_S).
-
-    `_sleep` counts cycles, and the GPU's clock moves (an idle H200 reads 345 MHz, a busy one ten
-    times that), so each spin is bracketed by its own events and its real length re-measures the
-    rate the next spin is sized with: this clock's own recent rates, the fastest of them, since a
-    rate read low makes every spin too short. A reading whose host gap outran the spin before it
-    (the GPU may have idled waiting for the launch, and that wait is in the interval) is counted in
-    `leaked`, by reading number (`readings` counts them). Readings accumulate the intervals in a
-    Python float, because `Event.elapsed_time` is single precision in milliseconds and loses
-    microseconds when measured against an event recorded long ago.
-    """
-
-    def __init__(self, device: object = None, *, torch_module: object = None, host_clock: Clock = time.perf_counter) -> None:
-        if torch_module is None:
-            import torch as torch_module
-        self._torch = torch_module
-        self._device = device
-        self._host = host_clock
-        self._gaps: list[float] = []
-        self._elapsed_s = 0.0
-        self._rates: list[float] = [self._calibrate()]
-        self.readings = 0
-        self.leaked: list[int] = []
-        first = self._event()
-        first.synchronize()
-        self._spin = self._queue_spin(SPIN_FIRST_S)
-
-    def _event(self) -> object:
-        event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def _calibrate(self) -> float:
-        """A first estimate of spin cycles per second, from one spin on an idle stream."""
-        a = self._event()
-        self._torch.cuda._sleep(CALIBRATION_CYCLES)
-        b = self._event()
-        b.synchronize()
-        return CALIBRATION_CYCLES / max(a.elapsed_time(b) / 1e3, 1e-9)
-
-    @property
-    def cycles_per_s(self) -> float:
-        """The spin rate the next spin is sized with."""
-        return max(self._rates)
-
-    def _queue_spin(self, seconds: float) -> _Spin:
-        cycles = max(1, int(seconds * self.cycles_per_s))
-        queued_at = self._host()
-        start = self._event()
-        self._torch.cuda._sleep(cycles)
-        return _Spin(cycles, queued_at, start, self._event())
-
-    def __call__(self) -> float:
-        entered = self._host()
-        spin = self._spin
-        event = self._event()
-        event.synchronize()
-        self.readings += 1
-        spin_s = spin.start.elapsed_time(spin.end) / 1e3
-        if spin_s > 0:
-            self._rates = (self._rates + [spin.cycles / spin_s])[-RECENT_SPINS:]
-        host_gap = entered - spin.queued_at
-        if host_gap > spin_s:
-            self.leaked.append(self.readings)
-        if self.readings > 1:  # the wait from construction to first use is no gap between readings
-            self._gaps = (self._gaps + [host_gap])[-RECENT_SPINS:]
-        self._elapsed_s += spin.end.elapsed_time(event) / 1e3
-        self._spin = self._queue_spin(spin_seconds(self._gaps))
-        return self._elapsed_s
-
-
-class L2Flusher:
-    """Evicts the GPU's L2 by writing a buffer of at least twice its size (run between samples, untimed)."""
-
-    def __init__(self, device: object = None) -> None:
-        import torch
-
-        props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
-        l2 = int(getattr(props, "L2_cache_size", 0) or 0) or 64 * 2**20
-        self.nbytes = max(2 * l2, 256 * 2**20)
-        self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device or "cuda")
-
-    def __call__(self) -> None:
-        self._buffer.zero_()

@@ -1,0 +1,135 @@
+"""The CUDA clock: device time between events, without the host's launch time, whatever the GPU's clock state; and the L2 flush.
+
+Each reading records an event and waits for it, then queues a GPU spin and starts the next interval
+after it, so the host's Python launch time falls inside the spin, not the sample. The spin's real
+length is measured with its own events every time (a GPU idling at 345 MHz spins ten times slower
+than one at 1980 MHz), and a reading whose host gap outran the spin is counted as leaked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from harness.measure.timing import Clock
+
+#: Bounds of the spin the CUDA clock queues after each reading (seconds), and its multiple of the host gap.
+SPIN_MIN_S = 20e-6
+SPIN_MAX_S = 2e-3
+SPIN_FIRST_S = 100e-6
+SPIN_FACTOR = 2.0
+#: Cycles of the spin that gives a new clock its first rate estimate, and how many recent spins' rates it keeps.
+CALIBRATION_CYCLES = 1_000_000
+RECENT_SPINS = 16
+
+
+def spin_seconds(host_gaps: Sequence[float]) -> float:
+    """How long the GPU should spin after a reading: twice the longest recent host gap between readings, bounded."""
+    if not host_gaps:
+        return SPIN_FIRST_S
+    return min(SPIN_MAX_S, max(SPIN_MIN_S, SPIN_FACTOR * max(host_gaps)))
+
+
+@dataclass(frozen=True)
+class _Spin:
+    """A queued spin: its cycles, the host time it was queued at, and the events around it."""
+
+    cycles: int
+    queued_at: float
+    start: object
+    end: object
+
+
+class CudaEventClock:
+    """Device time from CUDA events, without the host's launch overhead in the interval.
+
+    Each reading records an event and waits for it, then queues a spin kernel (`torch.cuda._sleep`)
+    and records, after it, the event the next interval starts from. While the GPU spins, the host
+    enqueues the timed call, so the interval holds device work only, not the time Python takes to
+    reach the first kernel launch (which would dominate µs-scale decode kernels: an idle GPU starts
+    the interval at the reading, not at the first kernel). The spin lasts twice the longest recent
+    host gap between readings (bounded by SPIN_MAX_S).
+
+    `_sleep` counts cycles, and the GPU's clock moves (an idle H200 reads 345 MHz, a busy one ten
+    times that), so each spin is bracketed by its own events and its real length re-measures the
+    rate the next spin is sized with: this clock's own recent rates, the fastest of them, since a
+    rate read low makes every spin too short. A reading whose host gap outran the spin before it
+    (the GPU may have idled waiting for the launch, and that wait is in the interval) is counted in
+    `leaked`, by reading number (`readings` counts them). Readings accumulate the intervals in a
+    Python float, because `Event.elapsed_time` is single precision in milliseconds and loses
+    microseconds when measured against an event recorded long ago.
+    """
+
+    def __init__(self, device: object = None, *, torch_module: object = None, host_clock: Clock = time.perf_counter) -> None:
+        if torch_module is None:
+            import torch as torch_module
+        self._torch = torch_module
+        self._device = device
+        self._host = host_clock
+        self._gaps: list[float] = []
+        self._elapsed_s = 0.0
+        self._rates: list[float] = [self._calibrate()]
+        self.readings = 0
+        self.leaked: list[int] = []
+        first = self._event()
+        first.synchronize()
+        self._spin = self._queue_spin(SPIN_FIRST_S)
+
+    def _event(self) -> object:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _calibrate(self) -> float:
+        """A first estimate of spin cycles per second, from one spin on an idle stream."""
+        a = self._event()
+        self._torch.cuda._sleep(CALIBRATION_CYCLES)
+        b = self._event()
+        b.synchronize()
+        return CALIBRATION_CYCLES / max(a.elapsed_time(b) / 1e3, 1e-9)
+
+    @property
+    def cycles_per_s(self) -> float:
+        """The spin rate the next spin is sized with."""
+        return max(self._rates)
+
+    def _queue_spin(self, seconds: float) -> _Spin:
+        cycles = max(1, int(seconds * self.cycles_per_s))
+        queued_at = self._host()
+        start = self._event()
+        self._torch.cuda._sleep(cycles)
+        return _Spin(cycles, queued_at, start, self._event())
+
+    def __call__(self) -> float:
+        entered = self._host()
+        spin = self._spin
+        event = self._event()
+        event.synchronize()
+        self.readings += 1
+        spin_s = spin.start.elapsed_time(spin.end) / 1e3
+        if spin_s > 0:
+            self._rates = (self._rates + [spin.cycles / spin_s])[-RECENT_SPINS:]
+        host_gap = entered - spin.queued_at
+        if host_gap > spin_s:
+            self.leaked.append(self.readings)
+        if self.readings > 1:  # the wait from construction to first use is no gap between readings
+            self._gaps = (self._gaps + [host_gap])[-RECENT_SPINS:]
+        self._elapsed_s += spin.end.elapsed_time(event) / 1e3
+        self._spin = self._queue_spin(spin_seconds(self._gaps))
+        return self._elapsed_s
+
+
+class L2Flusher:
+    """Evicts the GPU's L2 by writing a buffer of at least twice its size (run between samples, untimed)."""
+
+    def __init__(self, device: object = None) -> None:
+        import torch
+
+        props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
+        l2 = int(getattr(props, "L2_cache_size", 0) or 0) or 64 * 2**20
+        self.nbytes = max(2 * l2, 256 * 2**20)
+        self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device or "cuda")
+
+    def __call__(self) -> None:
+        self._buffer.zero_()
