@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from harness.measure import numerics
+from harness.backends.base import Backend, Prepared
 from harness.backends.naive import NaiveBackend
 from harness.measure.eager import naive_attention
 from harness.backends.registry import load_registry
@@ -406,3 +407,52 @@ def test_worked_example_through_sdpa_and_the_reference(registry):
     assert ref[0, :, 0, 0].tolist() == pytest.approx([8.808, 1.192], abs=5e-4)
     out = registry.get("sdpa").prepare(case, inputs).fn()
     assert out[0, :, 0, 0].tolist() == pytest.approx([8.808, 1.192], abs=5e-4)
+
+
+class _EmptyRowsBackend(Backend):
+    """Eager attention, then `fill` written into the query rows that see no key (as cuDNN writes a mean of V)."""
+
+    family = "test-wrong"
+
+    def __init__(self, fill: float) -> None:
+        self.fill = fill
+
+    def prepare(self, case: Case, inputs) -> Prepared:
+        """Eager output with the empty rows overwritten."""
+        from harness.suite.inputs import empty_query_rows
+
+        q, k, v = inputs.q, inputs.k, inputs.v
+        empty = empty_query_rows(case)[:, None, :, None]
+
+        def fn():
+            out = naive_attention(q, k, v, visible_mask(case))
+            return torch.where(empty, torch.full_like(out, self.fill), out)
+
+        return Prepared(fn=fn, leaves=(q, k, v))
+
+
+PADDED = Case(B=2, S_q=64, S_kv=64, H=4, H_kv=2, d_k=32, d_v=32, causal=True, padding=True)
+
+
+def test_values_in_fully_masked_rows_are_shown_not_judged():
+    from harness.suite.inputs import empty_query_rows
+
+    assert bool(empty_query_rows(PADDED).any())  # the seed pads the second sequence
+    result = check_pair(PADDED, _EmptyRowsBackend(0.316))
+    assert result.verdict == "agree"
+    assert result.agreement.masked_rows_max_abs == pytest.approx(0.316, rel=1e-6)
+    assert "writes non-zero into fully masked query rows" in result.reason
+    honest = check_pair(PADDED, NaiveBackend())
+    assert honest.verdict == "agree" and honest.agreement.masked_rows_max_abs == 0 and "fully masked" not in (honest.reason or "")
+    unmasked = check_pair(PADDED.replace(padding=False), NaiveBackend())
+    assert unmasked.agreement.masked_rows_max_abs is None  # no such rows: nothing to show
+
+
+def test_nan_in_fully_masked_rows_never_agrees():
+    result = check_pair(PADDED, _EmptyRowsBackend(float("nan")))
+    assert result.verdict == "disagree" and "NaN/Inf into query rows that see no key" in result.reason
+
+
+def test_a_masked_rows_value_reaches_the_record():
+    record = execute(PADDED, _EmptyRowsBackend(0.25), PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.0, min_rounds=1, max_rounds=1, max_iterations=1)))
+    assert record.agree is True and record.masked_rows_max_abs == pytest.approx(0.25)

@@ -59,7 +59,7 @@ def test_report_has_every_section_and_its_csvs(report):
         assert (report.parent / name).exists(), name
         assert f'href="{name}"' in html
     crossover = pd.read_csv(report.parent / "crossover.csv")
-    assert set(crossover["D"]) == {512} and (crossover["model_S_star"] == 1024).all()
+    assert set(crossover["D"]) == {512} and (crossover["model_S_star"] == 512 * (1 + crossover["H_kv"] / 8)).all()
     winners = pd.read_csv(report.parent / "winners.csv")
     assert set(winners["winner"]) == {EVIL}  # too-good is faster but disagrees: never a winner
 

@@ -116,3 +116,26 @@ def test_mla_case_needs_one_kv_head_and_dv_within_dk(kw):
 
     with pytest.raises(UserError):
         Case(B=1, S_q=1, S_kv=4, H=4, **{"H_kv": 1, "d_k": 8, "d_v": 4, **kw}, mla=True)
+
+
+@pytest.mark.parametrize("H, H_kv", [(8, 8), (8, 2), (8, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_model_crossover_is_where_the_cases_own_flops_cross(H, H_kv, causal):
+    from harness.backends.projections import projection_flops
+
+    d = 64
+    D = H * d
+    s_star = theory.model_crossover(D, H, H_kv, causal)
+    assert s_star == pytest.approx(D * (1 + H_kv / H) * (2 if causal else 1))
+    # At the model's S* the core's counted FLOPs equal the projections' (up to the causal diagonal, 1/S).
+    S = round(s_star)
+    case = Case(B=1, S_q=S, S_kv=S, H=H, H_kv=H_kv, d_k=d, d_v=d, causal=causal)
+    assert theory.flops(case) / projection_flops(case) == pytest.approx(1.0, rel=2 / S)
+    below = case.replace(S_q=S // 2, S_kv=S // 2)
+    assert theory.flops(below) < projection_flops(below)
+
+
+def test_model_crossover_for_the_h200_gqa_rows_of_the_issue():
+    # H = 32, H_kv = 8, d_k = 128 (D = 4096): 5120 non-causal, 10240 causal (not 8192 for both).
+    assert theory.model_crossover(4096, 32, 8, False) == 5120
+    assert theory.model_crossover(4096, 32, 8, True) == 10240

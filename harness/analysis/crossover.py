@@ -72,7 +72,7 @@ def find_crossing(S: Sequence[float], t_core: Sequence[float], t_proj: Sequence[
 
 
 def crossovers(frame: pd.DataFrame) -> pd.DataFrame:
-    """S* per attention backend, model width D and fixed parameters, beside the FLOP model's 2D and the rule S ≈ D."""
+    """S* per attention backend, model width D and fixed parameters, beside the FLOP model's S* (GQA- and causal-aware) and the rule S ≈ D."""
     from harness.measure.theory import model_crossover
 
     rows = ok_rows(frame)
@@ -97,7 +97,7 @@ def crossovers(frame: pd.DataFrame) -> pd.DataFrame:
         out.append({
             "backend": key["backend"], "D": D, **{k: v for k, v in key.items() if k != "backend"}, "group": describe_group(key),
             "S_star": crossing.s_star, "S_star_text": crossing.text(), "S_star_over_D": crossing.over(D),
-            "bound": crossing.bound, "model_S_star": model_crossover(D), "rule_of_thumb_S": D,
+            "bound": crossing.bound, "model_S_star": model_crossover(D, int(key["H"]), int(key["H_kv"]), bool(key["causal"])), "rule_of_thumb_S": D,
             "S_min": int(merged["S"].min()), "S_max": int(merged["S"].max()), "points": len(merged),
             "crossings": crossing.crossings, "note": crossing.note,
         })

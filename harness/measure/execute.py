@@ -283,6 +283,7 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
     if outcome.agreement is not None:
         a = outcome.agreement
         record.max_abs_err, record.err_bound, record.rel_err, record.agree = a.max_abs_err, a.err_bound, a.rel_err, a.agree
+        record.masked_rows_max_abs = a.masked_rows_max_abs
     if outcome.measurement is not None:
         m, stats = outcome.measurement, outcome.measurement.stats
         record.latency_ms_median, record.latency_ms_p20, record.latency_ms_p80 = stats.median * 1e3, stats.p20 * 1e3, stats.p80 * 1e3
@@ -290,6 +291,8 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
         record.latency_ms_stdev, record.iqr_ratio = stats.stdev * 1e3, stats.iqr_ratio
         record.samples, record.iterations, record.noisy, record.suspect = stats.n, stats.iterations, stats.noisy, stats.suspect
         record.too_short, record.warmup_s, record.clock_resolution_s = m.too_short, m.plan.warmup_s, m.clock_resolution_s
+        record.launch_leaked, record.contended, record.cpu_wall_ratio = m.launch_leaked, m.contended, m.cpu_wall_ratio
+        record.run_queue_wait_ratio, record.involuntary_switches = m.run_queue_wait_ratio, m.involuntary_switches
         record.sample_ms = [s * 1e3 for s in stats.samples]
         record.tflops, record.gbps = record.flops / stats.median / 1e12, record.bytes / stats.median / 1e9
     if outcome.peak is not None:

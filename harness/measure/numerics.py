@@ -24,7 +24,7 @@ heads are picked per (batch, K/V head) slice, so query heads g·h … g·h+g−1
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -34,7 +34,7 @@ from harness.measure.reference import (
     reference_device, reference_kernel,
 )
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, visible_mask
+from harness.suite.inputs import AttentionInputs, empty_query_rows, visible_mask
 
 #: Unit roundoff u (half the spacing of numbers just above 1) per dtype: the relative error of one rounding.
 UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
@@ -68,6 +68,9 @@ class Agreement:
     rel_err: float | None
     agree: bool | None
     check_note: str | None = None
+    #: Largest |value| a backend wrote into query rows that see no key (the reference's are 0); None when
+    #: the case has no such rows. Not part of the verdict: a behaviour to show, not an error.
+    masked_rows_max_abs: float | None = None
 
     def columns(self) -> dict:
         """As record columns."""
@@ -75,14 +78,13 @@ class Agreement:
 
     def disagreeing(self, note: str) -> "Agreement":
         """The same errors, but failed, with `note` saying why (a problem the error numbers cannot show)."""
-        return Agreement(self.max_abs_err, self.err_bound, self.rel_err, False, self.check_note).with_note(note)
+        return replace(self, agree=False).with_note(note)
 
     def with_note(self, note: str | None) -> "Agreement":
         """The same result with `note` appended to its check note."""
         if not note:
             return self
-        joined = f"{self.check_note}; {note}" if self.check_note else note
-        return Agreement(self.max_abs_err, self.err_bound, self.rel_err, self.agree, joined)
+        return replace(self, check_note=f"{self.check_note}; {note}" if self.check_note else note)
 
 
 def _pick(t: torch.Tensor, slices: Sequence[tuple[int, int]], heads_per_slice: int) -> torch.Tensor:
@@ -130,7 +132,24 @@ def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor
         forward(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, rows),
     ))
     out = output_bhsd if rows is None else output_bhsd[:, :, rows.to(output_bhsd.device)]
-    result = error_against(out, ref, lp, case.dtype)
+    empty = empty_query_rows(case)
+    if empty is not None and rows is not None:
+        empty = empty[:, rows]
+    if empty is None or not bool(empty.any()):
+        result = error_against(out, ref, lp, case.dtype)
+    else:
+        # Rows that see no key have no softmax: kernels differ on what they write there (0, or a mean of V).
+        # The verdict is on the rows that see a key; what the backend wrote into the others is its own column.
+        hidden = empty[:, None, :, None].to(out.device).expand_as(out)
+        written = out.detach()[hidden].double().abs()
+        finite = bool(torch.isfinite(written).all())
+        most = float(written.max()) if finite else math.inf
+        result = error_against(torch.where(hidden, torch.zeros_like(out), out), ref, lp, case.dtype)
+        result = replace(result, masked_rows_max_abs=most if finite else None)
+        if not finite:  # NaN or Inf never agrees: it poisons whatever reads the row next
+            result = result.disagreeing("writes NaN/Inf into query rows that see no key")
+        elif most > 0:
+            result = result.with_note(f"writes non-zero into fully masked query rows (max |out| {most:.3g}; judged on the rows that see a key)")
     if rows is not None:
         result = result.with_note(f"{len(rows)} of {case.S_q} query rows checked")
     return result

@@ -101,6 +101,10 @@ def layer_flops(B: int, S: int, D: int) -> dict[str, int]:
     return {"projections": 8 * B * S * D * D, "core": 4 * B * S * S * D}
 
 
-def model_crossover(D: int) -> int:
-    """The S at which the core's FLOPs equal the projections' (8·B·S·D² = 4·B·S²·D ⇒ S = 2D)."""
-    return 2 * D
+def model_crossover(D: int, H: int, H_kv: int, causal: bool) -> float:
+    """The S at which the core's FLOPs equal the projections': S* = D·(1 + H_kv/H), twice that when causal.
+
+    Projections: Q and O are D×D, K and V are D×(D·H_kv/H), so 2·B·S·D²·(2 + 2·H_kv/H) FLOPs; the core
+    is 4·B·S²·D, half of it causal. For MHA without a mask that is the textbook S* = 2D.
+    """
+    return D * (1 + H_kv / H) * (2 if causal else 1)

@@ -154,7 +154,7 @@ def memory_figures(frame: pd.DataFrame, fits: pd.DataFrame, colors: Mapping[str,
 
 
 def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
-    """Per model width D: the projections' and each core's latency against S, with S* marked (and 2D, D for reference)."""
+    """Per model width D: the projections' and each core's latency against S, with S* marked (and the FLOP model's S* and D for reference)."""
     if table.empty:
         return []
     rows = analysis.ok_rows(frame)
@@ -181,7 +181,8 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
                     if e["S_star"] is not None and e["S_star"] == e["S_star"]:
                         ax.axvline(float(e["S_star"]), color=color, ls="-", lw=0.8, alpha=0.8)
                         ax.plot([float(e["S_star"])], [np.interp(math.log(e["S_star"]), np.log(proj["S"].astype(float)), proj["latency_ms_median"])], marker="*", ms=11, color=color, mec="black", zorder=5)
-                ax.axvline(2 * int(D), color="grey", ls=":", lw=1.2, label=f"FLOP model 2D = {2 * int(D)}")
+                model = float(entries.iloc[0]["model_S_star"])
+                ax.axvline(model, color="grey", ls=":", lw=1.2, label=f"FLOP model S* = {model:,.0f}")
                 ax.axvline(int(D), color="grey", ls="--", lw=0.8, label=f"rule of thumb D = {int(D)}")
                 ax.set_xscale("log", base=2)
                 ax.set_yscale("log")
@@ -194,7 +195,7 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
             fig.suptitle(f"Crossover at D = {int(D)}{suffix}", fontsize=11)
             fig.tight_layout()
-            figures.append(Figure(f"Crossover at D = {int(D)}{suffix}", to_data_uri(fig), "Black: the projections; coloured: each attention core; stars and solid lines: the measured S*; dotted: the FLOP model's S = 2D; dashed: the rule of thumb S ≈ D."))
+            figures.append(Figure(f"Crossover at D = {int(D)}{suffix}", to_data_uri(fig), "Black: the projections; coloured: each attention core; stars and solid lines: the measured S*; dotted: the FLOP model's S* = D·(1 + H_kv/H), twice that causal; dashed: the rule of thumb S ≈ D."))
     return figures
 
 

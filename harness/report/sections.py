@@ -148,7 +148,8 @@ def _roofline(data, ok, colors) -> Section:
 
 def _crossover(frame, cross, colors) -> Section:
     body = ["<p>The attention core (scores, softmax, weighted sum) against the layer's projections (Q, K, V and output, "
-            "<code>8·B·S·D²</code> FLOPs): by FLOPs the core (<code>4·B·S²·D</code>) overtakes at <code>S = 2D</code>; "
+            "<code>2·B·S·D²·(2 + 2·H_kv/H)</code> FLOPs): by FLOPs the core (<code>4·B·S²·D</code>, half of it causal) overtakes at "
+            "<code>S* = D·(1 + H_kv/H)</code>, twice that causal (<code>2D</code> for MHA); "
             "the measured <code>S*</code> is where its median time overtakes the projections', interpolated on log-log axes "
             "between the two sweep points that bracket it. Outside the sweep it is a bound, never an extrapolation.</p>"]
     if cross.empty:
@@ -158,7 +159,7 @@ def _crossover(frame, cross, colors) -> Section:
     body.append(Csv(cross, "crossover.csv"))
     shown = cross.sort_values(["D", "group", "backend"])
     body.append(Table(shown, columns=["backend", "D", "group", "S_star_text", "S_star_over_D", "model_S_star", "rule_of_thumb_S", "S_min", "S_max", "note"],
-                      headers=["backend", "D", "fixed parameters", "measured S*", "S*/D", "model S* = 2D", "rule of thumb S ≈ D", "S from", "S to", "note"],
+                      headers=["backend", "D", "fixed parameters", "measured S*", "S*/D", "model S* (FLOPs)", "rule of thumb S ≈ D", "S from", "S to", "note"],
                       formats={"S_star_text": lambda v, r: (v, "good" if r["bound"] is None or r["bound"] != r["bound"] else "bad")}))
     for f in figs.crossover_figures(frame, cross, colors):
         body.append(f)

@@ -92,6 +92,13 @@ class Record:
     too_short: bool | None = None
     warmup_s: float | None = None
     clock_resolution_s: float | None = None
+    #: Timed samples whose interval may hold host launch time (CUDA: the host outran the spin); None on host clocks.
+    launch_leaked: int | None = None
+    #: Another process took the CPU during the timed samples (run-queue waits or preemptions); the evidence follows.
+    contended: bool | None = None
+    run_queue_wait_ratio: float | None = None
+    involuntary_switches: int | None = None
+    cpu_wall_ratio: float | None = None
     timer: str | None = None
     compile_s: float | None = None
     peak_mem_bytes: int | None = None
@@ -109,6 +116,8 @@ class Record:
     err_bound: float | None = None
     rel_err: float | None = None
     agree: bool | None = None
+    #: Largest |value| written into query rows that see no key (the reference writes 0); not part of `agree`.
+    masked_rows_max_abs: float | None = None
     run_id: str = ""
     worker: str = "0"
     timestamp: float = field(default_factory=time.time)

@@ -94,6 +94,14 @@ def visible_key_rows(case: Case) -> int:
     return total
 
 
+def empty_query_rows(case: Case) -> torch.Tensor | None:
+    """Boolean `[B, S_q]`, True for query rows that see no key (padded rows, or rows a window leaves empty); None when unmasked."""
+    if not case.masked:
+        return None
+    lo, hi = _visible_bounds(case, kv_lengths(case))
+    return torch.as_tensor(hi <= lo)
+
+
 def visible_mask(case: Case, device: str | torch.device = "cpu") -> torch.Tensor | None:
     """Boolean `[B, 1, S_q, S_kv]` mask, True where a key is visible, or None when nothing is masked."""
     if not case.masked:
