@@ -28,6 +28,9 @@ MODES = ("fwd", "bwd", "fwd_bwd")
 DEVICES = ("cpu", "cuda")
 #: The largest size, window or seed a case may have: a tensor dimension (and a record's integer column) is an int64.
 MAX_INT = 2**63 - 1
+#: The most sequences a padded case may have: it draws one length per sequence (inputs.kv_lengths), which every
+#: input, mask and FLOP count then walks through; 2³¹ − 1 of them already take a minute to draw and count.
+MAX_PADDED_B = 2**31 - 1
 #: The integer fields of a case (all positive), and its boolean ones.
 SIZE_FIELDS = ("B", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v")
 BOOL_FIELDS = ("causal", "padding", "mla")
@@ -117,6 +120,8 @@ class Case:
             raise UserError(f"unknown mode {self.mode!r}: expected one of {', '.join(MODES)}")
         if self.window is not None:
             object.__setattr__(self, "window", _integer("window", self.window, expected="a positive integer or None"))
+        if self.padding and self.B > MAX_PADDED_B:
+            raise UserError(f"B={self.B} is too many sequences for a padded case (one length is drawn per sequence): at most {MAX_PADDED_B}")
         if self.mla and (self.H_kv != 1 or self.d_v > self.d_k):
             raise UserError(f"an MLA case has one shared latent cache: needs H_kv=1 and d_v <= d_k, got H_kv={self.H_kv}, d_k={self.d_k}, d_v={self.d_v}")
 
