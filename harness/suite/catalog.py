@@ -61,11 +61,12 @@ _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 def suite_slug(name: str) -> str:
     """A suite name as ASCII letters, digits, '.', '-' and '_', for a run id or a folder: never empty, at most SLUG_MAX characters.
 
-    Accents are dropped (`Über` → `Uber`), every run of other characters becomes one '-', and what would
-    start or end the slug with '-' or '.' is trimmed ('GQA sweep' → 'GQA-sweep', '../x' → 'x', '' → 'suite').
+    Accents are dropped (`Über` → `Uber`), every run of other characters becomes one '-', the slug starts with a
+    letter or digit and does not end with '-' or '.' ('GQA sweep' → 'GQA-sweep', '../x' → 'x', '' → 'suite'):
+    a valid run id on its own (`results.store.validate_run_id`).
     """
     ascii_name = unicodedata.normalize("NFKD", str(name)).encode("ascii", "ignore").decode("ascii")
-    slug = _SLUG_UNSAFE.sub("-", ascii_name)[:SLUG_MAX].strip("-.")
+    slug = _SLUG_UNSAFE.sub("-", ascii_name)[:SLUG_MAX].lstrip("-._").rstrip("-.")
     return slug or "suite"
 
 
