@@ -6,6 +6,7 @@ Numbers are stored at full precision; only reports round.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -127,8 +128,16 @@ def _field_problem(record: dict[str, Any]) -> str | None:
                 return f"field {name!r} has value {value!r}, expected true or false"
         elif name in ("dtype", "device", "mode") and not isinstance(value, str):
             return f"field {name!r} has value {value!r}, expected a string"
+    return _case_problem(tuple(record[name] for name in CASE_FIELDS))
+
+
+@functools.lru_cache(maxsize=4096)
+def _case_problem(values: tuple[Any, ...]) -> str | None:
+    """Why these case field values (in CASE_FIELDS order, types already checked) make no valid Case, or None.
+
+    Cached: a run's records repeat each case once per backend."""
     try:
-        case_from_fields(record)
+        case_from_fields(dict(zip(CASE_FIELDS, values)))
     except UserError as exc:
         return f"not a valid case ({exc})"
     return None
