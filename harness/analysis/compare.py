@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, TextIO
 
@@ -45,15 +45,68 @@ def environment_differences(base: Mapping[str, Any], new: Mapping[str, Any], key
     return [f"{k}: {b.get(k)} → {n.get(k)}" for k in keys if b.get(k) != n.get(k)]
 
 
-def _load(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    from harness.results.store import load_run
+#: The numbers compare reads from each `ok` row.
+LATENCY_COLUMNS = ("latency_ms_median", "latency_ms_p20", "latency_ms_p80")
+
+
+def _number(value: Any) -> float | None:
+    """A finite float from a record's number (or a numeric string, as `json.dumps(default=str)` writes numpy scalars), else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _check_latencies(frame: pd.DataFrame, where: Path) -> pd.DataFrame:
+    """Every `ok` row's latency columns as floats; UserError naming the file, the row and the column otherwise."""
+    frame = frame.copy()
+    for column in LATENCY_COLUMNS:
+        values = []
+        for position, (value, status, case_id, backend) in enumerate(zip(frame[column], frame["status"], frame["case_id"], frame["backend"]), start=1):
+            number = _number(value)
+            if number is None and status == "ok":
+                shown = "null" if value is None or (isinstance(value, float) and math.isnan(value)) else repr(value)
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                raise UserError(f"{where}: record {position} ({case_id}, {backend}): column {column!r} has value {shown}, expected a finite number of milliseconds")
+            values.append(number)
+        frame[column] = pd.Series(values, index=frame.index, dtype="float64")
+    return frame
+
+
+def _read_env(env_path: Path) -> dict[str, Any]:
+    """A run's env.json, or {} when it has none; UserError when it is not a JSON object of objects."""
+    if not env_path.exists():
+        return {}
+    try:
+        env = json.loads(env_path.read_bytes())
+    except (ValueError, RecursionError) as exc:
+        raise UserError(f"{env_path}: not valid JSON ({exc if isinstance(exc, ValueError) else 'nested too deep'})") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {env_path}: {exc.strerror or exc}") from None
+    if not isinstance(env, dict):
+        raise UserError(f"{env_path}: expected a JSON object, got a {type(env).__name__}")
+    for key in ("before",):
+        if key in env and env[key] is not None and not isinstance(env[key], dict):
+            raise UserError(f"{env_path}: field {key!r} has value {env[key]!r}, expected an object")
+    return env
+
+
+def _load(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], list[str]]:
+    """A run's rows (latencies as floats), its environment, and warnings worth printing (a dropped truncated line)."""
+    from harness.results.store import RECORDS, ReadResult, load_run
 
     if not Path(run_dir).is_dir():
         raise UserError(f"{run_dir} is not a run folder")
     frame = load_run(run_dir)
-    env_path = Path(run_dir) / "env.json"
-    env = json.loads(env_path.read_text()) if env_path.exists() else {}
-    return frame, env
+    records = Path(run_dir) / RECORDS
+    if frame.empty:
+        raise UserError(f"{records} has no records: nothing to compare (is the run still starting, or did it stop before its first pair?)")
+    frame = _check_latencies(frame, records)
+    warnings = [ReadResult([], True, Path(path)).dropped_message for path in frame.attrs.get("dropped_partial_lines", [])]
+    return frame, _read_env(Path(run_dir) / "env.json"), warnings
 
 
 @dataclass
@@ -64,6 +117,8 @@ class Comparison:
     env_differences: list[str]
     threshold: float | None
     failures: pd.DataFrame
+    #: Things the user should know about the inputs (a truncated last line dropped from a records file).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -110,18 +165,20 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | Non
 
 def compare_runs(base_dir: Path | str, new_dir: Path | str, threshold: float | None = None, *, force: bool = False) -> Comparison:
     """Compare two run folders; refuses (UserError) when they ran on different devices, unless `force`."""
-    base, base_env = _load(Path(base_dir))
-    new, new_env = _load(Path(new_dir))
+    base, base_env, base_warnings = _load(Path(base_dir))
+    new, new_env, new_warnings = _load(Path(new_dir))
     device_diffs = environment_differences(base_env, new_env, DEVICE_KEYS)
     if device_diffs and not force:
         raise UserError(f"runs measured different devices ({'; '.join(device_diffs)}): their times are not comparable; pass --force to compare anyway")
     diffs = environment_differences(base_env, new_env)
     table, failures = compare_frames(base, new, threshold)
-    return Comparison(table, diffs, threshold, failures)
+    return Comparison(table, diffs, threshold, failures, base_warnings + new_warnings)
 
 
 def print_comparison(result: Comparison, base_name: str, new_name: str, out: TextIO) -> None:
     """The human summary: environment warnings, then one line per row, the worst first."""
+    for warning in result.warnings:
+        out.write(f"warning: {warning}\n")
     for diff in result.env_differences:
         out.write(f"warning: environments differ: {diff}\n")
     table = result.table

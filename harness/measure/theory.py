@@ -6,11 +6,105 @@ disputed count (causal, S_q ≠ S_kv) is settled in one place.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Iterator
+
+import numpy as np
+
 from harness.suite.cases import Case
-from harness.suite.inputs import kv_lengths, q_lengths, torch_dtype, visible_key_rows, visible_pairs
+from harness.suite.inputs import torch_dtype
 
 #: Backward costs 2.5× the forward (two matmuls become five); forward+backward 3.5×.
 MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+
+
+#: Padded sequences whose lengths are drawn and counted at a time: memory stays bounded whatever B is.
+LENGTH_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class MaskCounts:
+    """What a case's mask leaves, summed over the batch (per head), as exact Python integers.
+
+    The closed forms of `harness.suite.inputs` (`q_lengths`, `kv_lengths`, `visible_pairs`,
+    `visible_key_rows`), computed without a per-query or per-key array: costs are asked of cases
+    (S = 10⁹) whose tensors could never be allocated, and must not allocate either.
+    """
+
+    q_rows: int
+    kv_tokens: int
+    pairs: int
+    key_rows: int
+
+
+def _maximum(x: Any, y: Any) -> Any:
+    """Elementwise max of arrays; the builtin on Python ints (np.maximum would turn them into int64, which overflows)."""
+    return np.maximum(x, y) if isinstance(x, np.ndarray) else max(x, y)
+
+
+def _minimum(x: Any, y: Any) -> Any:
+    """Elementwise min of arrays; the builtin on Python ints."""
+    return np.minimum(x, y) if isinstance(x, np.ndarray) else min(x, y)
+
+
+def _capped_triangle(n: Any, w: int | None) -> Any:
+    """Σ_{k=1..n} min(k, w) for n ≥ 0 (w None: no cap), elementwise on arrays."""
+    if w is None:
+        return n * (n + 1) // 2
+    m = _minimum(n, w)
+    return m * (m + 1) // 2 + (n - m) * w
+
+
+def _sequence_counts(q_len: Any, kv_len: Any, case: Case) -> tuple[Any, Any]:
+    """(visible pairs, keys seen) of sequences with `q_len` real queries against `kv_len` keys (arrays or ints).
+
+    Query i sits at position p = i + kv_len − q_len (bottom-right). Unmasked, it sees all kv_len keys.
+    Causal, it sees the p + 1 keys up to p (none when p < 0); with a window w, min(p + 1, w) of them.
+    Summed over p = a … kv_len − 1, where a = max(kv_len − q_len, 0) is the first position that sees a
+    key, that is T(kv_len) − T(a) with T(n) = Σ_{k≤n} min(k, w). The keys seen by consecutive queries
+    form touching intervals, so their union is [max(a − w + 1, 0), kv_len).
+    """
+    if not (case.causal or case.window is not None):
+        return q_len * kv_len, kv_len
+    w = case.window
+    a = _maximum(kv_len - q_len, 0)
+    pairs = _capped_triangle(kv_len, w) - _capped_triangle(a, w)
+    first_key = 0 if w is None else _maximum(a - w + 1, 0)
+    return pairs, kv_len - first_key
+
+
+def _padded_kv_lengths(case: Case, chunk: int) -> Iterator[np.ndarray]:
+    """`inputs.kv_lengths` of a padded case, `chunk` sequences at a time (the same draws, in the same order)."""
+    rng = np.random.default_rng([case.seed, 0x9AD])
+    low = max(1, (case.S_kv + 1) // 2)
+    for start in range(0, case.B, chunk):
+        lengths = rng.integers(low, case.S_kv + 1, size=min(chunk, case.B - start)).astype(np.int64)
+        if start == 0:
+            lengths[0] = case.S_kv  # one full sequence, as in a real padded batch
+        yield lengths
+
+
+@functools.lru_cache(maxsize=4096)
+def mask_counts(case: Case, chunk: int = LENGTH_CHUNK) -> MaskCounts:
+    """Rows, tokens and visible pairs of a case in closed form: O(1) memory, O(B / chunk) numpy calls with padding."""
+    if not case.padding:
+        pairs, key_rows = _sequence_counts(case.S_q, case.S_kv, case)
+        return MaskCounts(case.B * case.S_q, case.B * case.S_kv, case.B * int(pairs), case.B * int(key_rows))
+    # One length per sequence: drawn a chunk at a time. int64 arithmetic while no intermediate can overflow
+    # (every one is below (S + 1)² per sequence), Python integers (object arrays) beyond that.
+    exact = (max(case.S_q, case.S_kv) + 1) ** 2 * min(chunk, case.B) >= 2**62
+    totals = [0, 0, 0, 0]
+    for kv_len in _padded_kv_lengths(case, chunk):
+        if exact:
+            kv_len = kv_len.astype(object)
+        q_len = kv_len if case.S_q == case.S_kv else case.S_q  # a right-padded batch pads its queries too
+        pairs, key_rows = _sequence_counts(q_len, kv_len, case)
+        q_rows = kv_len.sum() if case.S_q == case.S_kv else case.S_q * len(kv_len)
+        for index, value in enumerate((q_rows, kv_len.sum(), pairs.sum(), key_rows.sum())):
+            totals[index] += int(value)
+    return MaskCounts(*totals)
 
 
 def element_size(case: Case) -> int:
@@ -26,12 +120,12 @@ def forward_flops(case: Case) -> int:
     general Σ_i min(S_kv, i + 1 + S_kv − S_q) over queries i; padding and windows count what they leave.
     Softmax and scaling are not counted (the convention of FlashAttention and FlashInfer).
     """
-    return 2 * case.H * (case.d_k + case.d_v) * visible_pairs(case)
+    return 2 * case.H * (case.d_k + case.d_v) * mask_counts(case).pairs
 
 
 def flops(case: Case) -> int:
     """FLOPs of the case's pass (fwd, bwd = 2.5× fwd, fwd_bwd = 3.5× fwd)."""
-    return int(round(forward_flops(case) * MODE_FLOP_FACTOR[case.mode]))
+    return round(forward_flops(case) * Fraction(MODE_FLOP_FACTOR[case.mode]))  # exact, however large
 
 
 def tensor_bytes(case: Case) -> dict[str, int]:
@@ -53,7 +147,8 @@ def touched_bytes(case: Case) -> dict[str, int]:
     query sees every key). MLA reads V inside K's latent, so V costs nothing extra.
     """
     size = element_size(case)
-    q_rows, kv_rows = int(q_lengths(case).sum()), visible_key_rows(case)
+    counts = mask_counts(case)
+    q_rows, kv_rows = counts.q_rows, counts.key_rows
     return {
         "q": q_rows * case.H * case.d_k * size,
         "k": kv_rows * case.H_kv * case.d_k * size,
@@ -88,7 +183,7 @@ def kv_cache_bytes_per_token(case: Case) -> int:
 
 def kv_cache_bytes(case: Case) -> int:
     """Bytes of the keys and values a decoder caches for this case: its real tokens (Σ_b len_b) × bytes per token."""
-    return int(kv_lengths(case).sum()) * kv_cache_bytes_per_token(case)
+    return mask_counts(case).kv_tokens * kv_cache_bytes_per_token(case)
 
 
 def arithmetic_intensity(case: Case) -> float:

@@ -6,6 +6,7 @@ Numbers are stored at full precision; only reports round.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from harness.suite.cases import BOOL_FIELDS, CASE_FIELDS, SIZE_FIELDS, case_from_fields
 from harness.errors import UserError
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
@@ -24,6 +26,8 @@ ENV = "env.json"
 def upgrade(record: dict[str, Any]) -> dict[str, Any]:
     """Bring a record of any known schema version to the current one (version 1 is the first)."""
     version = record.get("schema_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise UserError(f"record has schema_version {version!r}, expected a positive integer")
     if version > SCHEMA_VERSION:
         raise UserError(f"record has schema version {version}, newer than this attnbench ({SCHEMA_VERSION}): upgrade attnbench")
     return record
@@ -54,17 +58,81 @@ class ReadResult:
 
     records: list[dict[str, Any]]
     dropped_partial_line: bool
+    #: The file read (None when built by hand).
+    path: Path | None = None
+
+    @property
+    def dropped_message(self) -> str | None:
+        """One line for the user when a truncated last line was dropped, else None."""
+        if not self.dropped_partial_line:
+            return None
+        return f"{self.path or RECORDS}: dropped a truncated last line (a run stopped mid-write); resume the run to redo that pair"
+
+
+#: Record fields that, when present (always, in a record attnbench writes), are strings: what compare and report join and print on.
+KEY_FIELDS = ("case_id", "backend", "status")
+
+
+def _field_problem(record: dict[str, Any]) -> str | None:
+    """What is wrong with a record's key and case fields (in words naming the field), or None.
+
+    Key fields are non-empty strings. The case's fields are all there or none is (a record written by hand,
+    for a test, may carry only its keys);
+    each has its type (ints for sizes, true/false for flags, strings for dtype, device and mode), and together
+    they must make a valid Case.
+    """
+    for name in KEY_FIELDS:
+        if name in record and (not isinstance(record[name], str) or not record[name]):
+            return f"field {name!r} has value {record[name]!r}, expected a non-empty string"
+    present = [name for name in CASE_FIELDS if name in record]
+    if not present:
+        return None
+    for name in CASE_FIELDS:
+        if name not in record:
+            return f"record has no field {name!r} (a record carries all its case's fields: {', '.join(CASE_FIELDS)})"
+        value = record[name]
+        if name in SIZE_FIELDS or name == "seed" or (name == "window" and value is not None):
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"field {name!r} has value {value!r}, expected an integer" + (" or null" if name == "window" else "")
+        elif name in BOOL_FIELDS:
+            if not isinstance(value, bool):
+                return f"field {name!r} has value {value!r}, expected true or false"
+        elif name in ("dtype", "device", "mode") and not isinstance(value, str):
+            return f"field {name!r} has value {value!r}, expected a string"
+    return _case_problem(tuple(record[name] for name in CASE_FIELDS))
+
+
+@functools.lru_cache(maxsize=4096)
+def _case_problem(values: tuple[Any, ...]) -> str | None:
+    """Why these case field values (in CASE_FIELDS order, types already checked) make no valid Case, or None.
+
+    Cached: a run's records repeat each case once per backend."""
+    try:
+        case_from_fields(dict(zip(CASE_FIELDS, values)))
+    except UserError as exc:
+        return f"not a valid case ({exc})"
+    return None
 
 
 def read_records(path: Path | str) -> ReadResult:
-    """Read a records file; a truncated last line (a kill mid-write) is dropped, any other bad line is an error naming it."""
+    """Read a records file; a truncated last line (a kill mid-write) is dropped, any other bad line is an error naming it.
+
+    An empty file has no records (a run killed before its first one). A line must be a JSON object whose
+    case_id, backend and status are strings and whose case fields are typed as a Case's; the error says
+    file:line and the field.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / RECORDS
     if not path.exists():
         raise UserError(f"no records file at {path}")
+    try:
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, not a records file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
     records: list[dict[str, Any]] = []
-    raw = path.read_bytes()
     lines = raw.split(b"\n")
     dropped = False
     for number, line in enumerate(lines, start=1):
@@ -72,16 +140,23 @@ def read_records(path: Path | str) -> ReadResult:
             continue
         try:
             record = json.loads(line)
-            if not isinstance(record, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            is_last = number == len(lines) and not raw.endswith(b"\n")
-            if is_last:
-                dropped = True
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; absurd nesting a RecursionError
+            if number == len(lines) and not raw.endswith(b"\n"):
+                dropped = True  # the last line, cut short by a kill mid-write: that pair is redone on resume
                 break
-            raise UserError(f"{path}:{number}: corrupt record ({exc})") from None
-        records.append(upgrade(record))
-    return ReadResult(records, dropped)
+            reason = exc if isinstance(exc, ValueError) else "nested too deep"
+            raise UserError(f"{path}:{number}: corrupt record ({reason})") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{path}:{number}: corrupt record (a {type(record).__name__}, not a JSON object)")
+        try:
+            record = upgrade(record)
+        except UserError as exc:
+            raise UserError(f"{path}:{number}: {exc}") from None
+        problem = _field_problem(record)
+        if problem is not None:
+            raise UserError(f"{path}:{number}: {problem}")
+        records.append(record)
+    return ReadResult(records, dropped, path)
 
 
 def typed_records(path: Path | str) -> list[Record]:
@@ -96,15 +171,23 @@ def iter_records(run_dirs: Iterable[Path | str]) -> Iterator[Record]:
 
 
 def load_run(*run_dirs: Path | str):
-    """Load one or more runs into one pandas DataFrame, with every column of the schema present."""
+    """Load one or more runs into one pandas DataFrame, with every column of the schema present.
+
+    `frame.attrs["dropped_partial_lines"]` lists the records files whose truncated last line was dropped
+    (`ReadResult.dropped_message` words it), so that a report can say so.
+    """
     import pandas as pd
 
-    frame = pd.DataFrame([r.to_dict() for r in iter_records(run_dirs)])
+    results = [read_records(run_dir) for run_dir in run_dirs]
+    frame = pd.DataFrame([Record.from_dict(r, where=f"{result.path} record {i}").to_dict()
+                          for result in results for i, r in enumerate(result.records, start=1)])
     for column in COLUMNS:
         if column not in frame.columns:
             frame[column] = None
     ordered = [*COLUMNS, *[c for c in frame.columns if c not in COLUMNS]]
-    return frame[ordered]
+    frame = frame[ordered]
+    frame.attrs["dropped_partial_lines"] = [str(result.path) for result in results if result.dropped_partial_line]
+    return frame
 
 
 def write_csv(run_dir: Path | str) -> Path:
@@ -119,11 +202,17 @@ def write_csv(run_dir: Path | str) -> Path:
     return out
 
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: A folder name stops at 255 bytes on Linux, macOS and Windows file systems.
+RUN_ID_MAX_BYTES = 255
 
 
 def validate_run_id(run_id: str) -> str:
-    """A run id is a plain folder name: letters, digits, dot, dash, underscore."""
-    if not _RUN_ID.match(run_id):
-        raise UserError(f"invalid run id {run_id!r}: use letters, digits, '.', '-' and '_'")
+    """A run id is a plain folder name: letters, digits, dot, dash, underscore; starting with a letter or digit
+    (so never '.', '..' or a hidden folder), no '/', at most 255 bytes."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        shown = repr(run_id) if len(repr(run_id)) <= 80 else repr(run_id)[:77] + "..."
+        raise UserError(f"invalid run id {shown}: use letters, digits, '.', '-' and '_', starting with a letter or digit")
+    if len(run_id.encode()) > RUN_ID_MAX_BYTES:
+        raise UserError(f"invalid run id {run_id[:40]!r}... ({len(run_id.encode())} bytes): a folder name has at most {RUN_ID_MAX_BYTES}")
     return run_id

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -24,6 +26,42 @@ _DTYPE_ALIASES = {v: k for k, v in DTYPES.items()} | {"float": "fp32", "half": "
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 DEVICES = ("cpu", "cuda")
+#: The largest size, window or seed a case may have: a tensor dimension (and a record's integer column) is an int64.
+MAX_INT = 2**63 - 1
+#: The most sequences a padded case may have: it draws one length per sequence (inputs.kv_lengths), which every
+#: input, mask and FLOP count then walks through; 2³¹ − 1 of them already take a minute to draw and count.
+MAX_PADDED_B = 2**31 - 1
+#: The integer fields of a case (all positive), and its boolean ones.
+SIZE_FIELDS = ("B", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v")
+BOOL_FIELDS = ("causal", "padding", "mla")
+
+
+def _is_bool(value: Any) -> bool:
+    """A Python or numpy boolean scalar (numpy's is not a bool subclass, and its name changed in numpy 2)."""
+    return isinstance(value, bool) or (getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "ndim", None) == 0)
+
+
+def _integer(name: str, value: Any, *, minimum: int = 1, expected: str | None = None) -> int:
+    """`value` as a plain int in [minimum, MAX_INT] (numpy integers accepted, bools and floats not), or UserError naming the field."""
+    expected = expected or ("a positive integer" if minimum == 1 else "a non-negative integer")
+    try:
+        if _is_bool(value):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        raise UserError(f"{name} must be {expected}, got {value!r}") from None
+    if number < minimum:
+        raise UserError(f"{name} must be {expected}, got {value!r}")
+    if number > MAX_INT:
+        raise UserError(f"{name}={number} is beyond int64 (at most {MAX_INT})")
+    return int(number)
+
+
+def _boolean(name: str, value: Any) -> bool:
+    """`value` as a plain bool (numpy bools accepted), or UserError naming the field."""
+    if _is_bool(value):
+        return bool(value)
+    raise UserError(f"{name} must be true or false, got {value!r}")
 
 
 def canonical_dtype(name: str) -> str:
@@ -68,19 +106,22 @@ class Case:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
-        for name in ("B", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise UserError(f"{name} must be a positive integer, got {value!r}")
+        for name in SIZE_FIELDS:
+            object.__setattr__(self, name, _integer(name, getattr(self, name)))
+        for name in BOOL_FIELDS:
+            object.__setattr__(self, name, _boolean(name, getattr(self, name)))
+        object.__setattr__(self, "seed", _integer("seed", self.seed, minimum=0))
         if self.H % self.H_kv:
             raise UserError(f"H={self.H} is not divisible by H_kv={self.H_kv}")
-        device = str(self.device).split(":")[0]
+        device = self.device.split(":")[0] if isinstance(self.device, str) else None
         if device not in DEVICES:
             raise UserError(f"unknown device {self.device!r}: expected one of {', '.join(DEVICES)}")
-        if self.mode not in MODES:
+        if not isinstance(self.mode, str) or self.mode not in MODES:
             raise UserError(f"unknown mode {self.mode!r}: expected one of {', '.join(MODES)}")
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window <= 0):
-            raise UserError(f"window must be a positive integer or None, got {self.window!r}")
+        if self.window is not None:
+            object.__setattr__(self, "window", _integer("window", self.window, expected="a positive integer or None"))
+        if self.padding and self.B > MAX_PADDED_B:
+            raise UserError(f"B={self.B} is too many sequences for a padded case (one length is drawn per sequence): at most {MAX_PADDED_B}")
         if self.mla and (self.H_kv != 1 or self.d_v > self.d_k):
             raise UserError(f"an MLA case has one shared latent cache: needs H_kv=1 and d_v <= d_k, got H_kv={self.H_kv}, d_k={self.d_k}, d_v={self.d_v}")
 
@@ -142,8 +183,15 @@ CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
 _ID_TOKENS = (("B", "B", True), ("S_q", "Sq", True), ("S_kv", "Skv", True), ("H", "H", True), ("H_kv", "Hkv", True), ("d_k", "dk", True), ("d_v", "dv", False))
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only (`str.isdigit` also takes '²', which int() refuses), short enough for int() to parse."""
+    return text.isascii() and text.isdigit() and len(text) < 4000
+
+
 def parse_case_id(case_id: str, device: str = "cpu") -> Case:
     """Parse an id such as `B1-Sq1024-Skv1024-H16-Hkv4-dk64-bf16-causal` back into its Case; UserError names a bad token."""
+    if not isinstance(case_id, str):
+        raise UserError(f"a case id is a string such as 'B1-Sq1024-Skv1024-H16-Hkv4-dk64-bf16', got {case_id!r}")
     tokens = case_id.strip().split("-")
     fields: dict[str, Any] = {"device": device}
     position = 0
@@ -154,7 +202,7 @@ def parse_case_id(case_id: str, device: str = "cpu") -> Case:
     for name, prefix, required in _ID_TOKENS:
         token = tokens[position] if position < len(tokens) else ""
         # `H` is a prefix of `Hkv`: a token must be the prefix followed by digits only.
-        if token.startswith(prefix) and token[len(prefix):].isdigit():
+        if token.startswith(prefix) and _is_number(token[len(prefix):]):
             fields[name] = int(token[len(prefix):])
             position += 1
         elif required:
@@ -167,11 +215,11 @@ def parse_case_id(case_id: str, device: str = "cpu") -> Case:
     # The optional tokens, each at most once and in the order `.id` writes them.
     optional = [
         ("causal", lambda t: t == "causal", lambda t: True),
-        ("window", lambda t: t.startswith("win") and t[3:].isdigit(), lambda t: int(t[3:])),
+        ("window", lambda t: t.startswith("win") and _is_number(t[3:]), lambda t: int(t[3:])),
         ("padding", lambda t: t == "pad", lambda t: True),
         ("mla", lambda t: t == "mla", lambda t: True),
         ("mode", lambda t: t in MODES and t != "fwd", lambda t: t),
-        ("seed", lambda t: t.startswith("seed") and t[4:].isdigit(), lambda t: int(t[4:])),
+        ("seed", lambda t: t.startswith("seed") and _is_number(t[4:]), lambda t: int(t[4:])),
     ]
     for token in tokens[position:]:
         while optional and not optional[0][1](token):
@@ -187,17 +235,25 @@ def parse_case_id(case_id: str, device: str = "cpu") -> Case:
 
 
 def case_from_fields(fields: Mapping[str, Any]) -> Case:
-    """Rebuild a Case from a record's fields, ignoring the non-case ones."""
+    """Rebuild a Case from a record's fields, ignoring the non-case ones; UserError names a missing or ill-typed field.
+
+    Tolerates what a CSV round-trip does to a record (integral floats such as 4.0, NaN for no window),
+    never a truncation (2.5 is not an integer) or a string standing for a number.
+    """
+    required = [f.name for f in dataclasses.fields(Case) if f.default is dataclasses.MISSING]
+    missing = [name for name in required if name not in fields]
+    if missing:
+        raise UserError(f"missing case field {missing[0]!r}")
     kwargs = {name: fields[name] for name in CASE_FIELDS if name in fields}
-    window = kwargs.get("window")
-    if window is not None and window != window:  # NaN from a CSV round-trip
-        kwargs["window"] = None
-    for name in ("B", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "seed", "window"):
-        if kwargs.get(name) is not None:
-            kwargs[name] = int(kwargs[name])
-    for name in ("causal", "padding", "mla"):
-        if name in kwargs:
-            kwargs[name] = bool(kwargs[name])
+    for name in (*SIZE_FIELDS, "seed", "window"):
+        value = kwargs.get(name)
+        if isinstance(value, float) or type(value).__name__.startswith("float"):
+            if name == "window" and value != value:  # NaN from a CSV round-trip: no window
+                kwargs[name] = None
+            elif math.isfinite(value) and float(value).is_integer():
+                kwargs[name] = int(value)
+            else:
+                raise UserError(f"{name} must be an integer, got {value!r}")
     return Case(**kwargs)
 
 
@@ -226,12 +282,26 @@ def grid(
     `H_kv` accepts `"H"` (MHA) and skips a value for the H it does not divide, so that one grid
     can sweep H ∈ {12, 16} against H_kv ∈ {H, 8, 1}; a value that divides no H is an error. `d_v=None` means d_v = d_k.
     """
+    def values(name: str, axis: Any) -> list:
+        # One value or a list of them; a string is one value (not its characters).
+        if isinstance(axis, (str, bytes)) or not isinstance(axis, Iterable):
+            return [axis]
+        values = list(axis)
+        if not values:
+            raise UserError(f"grid axis {name!r} is empty")
+        return values
+
+    B, H, H_kv, d_k, d_v = values("B", B), values("H", H), values("H_kv", H_kv), values("d_k", d_k), values("d_v", d_v)
+    dtype, causal, mode, window = values("dtype", dtype), values("causal", causal), values("mode", mode), values("window", window)
+    padding, mla = values("padding", padding), values("mla", mla)
+    S, S_q, S_kv = (None if axis is None else values(name, axis) for name, axis in (("S", S), ("S_q", S_q), ("S_kv", S_kv)))
     if S is not None and (S_q is not None or S_kv is not None):
         raise UserError("give either S or S_q/S_kv, not both")
     if S is None and (S_q is None or S_kv is None):
         raise UserError("give S, or both S_q and S_kv")
     seq_pairs = [(s, s) for s in S] if S is not None else list(itertools.product(S_q, S_kv))
-    H, H_kv = list(H), list(H_kv)
+    for h in H:
+        _integer("H", h)  # before H_kv is checked against it
     for hkv in H_kv:
         # A value that fits some H but not another is skipped for that H; one that fits none is a mistake.
         if isinstance(hkv, int) and not isinstance(hkv, bool) and hkv > 0 and all(h % hkv for h in H):

@@ -7,13 +7,16 @@ TOML file with the same fields, validated with errors that name the field and th
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
+import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.suite.cases import MODES, Case, canonical_dtype, grid
+from harness.suite.cases import MAX_INT, MODES, Case, canonical_dtype, grid
 from harness.errors import UserError
 from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
 from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases
@@ -32,6 +35,11 @@ class Suite:
     #: The smaller grid the same suite runs on a CPU (None: `cases` on any device), and its budget there.
     cpu_cases: tuple[Case, ...] | None = None
     cpu_budget: Budget | None = None
+
+    @property
+    def slug(self) -> str:
+        """The suite's name made safe for a folder name or run id (see `suite_slug`): 'GQA sweep' → 'GQA-sweep'."""
+        return suite_slug(self.name)
 
     def pairs(self, backend_names: Iterable[str]) -> list[tuple[Case, str]]:
         """Every (case, backend) pair in a stable order: cases outer, backends inner."""
@@ -61,6 +69,23 @@ def resolve_suite_name(name: str, device: str) -> str:
     if name == AUTO:
         return "default" if device == "cuda" else "quick"
     return name
+
+
+#: The longest slug: a run id adds a timestamp and a process id, and a folder name stops at 255 bytes.
+SLUG_MAX = 64
+_SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def suite_slug(name: str) -> str:
+    """A suite name as ASCII letters, digits, '.', '-' and '_', for a run id or a folder: never empty, at most SLUG_MAX characters.
+
+    Accents are dropped (`Über` → `Uber`), every run of other characters becomes one '-', the slug starts with a
+    letter or digit and does not end with '-' or '.' ('GQA sweep' → 'GQA-sweep', '../x' → 'x', '' → 'suite'):
+    a valid run id on its own (`results.store.validate_run_id`).
+    """
+    ascii_name = unicodedata.normalize("NFKD", str(name)).encode("ascii", "ignore").decode("ascii")
+    slug = _SLUG_UNSAFE.sub("-", ascii_name)[:SLUG_MAX].lstrip("-._").rstrip("-.")
+    return slug or "suite"
 
 
 def pair_key(case: Case, backend: str) -> str:
@@ -105,8 +130,11 @@ def load_suite(name_or_path: str) -> Suite:
     """A built-in suite by name, `model:<preset>[:<S>,…]` (harness.suite.presets), or a TOML file; UserError for anything else."""
     if name_or_path.startswith("model:"):
         return model_suite(name_or_path)
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise UserError(f"no suite given (got {name_or_path!r}): name a built-in suite ({', '.join(builtin_suites())}) or a .toml file")
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    # A folder that happens to share a built-in suite's name is not a suite file; a folder named x.toml is refused by name.
+    if path.suffix == ".toml" or path.is_file():
         return suite_from_toml(path)
     if name_or_path not in builtin_suites():
         raise UserError(f"unknown suite {name_or_path!r}: built-in suites are {', '.join(builtin_suites())}, or give a .toml file")
@@ -152,9 +180,19 @@ def _as_list(where: str, key: str, value: Any) -> list:
 def suite_from_toml(path: Path) -> Suite:
     """Parse and validate a TOML suite file (see suites/example.toml)."""
     try:
-        data = tomllib.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise UserError(f"suite file {path} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"suite file {path} is a directory, not a TOML file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read suite file {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a TOML file (byte {exc.start} is not UTF-8 text)") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML ({exc})") from None
     where = str(path)
@@ -162,10 +200,12 @@ def suite_from_toml(path: Path) -> Suite:
     if unknown:
         raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_TOP_KEYS))})")
     grids = data.get("grid")
-    if not grids:
-        raise UserError(f"{where}: no [[grid]] table: a suite needs at least one grid")
     if isinstance(grids, dict):
         grids = [grids]
+    if grids is not None and (not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids)):
+        raise UserError(f"{where}: field 'grid' has value {grids!r}, expected [[grid]] tables of axes (see suites/example.toml)")
+    if not grids:
+        raise UserError(f"{where}: no [[grid]] table: a suite needs at least one grid")
     device = data.get("device", "cpu")
     if device not in ("cpu", "cuda"):
         raise UserError(f"{where}: field 'device' has value {device!r}, expected 'cpu' or 'cuda'")
@@ -195,14 +235,20 @@ def suite_from_toml(path: Path) -> Suite:
     if backends is not None and (not isinstance(backends, list) or not backends or not all(isinstance(b, str) for b in backends)):
         raise UserError(f"{where}: field 'backends' has value {backends!r}, expected a non-empty list of names")
     budget_spec = data.get("budget", {})
+    if not isinstance(budget_spec, dict):
+        raise UserError(f"{where}: field 'budget' has value {budget_spec!r}, expected a [budget] table")
     unknown = set(budget_spec) - _BUDGET_KEYS
     if unknown:
-        raise UserError(f"{where}: unknown budget field {sorted(unknown)[0]!r}")
+        raise UserError(f"{where}: unknown budget field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_BUDGET_KEYS))})")
     for key, value in budget_spec.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected a non-negative number")
-        if key in {"min_rounds", "max_rounds", "max_iterations"} and (not isinstance(value, int) or value < 1):
-            raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected a positive integer")
+        if key in {"min_rounds", "max_rounds", "max_iterations"}:
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
+                raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected a positive integer")
+        elif (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+              or value < 0 or (key == "measure_s" and value == 0)):
+            # warmup_s = 0 still warms up with one call, min_sample_s = 0 is what CUDA budgets use; measuring for 0 s is nothing.
+            expected = "a finite, positive number of seconds" if key == "measure_s" else "a finite number of seconds, 0 or more"
+            raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected {expected}")
     if budget_spec.get("min_rounds", 0) > budget_spec.get("max_rounds", float("inf")):
         raise UserError(f"{where}: budget field 'min_rounds' has value {budget_spec['min_rounds']!r}, more than max_rounds {budget_spec['max_rounds']!r}")
     budget = Budget(**{**QUICK_BUDGET.__dict__, **budget_spec})
