@@ -248,7 +248,7 @@ HUGE = [
     ("S-1e9-causal", dict(B=1, S_q=10**9, S_kv=10**9, causal=True)),
     ("S-1e9-window-padding", dict(B=8, S_q=10**9, S_kv=10**9, window=4096, padding=True, mode="fwd_bwd")),
     ("decode-1e9", dict(B=64, S_q=1, S_kv=10**9, causal=True, padding=True)),
-    ("int64-edges", dict(B=2**62, S_q=2**62, S_kv=2**63 - 1, causal=True, mode="bwd")),
+    ("largest-indexable", dict(B=2**20, S_q=2**31, S_kv=2**31, causal=True, mode="bwd")),
 ]
 
 
@@ -408,3 +408,17 @@ def test_compare_still_reads_numbers_written_as_strings_and_tells_a_dropped_line
     assert main(["compare", str(base), str(new), "--out", str(tmp_path / "cmp.csv")]) == 0
     out = capsys.readouterr().out
     assert f"warning: {new / RECORDS}: dropped a truncated last line" in out
+
+
+def test_a_case_whose_tensors_no_tensor_can_index_is_refused_by_name():
+    with pytest.raises(UserError, match=r"more than a tensor can index"):
+        Case(B=10**6, S_q=10**9, S_kv=10**9, H=128, H_kv=128, d_k=512, d_v=512)
+
+
+def test_explicit_model_lengths_past_the_context_are_refused_and_run_on_the_cpu_too():
+    from harness.suite.catalog import load_suite
+
+    with pytest.raises(UserError, match="context is 32,768 tokens; 99,999 is longer"):
+        load_suite("model:mistral-7b:99999")
+    suite = load_suite("model:mistral-7b:256").on_device("cpu")
+    assert {c.S_kv for c in suite.cases} == {256}

@@ -55,11 +55,15 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
     manifests: dict[str, Any] = {}
     dirs: dict[str, Path] = {}
     frames = []
+    dropped: list[str] = []
     for run_dir in run_dirs:
         run_dir = Path(run_dir)
         if not run_dir.is_dir():
             raise UserError(f"{run_dir} is not a run folder")
         frame = load_run(run_dir)
+        if frame.empty:
+            raise UserError(f"{run_dir} has no records yet (records.jsonl is empty): nothing to analyse; finish it with attnbench run --resume {run_dir}")
+        dropped.extend(frame.attrs.get("dropped_partial_lines", []))
         run_id = run_dir.name
         frame["run_id"] = frame["run_id"].fillna(run_id).replace("", run_id)
         ids = set(frame["run_id"].dropna()) or {run_id}
@@ -72,7 +76,7 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
             dirs[rid] = run_dir
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    notes = []
+    notes = [f"{path}: a truncated last line (a run stopped mid-write) was left out; resume that run to redo the pair" for path in dropped]
     duplicated = frame.duplicated(["case_id", "backend"], keep="last")
     if duplicated.any():  # the same pair measured by several runs: the later run's row stands
         notes.append(f"{int(duplicated.sum())} (case, backend) pairs were measured by more than one run; the row of the run given last is used")

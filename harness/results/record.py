@@ -71,9 +71,10 @@ class Record:
     padding: bool
     mla: bool
     seed: int
-    attention_kind: str
     backend: str
-    family: str
+    #: MHA, GQA or MQA (derived from H and H_kv; empty in a record written without it).
+    attention_kind: str = ""
+    family: str = ""
     backend_version: str | None = None
     status: Status = Status.OK
     reason: str | None = None
@@ -155,7 +156,9 @@ class Record:
 
 
 def _clean(value: Any) -> Any:
-    """JSON has no NaN or Infinity: store them as null."""
+    """JSON has no NaN or Infinity: store them as null; numpy scalars as the Python numbers they are."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
+        value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -187,6 +190,15 @@ def _typed(name: str, value: Any, where: str) -> Any:
             return value
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if kind in (int, float) and isinstance(value, str):
+            # Older writers stored numpy scalars with json's default=str: a number written as text is still that number.
+            try:
+                number = kind(value)
+            except ValueError:
+                continue
+            if kind is float and not math.isfinite(number):
+                return None
+            return number
         if kind in (str, dict, list) and isinstance(value, kind):
             return value
     raise UserError(f"{where}: field {name!r} has value {value!r}, expected {_describe(hint)}")

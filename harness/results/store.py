@@ -161,7 +161,7 @@ def read_records(path: Path | str) -> ReadResult:
 
 def typed_records(path: Path | str) -> list[Record]:
     """The records of a run folder or records file, each type-checked (UserError naming the file, record and field)."""
-    return [Record.from_dict(r, where=f"{path} record {i}") for i, r in enumerate(read_records(path).records, start=1)]
+    return [Record.from_dict(r, where=f"{path}: record {i}") for i, r in enumerate(read_records(path).records, start=1)]
 
 
 def iter_records(run_dirs: Iterable[Path | str]) -> Iterator[Record]:
@@ -179,7 +179,7 @@ def load_run(*run_dirs: Path | str):
     import pandas as pd
 
     results = [read_records(run_dir) for run_dir in run_dirs]
-    frame = pd.DataFrame([Record.from_dict(r, where=f"{result.path} record {i}").to_dict()
+    frame = pd.DataFrame([Record.from_dict(r, where=f"{result.path}: record {i}").to_dict()
                           for result in results for i, r in enumerate(result.records, start=1)])
     for column in COLUMNS:
         if column not in frame.columns:

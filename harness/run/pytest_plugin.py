@@ -97,7 +97,7 @@ class AttnbenchSession:
         if run_dir is None:
             from harness.run.rundir import new_run_id
 
-            run_dir = str(Path("results") / new_run_id(suite.name))
+            run_dir = str(Path("results") / new_run_id(suite.slug))
         self.run_dir = Path(run_dir)
         self.writer = RunWriter(self.run_dir)
         self.worker = config.getoption("--attnbench-worker")

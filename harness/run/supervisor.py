@@ -165,7 +165,7 @@ class Supervisor:
         keys = [k for k in (pair_key(c, b) for c, b in suite.pairs(names)) if all(o in k for o in config.only)]
         if not keys:
             raise UserError(f"--only {','.join(config.only)} matches no pair of suite {suite.name!r}" if config.only else f"suite {suite.name!r} has no pairs")
-        run_id = validate_run_id(config.run_id or new_run_id(suite.name))
+        run_id = validate_run_id(config.run_id or new_run_id(suite.slug))
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "suite_copy": None, "device": device,
             "backends": names, "broken": broken, "capabilities": capabilities, "pairs": keys, "check": config.check,

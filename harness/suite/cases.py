@@ -124,6 +124,10 @@ class Case:
             raise UserError(f"B={self.B} is too many sequences for a padded case (one length is drawn per sequence): at most {MAX_PADDED_B}")
         if self.mla and (self.H_kv != 1 or self.d_v > self.d_k):
             raise UserError(f"an MLA case has one shared latent cache: needs H_kv=1 and d_v <= d_k, got H_kv={self.H_kv}, d_k={self.d_k}, d_v={self.d_v}")
+        largest = max(self.B * self.H * self.S_q * max(self.d_k, self.d_v), self.B * self.H_kv * self.S_kv * max(self.d_k, self.d_v))
+        if largest > MAX_INT:
+            raise UserError(f"B={self.B}, H={self.H}, S={self.S_kv}, d={max(self.d_k, self.d_v)}: one input tensor would hold "
+                            f"{largest:.3g} elements, more than a tensor can index (2^63 - 1)")
 
     @property
     def id(self) -> str:

@@ -103,12 +103,13 @@ def builtin_suites() -> list[str]:
 def model_suite(spec: str) -> Suite:
     """The suite `model:<name>[:<S>,<S>…]`: a preset's prefill (fwd, causal) and decode cases in bf16 on CUDA.
 
-    On a CPU the same heads run at S = 128 in fp32 (the suite's `cpu_cases`).
+    On a CPU the same heads run in fp32, at S = 128 by default or at the lengths given.
     """
     parts = spec.split(":")
     if len(parts) not in (2, 3) or parts[0] != "model":
         raise UserError(f"model suite {spec!r}: expected model:<name> or model:<name>:<S>,<S>,…")
     preset = get_preset(parts[1])
+    seq, cpu_seq = DEFAULT_SEQ, CPU_SEQ
     if len(parts) == 3:
         try:
             seq = tuple(int(s) for s in parts[2].split(",") if s)
@@ -116,12 +117,15 @@ def model_suite(spec: str) -> Suite:
             raise UserError(f"model suite {spec!r}: sequence lengths must be integers") from None
         if not seq or any(s <= 0 for s in seq):
             raise UserError(f"model suite {spec!r}: give positive sequence lengths")
-    else:
-        seq = DEFAULT_SEQ
+        too_long = [s for s in seq if s > preset.context]
+        if too_long:
+            raise UserError(f"model suite {spec!r}: {preset.name}'s context is {preset.context:,} tokens; "
+                            f"{', '.join(f'{s:,}' for s in too_long)} is longer")
+        cpu_seq = seq  # asked for by name: the CPU runs those lengths too, not its default
     return Suite(
         name=f"model-{preset.name}", description=f"{preset.name} ({preset.source}): prefill and decode at S {', '.join(map(str, seq))}",
         cases=tuple(model_cases(preset, seq, device="cuda")),
-        cpu_cases=tuple(model_cases(preset, CPU_SEQ, dtype="fp32", device="cpu")),
+        cpu_cases=tuple(model_cases(preset, cpu_seq, dtype="fp32", device="cpu")),
         budget=CUDA_BUDGET, cpu_budget=QUICK_BUDGET,
     )
 
