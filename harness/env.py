@@ -123,3 +123,16 @@ def detect_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_device(requested: str | None) -> str:
+    """The device a command runs on: the one asked for (cpu or cuda, checked), else cuda when torch sees a GPU."""
+    from harness.errors import UserError
+
+    if requested is None:
+        return detect_device()
+    if requested not in ("cpu", "cuda"):
+        raise UserError(f"unknown device {requested!r}: expected cpu or cuda")
+    if requested == "cuda" and detect_device() != "cuda":
+        raise UserError("--device cuda asked for, but torch sees no CUDA device")
+    return requested

@@ -144,10 +144,12 @@ def run_cli(*, suite: str | None, backends: Sequence[str] | None, dtypes: Sequen
             out: TextIO | None = None) -> int:
     """What `attnbench check` does: resolve the cases and backends, check every pair, print, and return the exit status."""
     from harness.backends.registry import load_registry
-    from harness.env import detect_device
+    from harness.env import detect_device, resolve_device
     from harness.suite.catalog import load_suite, pair_key, resolve_suite_name
 
     out = out or sys.stdout
+    if device is not None:
+        resolve_device(device)
     registry = load_registry()
     if suite:
         loaded = load_suite(resolve_suite_name(suite, detect_device()))

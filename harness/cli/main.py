@@ -58,9 +58,9 @@ def cmd_env(args: argparse.Namespace) -> int:
 def cmd_stability(args: argparse.Namespace) -> int:
     """Measure one case in several fresh processes and print the spread of their medians."""
     from harness.cli.stability import case_from_args, run_stability
-    from harness.env import detect_device
+    from harness.env import resolve_device
 
-    case = case_from_args(args, args.device or detect_device())
+    case = case_from_args(args, resolve_device(args.device))
     result = run_stability(case, args.backend, args.processes, args.measure_s, log=sys.stderr if sys.stderr.isatty() else None)
     print(result.report())
     return 0
@@ -78,6 +78,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError("--seq goes with --model")
     if args.resume is None and args.suite is None:
         raise UserError("give --suite NAME or --model PRESET (or --resume RUN_DIR)")
+    if args.resume is not None:
+        # A resumed run is the run its manifest describes: these would silently be ignored.
+        fixed = {"--suite/--model": args.suite, "--backends": args.backends, "--force": args.force or None, "--run-id": args.run_id,
+                 "--device": args.device, "--only": args.only, "--no-check": args.no_check or None}
+        clash = [flag for flag, value in fixed.items() if value is not None]
+        if clash:
+            raise UserError(f"--resume finishes the run as its manifest describes it; {', '.join(clash)} cannot change it (start a new run instead)")
     config = RunConfig(
         suite=args.suite or "", device=args.device, backends=args.backends, out=Path(args.out), run_id=args.run_id,
         workers=args.workers, gpus=_parse_gpus(args.gpus), force=args.force,

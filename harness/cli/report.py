@@ -30,8 +30,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     result = compare_runs(base, new, threshold, force=args.force)
     print_comparison(result, base.name, new.name, sys.stdout)
     out = Path(args.out) if args.out else Path("reports") / f"compare-{base.name}-vs-{new.name}.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result.table.to_csv(out, index=False)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder: give the path of the CSV file to write")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result.table.to_csv(out, index=False)
+    except OSError as exc:
+        raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"csv: {out}")
     return EXIT_REGRESSION if result.failed else 0
 

@@ -115,7 +115,7 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
 
 def case_from_args(args: argparse.Namespace, device: str) -> Case:
     """The case named by `add_case_arguments`' arguments, on `device`."""
-    flags = {k[5:]: v for k, v in vars(args).items() if k.startswith("case_") and v not in (None, False)}
+    flags = {k[5:]: v for k, v in vars(args).items() if k.startswith("case_") and v is not None and v is not False}
     if args.case:
         if flags:
             raise UserError("give a case id or case flags, not both")

@@ -15,6 +15,7 @@ from typing import Sequence
 import pandas as pd
 
 from harness import analysis
+from harness.errors import UserError
 from harness.report.sections import sections
 from harness.report.writer import Csv, report_folder, write_report
 
@@ -46,5 +47,7 @@ def build_report(run_dirs: Sequence[Path | str], out_root: Path | str = "reports
     # Named after the run folders given, never after a run id read from a file (which could name any path).
     name = report_id([Path(d).resolve().name for d in run_dirs])
     out_dir = report_folder(Path(out_root), name)
+    if baseline is not None and baseline not in set(data.frame["backend"]):
+        raise UserError(f"--baseline {baseline!r} has no row in these runs: the backends are {', '.join(sorted(set(data.frame['backend'])))}")
     baseline = baseline or analysis.default_baseline(data.frame) or "sdpa-math"
     return write_report(out_dir, f"attnbench report: {name}", sections(data, baseline), [Csv(_tidy_records(data.frame), "records.csv")])

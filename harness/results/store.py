@@ -6,6 +6,7 @@ Numbers are stored at full precision; only reports round.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -45,8 +46,11 @@ class RunWriter:
         """Write one record as one line; O_APPEND keeps lines from concurrent workers whole."""
         line = json.dumps(record.to_dict(), separators=(",", ":"), default=str) + "\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        data = line.encode()
         try:
-            os.write(fd, line.encode())
+            written = os.write(fd, data)
+            if written != len(data):  # a file size limit or a full disk cut the line: say so, never carry on silently
+                raise OSError(errno.EFBIG, f"only {written} of {len(data)} bytes of a record could be written")
             os.fsync(fd)
         finally:
             os.close(fd)

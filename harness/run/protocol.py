@@ -34,6 +34,8 @@ CURRENT_SUFFIX = ".current"
 EXIT_STICKY = 70
 #: A worker exits with this code when the supervisor that started it has gone.
 EXIT_ORPHANED = 71
+#: A worker exits with this code when it cannot append a row (disk full, file size limit): nothing after it could be kept.
+EXIT_CANNOT_WRITE = 74
 
 
 def current_path(run_dir: Path, worker: str) -> Path:

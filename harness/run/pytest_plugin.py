@@ -129,8 +129,13 @@ class AttnbenchSession:
         runner = replace(self.runner, loop_factory=lambda clock: benchmark_loop(benchmark, clock))
         record = execute(case, backend, runner, self.run_id, self.worker)
         benchmark.extra_info.update({"case_id": case.id, "backend": backend_name, "status": record.status.value})
-        self.writer.append(record)
-        protocol.atomic_write(self.current_path, "")
+        try:
+            self.writer.append(record)
+            protocol.atomic_write(self.current_path, "")
+        except OSError as exc:
+            # Measuring on would lose every later row too: stop, and let the supervisor say so once.
+            _say(self.config, f"attnbench worker {self.worker}: cannot write to {self.run_dir}: {exc.strerror or exc}")
+            os._exit(protocol.EXIT_CANNOT_WRITE)
         if poisons_process(record):
             # The record is on disk; nothing else can run in this process (a dead CUDA context), so end it
             # here and let the supervisor start a fresh worker on the remaining pairs.

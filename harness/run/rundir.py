@@ -158,6 +158,17 @@ class RunFolder:
         except OSError:
             return 0
 
+    def clear_worker_files(self) -> None:
+        """After the last pair: remove the claims, the pending list and the workers' `.current` files (the lock files stay).
+
+        The two lock files stay on purpose: deleting a file another attnbench may be opening to lock
+        would let two processes each lock a different file of the same name.
+        """
+        shutil.rmtree(self.path / protocol.CLAIMS, ignore_errors=True)
+        (self.path / protocol.PENDING).unlink(missing_ok=True)
+        for current in self.path.glob(f"worker-*{protocol.CURRENT_SUFFIX}"):
+            current.unlink(missing_ok=True)
+
     # -- beside the rows ---------------------------------------------------------------------------
     def write_env_before(self) -> None:
         """The environment's fingerprint and, on a GPU, its clocks and temperatures before any pair."""

@@ -39,7 +39,7 @@ from typing import Any, TextIO
 
 from harness.backends.base import Backend
 from harness.backends.registry import Registry, load_registry
-from harness.env import detect_device
+from harness.env import resolve_device
 from harness.errors import UserError
 from harness.measure.execute import case_record
 from harness.results.record import Status
@@ -143,11 +143,7 @@ class Supervisor:
             self._slots(folder.device)  # reject impossible worker options before locking
             folder.lock()
             return folder
-        device = config.device or detect_device()
-        if device not in ("cpu", "cuda"):
-            raise UserError(f"unknown device {device!r}: expected cpu or cuda")
-        if device == "cuda" and detect_device() != "cuda":
-            raise UserError("--device cuda asked for, but torch sees no CUDA device")
+        device = resolve_device(config.device)
         self._slots(device)
         suite, suite_arg = _resolve_suite(config.suite, device)
         names = suite.backend_names(config.backends, self.registry.names())
@@ -185,6 +181,9 @@ class Supervisor:
         folder.path = folder.path.resolve()
         try:
             return self._run(folder, started)
+        except OSError as exc:  # ENOSPC, EFBIG (ulimit -f), EIO: the rows written so far are whole and fsynced
+            raise UserError(f"cannot write to {folder.path} ({exc.strerror or exc}): the finished rows are kept; "
+                            f"free space, then finish with: attnbench run --resume {folder.path}") from None
         finally:
             folder.unlock()
 
@@ -198,7 +197,12 @@ class Supervisor:
     def _run(self, folder: RunFolder, started: float) -> RunSummary:
         manifest, run_dir = folder.manifest, folder.path
         pairs = folder.pairs()
-        done = {r.pair_key for r in folder.recorded(repair=True)}
+        recorded = folder.recorded(repair=True)
+        foreign = [r for r in recorded if r.pair_key not in pairs or (r.run_id and r.run_id != folder.run_id)]
+        if foreign:
+            raise UserError(f"{run_dir / 'records.jsonl'} holds {len(foreign)} rows that are not pairs of run {folder.run_id} "
+                            f"(first: {foreign[0].pair_key} of run {foreign[0].run_id!r}): the folder mixes runs; resume refuses it")
+        done = {r.pair_key for r in recorded}
         total = len(manifest["pairs"])
         writer = RunWriter(run_dir)
         broken = folder.broken
@@ -234,10 +238,11 @@ class Supervisor:
                     unclaimed = any(not protocol.claim_path(run_dir, k).exists() for k in pending)
                     if restart and unclaimed and fruitless[name] <= _MAX_FRUITLESS_RESTARTS:
                         active[name] = start(worker.slot, worker.attempt + 1)
-        except KeyboardInterrupt:
+        except BaseException as exc:
             for worker in active.values():
                 worker.kill()
-            self.log.write(f"\ninterrupted: finished rows are in {run_dir}; finish with: attnbench run --resume {run_dir}\n")
+            if isinstance(exc, KeyboardInterrupt):
+                self.log.write(f"\ninterrupted: finished rows are in {run_dir}; finish with: attnbench run --resume {run_dir}\n")
             raise
         finally:
             signal.signal(signal.SIGTERM, previous_term)
@@ -247,6 +252,7 @@ class Supervisor:
             self._record_failure(writer, folder, pairs, key, "supervisor", "error", "no worker ran this pair (a worker failed outside any pair; see the worker-*.log files)")
         write_csv(run_dir)
         folder.write_env_after()
+        folder.clear_worker_files()
         counts: dict[str, int] = {}
         for record in folder.recorded():
             counts[record.status.value] = counts.get(record.status.value, 0) + 1
@@ -259,6 +265,8 @@ class Supervisor:
             return False, True
         if outcome == "exited" and rc == protocol.EXIT_STICKY:
             return True, True  # it wrote the pair's `crashed` record itself before exiting
+        if outcome == "exited" and rc == protocol.EXIT_CANNOT_WRITE:
+            raise OSError(f"worker {worker.slot.name} could not append its row (see {worker.log_path.name})")
         failed_key = worker.current_pair()
         if failed_key and failed_key not in {r.pair_key for r in folder.recorded()}:
             status, reason = worker.failure(outcome, self.config.case_timeout_s)
