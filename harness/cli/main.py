@@ -78,10 +78,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError("--seq goes with --model")
     if args.resume is None and args.suite is None:
         raise UserError("give --suite NAME or --model PRESET (or --resume RUN_DIR)")
+    if args.traces and not args.profile:
+        raise UserError("--traces goes with --profile")
     if args.resume is not None:
         # A resumed run is the run its manifest describes: these would silently be ignored.
         fixed = {"--suite/--model": args.suite, "--backends": args.backends, "--force": args.force or None, "--run-id": args.run_id,
-                 "--device": args.device, "--only": args.only, "--no-check": args.no_check or None}
+                 "--device": args.device, "--only": args.only, "--no-check": args.no_check or None,
+                 "--profile": args.profile or None, "--traces": args.traces or None}
         clash = [flag for flag, value in fixed.items() if value is not None]
         if clash:
             raise UserError(f"--resume finishes the run as its manifest describes it; {', '.join(clash)} cannot change it (start a new run instead)")
@@ -90,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         workers=args.workers, gpus=_parse_gpus(args.gpus), force=args.force,
         resume=Path(args.resume) if args.resume else None, check=not args.no_check,
         case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
-        memory_limit=_parse_size("--memory-limit", args.memory_limit),
+        memory_limit=_parse_size("--memory-limit", args.memory_limit), profile=args.profile, traces=args.traces,
     )
     summary = Supervisor(config).run()
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
@@ -166,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="CPU only: cap each worker's address space (RLIMIT_AS) at its start-up size plus SIZE, e.g. 2GiB; "
                         "a pair that allocates past it is recorded oom")
+    p.add_argument("--profile", action="store_true",
+                   help="one torch.profiler pass per pair after its timed samples: kernels/operators per step, their time, launch/gap share, time per category")
+    p.add_argument("--traces", action="store_true", help="with --profile: also write one Chrome trace per pair under RUN/traces/")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true", help="then write reports/<run-id>/index.html and print its path last")
     p.set_defaults(func=cmd_run)
@@ -179,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available")
     p.add_argument("--measure-s", type=float, default=0.5, help="seconds of timed samples per process (default 0.5)")
     p.set_defaults(func=cmd_stability)
+
+    from harness.cli.profile import add_arguments as add_profile_arguments, cmd_profile
+
+    p = sub.add_parser("profile", help="one pair under torch.profiler: kernels/operators per step against the median, memory peak, a trace file")
+    add_profile_arguments(p)
+    p.set_defaults(func=cmd_profile)
 
     sub.add_parser("gpu-check", help="CUDA: every backend on a small grid, fwd/bwd, checked and timed (--cpu: tiny, on the CPU); exit 2 without CUDA")
 

@@ -14,6 +14,7 @@ import gc
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -22,6 +23,7 @@ from harness.backends.base import Backend, Prepared
 from harness.errors import Unsupported
 from harness.measure import theory
 from harness.measure.memory import MemoryPeak, measure_peak
+from harness.measure.profile import ProfileSummary, profile_step
 from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
 from harness.measure.reference import ReferenceCache
 from harness.measure.cuda_clock import CudaEventClock, L2Flusher
@@ -43,6 +45,11 @@ class Phases:
     time: bool = True
     #: One more call with the peak-memory counters reset.
     memory: bool = True
+    #: A few steps under torch.profiler after everything else (never inside a timed sample).
+    profile: bool = False
+    #: Profiled steps, and the folder a Chrome trace of each pair goes to (None: no trace file).
+    profile_steps: int = 5
+    traces: Path | None = None
 
 
 #: What `attnbench check` runs: agreement alone, untimed.
@@ -58,6 +65,7 @@ class PairOutcome:
     agreement: Agreement | None = None
     measurement: Measurement | None = None
     peak: MemoryPeak | None = None
+    profile: ProfileSummary | None = None
     timer: str | None = None
     compile_s: float | None = None
     notes: dict[str, Any] = field(default_factory=dict)
@@ -247,6 +255,9 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
             outcome.measurement = measure(step, clock, budget, setup=setup, loop=loop)
         if phases.memory:
             outcome.peak = measure_peak(step, case.device)
+        if phases.profile:
+            trace = phases.traces / f"{case.id}-{backend.name}.trace.json.gz" if phases.traces is not None else None
+            outcome.profile = profile_step(step, case.device, steps=phases.profile_steps, trace_path=trace)
     agreement = flag_modified_inputs(agreement, drawn, inputs)
     if phases.weights and backend.returns_weights and case.mode == "fwd":
         problems = _weights_problems(case, backend)
@@ -295,6 +306,11 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
         record.run_queue_wait_ratio, record.involuntary_switches = m.run_queue_wait_ratio, m.involuntary_switches
         record.sample_ms = [s * 1e3 for s in stats.samples]
         record.tflops, record.gbps = record.flops / stats.median / 1e12, record.bytes / stats.median / 1e9
+    if outcome.profile is not None:
+        median_s = record.latency_ms_median / 1e3 if record.latency_ms_median is not None else None
+        for name, value in outcome.profile.record_columns(median_s).items():
+            setattr(record, name, value)
+        record.profile_trace = outcome.profile.trace_path
     if outcome.peak is not None:
         record.peak_mem_bytes, record.peak_reserved_bytes, record.memory_method = outcome.peak.peak_bytes, outcome.peak.reserved_bytes, outcome.peak.method
     return record

@@ -149,9 +149,9 @@ def profile_step(
     warmup: int = 2,
     trace_path: str | os.PathLike | None = None,
 ) -> ProfileSummary:
-    """Run `warmup` untimed calls, then profile `steps` calls (each its own marked step) and summarise them."""
+    """Run `warmup` calls under the profiler (discarded: its own start-up is slow), then profile `steps` calls and summarise them."""
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
@@ -163,15 +163,19 @@ def profile_step(
         if cuda:
             torch.cuda.synchronize(device)
 
-    for _ in range(warmup):
-        step()
+    step()  # outside the profiler: a first call's compilation or allocation is not what a profile is asked about
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities, profile_memory=True, record_shapes=False) as prof:
-        for i in range(steps):
-            with record_function(f"{STEP_MARKER}{i}"):
+    # The first steps under a freshly started profiler run several times slower (its own start-up, measured:
+    # 2-4x on CPU in a new process), so `warmup` steps run profiled and are discarded by the schedule.
+    plan = schedule(wait=0, warmup=warmup, active=steps, repeat=1) if warmup else schedule(wait=0, warmup=0, active=steps, repeat=1)
+    with profile(activities=activities, profile_memory=True, record_shapes=False, schedule=plan) as prof:
+        for i in range(warmup + steps):
+            marker = f"{STEP_MARKER}{i - warmup}" if i >= warmup else "attnbench::profile_warmup"
+            with record_function(marker):
                 step()  # the result is dropped inside the marker, so its free is inside the step too
                 sync()  # a step's kernels end before its marker closes: the marker bounds them
+            prof.step()
     written = None
     if trace_path is not None:
         written = _trace_file(trace_path)

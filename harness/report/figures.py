@@ -55,7 +55,8 @@ def backend_colors(names: Iterable[str]) -> dict[str, Any]:
     return {name: palette[i % len(palette)] for i, name in enumerate(names)}
 
 
-def _panels(n: int) -> tuple[Any, np.ndarray]:
+def panels(n: int) -> tuple[Any, np.ndarray]:
+    """A figure with `n` panels in rows of up to COLUMNS (extra axes hidden), and its axes."""
     cols = min(COLUMNS, n)
     rows = math.ceil(n / cols)
     width, height = (6.5, 4.3) if n <= 2 else (4.2, 3.2)  # one or two panels: draw them readable, not thumbnail-sized
@@ -65,7 +66,8 @@ def _panels(n: int) -> tuple[Any, np.ndarray]:
     return fig, axes.flat
 
 
-def _chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
+def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
+    """(index, slice) of `items` in slices of `size`."""
     for start in range(0, len(items), size):
         yield start // size, items[start : start + size]
 
@@ -82,8 +84,8 @@ def _per_group_figures(
     keys = analysis.group_key_columns(rows, exclude=("dtype", "mode"))
     for (dtype, mode), by_dtype in rows.groupby(["dtype", "mode"], sort=True):
         groups = list(analysis.groups(by_dtype, keys))
-        for part, chunk in _chunks(groups, MAX_PANELS):
-            fig, axes = _panels(len(chunk))
+        for part, chunk in chunks(groups, MAX_PANELS):
+            fig, axes = panels(len(chunk))
             for ax, (key, sub) in zip(axes, chunk):
                 for backend, line in sub.groupby("backend", sort=True):
                     line = line.sort_values("S")
@@ -162,8 +164,8 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
     figures = []
     for D, by_d in table.groupby("D", sort=True):
         groups = list(by_d.groupby("group", sort=True))
-        for part, chunk in _chunks(groups, MAX_PANELS):
-            fig, axes = _panels(len(chunk))
+        for part, chunk in chunks(groups, MAX_PANELS):
+            fig, axes = panels(len(chunk))
             for ax, (label, entries) in zip(axes, chunk):
                 first = entries.iloc[0]
                 mask = np.ones(len(rows), dtype=bool)

@@ -17,6 +17,7 @@ from harness import analysis
 from harness.measure import roofline
 from harness.report import figures as figs
 from harness.report.page import esc, fmt
+from harness.report.profiling import profiling_section
 from harness.report.writer import Csv, Section, Table, render_table
 
 
@@ -316,6 +317,7 @@ def sections(data: analysis.RunData, baseline: str) -> list[Section]:
         _crossover(frame, analysis.crossovers(frame), colors),
         _scaling(frame, fits),
         _memory(frame, analysis.memory_vs_model(frame), fits, colors),
+        profiling_section(frame),
         _agreement(frame, ok, colors),
         _failures(frame),
         _environment(data),

@@ -119,6 +119,20 @@ class Record:
     agree: bool | None = None
     #: Largest |value| written into query rows that see no key (the reference writes 0); not part of `agree`.
     masked_rows_max_abs: float | None = None
+    #: From one profiled pass after the timed samples (`run --profile`), per step: kernels (CUDA) or operators
+    #: (CPU), their summed time, the share of the median they leave to launch overhead and gaps, the top one,
+    #: and the time per category (harness.measure.categories).
+    profile_kernels_per_step: float | None = None
+    profile_kernel_ms_per_step: float | None = None
+    profile_gap_share: float | None = None
+    profile_top_kernel: str | None = None
+    profile_ms_matmul: float | None = None
+    profile_ms_softmax: float | None = None
+    profile_ms_elementwise: float | None = None
+    profile_ms_copy_expand: float | None = None
+    profile_ms_fused_attention: float | None = None
+    profile_ms_other: float | None = None
+    profile_trace: str | None = None
     run_id: str = ""
     worker: str = "0"
     timestamp: float = field(default_factory=time.time)

@@ -51,6 +51,8 @@ class ChildResult:
     objects: tuple[dict[str, Any], ...]
     tail: str
     timed_out: bool = False
+    #: Everything the child printed on stdout (for a child whose output is not JSON lines, such as ncu's CSV).
+    stdout: str = ""
 
     @property
     def ok(self) -> bool:
@@ -83,7 +85,7 @@ def run_child(command: Sequence[str], timeout_s: float | None = None, env: dict[
             except ValueError:
                 pass  # a stray line that only looked like JSON; the tail shows it
     tail = " ".join((err or out or "").split())[-300:]
-    return ChildResult(None if timed_out else process.returncode, tuple(objects), tail, timed_out)
+    return ChildResult(None if timed_out else process.returncode, tuple(objects), tail, timed_out, out)
 
 
 def emit(obj: dict[str, Any]) -> None:

@@ -39,6 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attnbench-pairs", default=None, help="file listing the pair keys to run, one per line")
     group.addoption("--attnbench-worker", default="0", help="this worker's name in records")
     group.addoption("--attnbench-no-check", action="store_true", help="skip the agreement check")
+    group.addoption("--attnbench-profile", action="store_true", help="one profiled pass per pair after its timed samples")
+    group.addoption("--attnbench-traces", default=None, help="with --attnbench-profile: folder for one Chrome trace per pair")
     group.addoption("--attnbench-share", action="store_true",
                     help="share the pairs with other workers of the run folder: run only pairs this worker claims first")
     group.addoption("--attnbench-parent-pid", type=int, default=None, help="exit when this process (the supervisor) is gone")
@@ -103,7 +105,10 @@ class AttnbenchSession:
         self.worker = config.getoption("--attnbench-worker")
         self.run_id = self.run_dir.name
         # One runner for the worker's life: its float64 reference is shared by the backends of a case.
-        self.runner = PairRunner(budget=suite.budget, phases=Phases(check=not config.getoption("--attnbench-no-check")))
+        traces = config.getoption("--attnbench-traces")
+        phases = Phases(check=not config.getoption("--attnbench-no-check"), profile=bool(config.getoption("--attnbench-profile")),
+                        traces=Path(traces) if traces else None)
+        self.runner = PairRunner(budget=suite.budget, phases=phases)
         self.current_path = protocol.current_path(self.run_dir, self.worker)
         self.share = bool(config.getoption("--attnbench-share"))
         # Held until this process ends: a supervisor refuses to (re)start the folder while any worker lives.

@@ -47,7 +47,7 @@ from harness.results.store import RunWriter, validate_run_id, write_csv
 from harness.run import protocol
 from harness.run.progress import Progress
 from harness.run.rundir import RunFolder, new_run_id
-from harness.run.workers import Slot, Worker, worker_slots
+from harness.run.workers import TRACES, Slot, Worker, worker_slots
 from harness.suite.cases import Case
 from harness.suite.catalog import Suite, load_suite, pair_key, resolve_suite_name
 
@@ -76,6 +76,9 @@ class RunConfig:
     only: list[str] = field(default_factory=list)
     progress: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
+    #: One profiled pass per pair after its timed samples, and with `traces` a Chrome trace per pair.
+    profile: bool = False
+    traces: bool = False
     #: Address space each CPU worker may add to its start-up size (RLIMIT_AS), in bytes; None = no cap.
     memory_limit: int | None = None
 
@@ -165,10 +168,13 @@ class Supervisor:
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "suite_copy": None, "device": device,
             "backends": names, "broken": broken, "capabilities": capabilities, "pairs": keys, "check": config.check,
+            "profile": config.profile, "traces": config.traces,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         folder = RunFolder.create(Path(config.out) / run_id, manifest, force=config.force,
                                   suite_file=suite_arg if Path(suite_arg).suffix == ".toml" else None)
+        if config.traces:
+            (folder.path / TRACES).mkdir(exist_ok=True)
         folder.write_env_before()
         folder.write_peaks(sorted({c.dtype for c in suite.cases}))
         return folder

@@ -20,6 +20,8 @@ from harness.run import protocol
 from harness.run.children import ROOT, kill_group, python_command, spawn
 from harness.run.rundir import RunFolder
 
+#: The folder of a run where `--traces` puts one Chrome trace per pair.
+TRACES = "traces"
 #: The worker's test module: one test per (case, backend) pair.
 BENCH_MODULE = ROOT / "suites" / "test_bench.py"
 
@@ -67,6 +69,10 @@ def worker_command(folder: RunFolder, slot: Slot, attempt: int, memory_limit: in
     )
     if not manifest.get("check", True):
         command.append("--attnbench-no-check")
+    if manifest.get("profile"):
+        command.append("--attnbench-profile")
+        if manifest.get("traces"):
+            command += ["--attnbench-traces", str(folder.path / TRACES)]
     if memory_limit is not None:
         command += ["--attnbench-memory-limit", str(memory_limit)]
     return command

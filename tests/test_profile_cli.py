@@ -1,0 +1,80 @@
+"""Profiling as a user meets it: `attnbench profile`, `run --profile --traces`, and the report's Profiling section (in Chromium)."""
+
+import gzip
+import json
+import os
+
+import pytest
+
+from harness.cli.main import main
+from harness.measure.categories import column_name
+from test_reliability import write_suite
+from test_report import _browse, _chromium
+
+CASE_ID = "B1-Sq512-Skv512-H8-Hkv8-dk64-fp32"
+
+
+def test_profile_lists_the_matmuls_and_the_softmax_against_the_median_and_writes_a_trace(tmp_path, capsys):
+    assert main(["profile", CASE_ID, "--backend", "naive", "--out", str(tmp_path), "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"{CASE_ID} on naive (cpu): harness median" in out and "agrees with the float64 reference" in out
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("aten::")}
+    assert rows["aten::bmm"] == "matmul" and rows["aten::_softmax"] == "softmax"
+    assert "operators cover" in out and "reached in aten::" in out
+    trace = next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("trace: "))
+    with gzip.open(trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("name") == "aten::bmm" for e in events)
+
+
+def test_profile_says_in_one_line_why_there_is_no_ncu(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ncu on it
+    assert main(["profile", "B1-Sq64-Skv64-H2-Hkv2-dk16-fp32", "--backend", "sdpa", "--out", str(tmp_path), "--steps", "1", "--ncu"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ncu: ")]
+    assert len(lines) == 1 and "CPU case" in lines[0]
+
+
+def test_profile_of_an_unsupported_pair_is_one_line(tmp_path, capsys):
+    assert main(["profile", CASE_ID, "--backend", "sdpa-cudnn", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sdpa-cudnn gives unsupported" in err
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profiled")
+    suite = write_suite(out / "prof.toml", ["naive", "sdpa", "projections"], [32, 64])
+    here = os.getcwd()
+    os.chdir(out)  # --report writes reports/<run id>/ under the working directory
+    try:
+        assert main(["run", "--suite", str(suite), "--out", str(out), "--run-id", "p", "--quiet", "--profile", "--traces", "--report",
+                     "--no-check"]) == 0
+    finally:
+        os.chdir(here)
+    return out / "p"
+
+
+def test_run_profile_fills_the_profile_columns_and_writes_a_trace_per_pair(profiled_run):
+    rows = [json.loads(line) for line in (profiled_run / "records.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
+    for r in rows:
+        assert r["profile_kernels_per_step"] > 0 and r["profile_kernel_ms_per_step"] > 0 and r["profile_top_kernel"]
+        parts = sum(r[column_name(c)] for c in ("matmul", "softmax", "elementwise", "copy/expand", "fused attention", "other"))
+        assert parts == pytest.approx(r["profile_kernel_ms_per_step"], rel=1e-6)
+        assert (profiled_run / "traces" / f"{r['case_id']}-{r['backend']}.trace.json.gz").exists()
+    naive = [r for r in rows if r["backend"] == "naive"]
+    assert all(r["profile_ms_matmul"] > 0 and r["profile_ms_softmax"] > 0 for r in naive)
+    sdpa = [r for r in rows if r["backend"] == "sdpa"]
+    assert all(r["profile_ms_fused_attention"] > 0 for r in sdpa)
+
+
+@pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
+def test_the_report_shows_the_profiling_section_in_chromium(profiled_run, tmp_path):
+    page = profiled_run.parent / "reports" / "p" / "index.html"
+    found, console = _browse(page, tmp_path)
+    assert found["errors"] == [] and console == ""
+    assert "profiling" in found["sections"] and found["zero_width"] == 0
+    html = page.read_text()
+    section = html[html.index('<section id="profiling">'):]
+    section = section[: section.index("</section>")]
+    assert "Where the time goes" in section and "<img" in section and "matmul" in section
