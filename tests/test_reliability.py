@@ -24,7 +24,8 @@ from harness.suite.cases import Case, grid, parse_case_id
 from harness.cli.main import main
 from harness.errors import UserError
 from harness.results.store import read_records
-from harness.measure.execute import PairRunner, Phases, execute, is_sticky_cuda_error, poisons_process
+from harness.measure.execute import PairRunner, Phases, execute
+from harness.measure.failures import is_sticky_cuda_error, poisons_process
 from harness.suite.catalog import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from test_analysis import PEAKS, synthetic_record, write_run
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 EVIL = "<script>alert(1)</script>"
-SECTIONS = ("overview", "choose", "latency", "roofline", "crossover", "scaling", "memory", "profiling", "agreement", "failures", "environment", "files")
+SECTIONS = ("overview", "choose", "latency", "roofline", "crossover", "scaling", "memory", "profiling", "agreement", "failures", "runtime", "environment", "files")
 
 
 def _records() -> list[dict]:

@@ -15,7 +15,8 @@ from typing import Callable, Iterable, Sequence, TextIO
 
 from harness.backends.base import Backend
 from harness.errors import UserError
-from harness.measure.execute import CHECK_ONLY, PairRunner, one_line
+from harness.measure.execute import CHECK_ONLY, PairRunner
+from harness.measure.failures import one_line
 from harness.measure.numerics import Agreement
 from harness.results.record import Status, verdict
 from harness.suite.cases import Case, canonical_dtype, grid

@@ -9,13 +9,14 @@ exception and where it was raised, `crashed` for a sticky CUDA error (the worker
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -26,6 +27,7 @@ from harness.measure.memory import MemoryPeak, measure_peak
 from harness.measure.profile import ProfileSummary, profile_step
 from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
 from harness.measure.reference import ReferenceCache
+from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error, one_line
 from harness.measure.cuda_clock import CudaEventClock, L2Flusher
 from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, Measurement, measure
 from harness.results.record import Record, Status
@@ -69,6 +71,27 @@ class PairOutcome:
     timer: str | None = None
     compile_s: float | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    #: Host seconds of each phase that ran (PHASE_NAMES), and of the whole pair ("pair", clean-up included).
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+#: The phases whose seconds a record carries: where a sweep's wall time goes (issue: overhead is a measured number).
+PHASE_NAMES = ("inputs", "prepare", "check", "warmup", "timed", "memory", "profile")
+
+
+class _Stopwatch:
+    """Accumulates host seconds per phase into a dict: `with watch("check"): ...`."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
 
 
 @dataclass
@@ -138,38 +161,6 @@ def check_result(case: Case, prepared: Prepared, inputs: AttentionInputs, result
     return check_backward(case, inputs, [prepared.to_bhsd(g) for g in result], references)
 
 
-def is_oom(exc: BaseException) -> bool:
-    """True for torch's and the allocator's out-of-memory errors (CUDA and CPU)."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower())
-
-
-#: Messages of CUDA errors after which the process's CUDA context is unusable for good (cudaErrorIllegalAddress & co).
-STICKY_CUDA_ERRORS = (
-    "illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
-    "illegal instruction", "an illegal address",
-)
-#: How the reason of a pair that hit a sticky CUDA error begins; the worker exits after writing it.
-STICKY_PREFIX = "sticky CUDA error (this process's CUDA context is lost; worker restarted): "
-
-
-def is_sticky_cuda_error(exc: BaseException) -> bool:
-    """True for an error after which no later CUDA call in this process can succeed (the worker must exit)."""
-    text = str(exc).lower()
-    return "cuda" in text and any(marker in text for marker in STICKY_CUDA_ERRORS)
-
-
-def poisons_process(record: Record) -> bool:
-    """True when the record's pair left the process unusable, so the worker must exit after writing it."""
-    return record.status is Status.CRASHED and (record.reason or "").startswith(STICKY_PREFIX)
-
-
-def one_line(exc: BaseException) -> str:
-    """`Type: message` on one line, at most 300 characters of message."""
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-
-
 def _failure(exc: BaseException) -> PairOutcome:
     if is_oom(exc):
         return PairOutcome(Status.OOM, " ".join(str(exc).split())[:300])
@@ -195,8 +186,10 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
     if reason:
         return PairOutcome(Status.UNSUPPORTED, reason)
     failed: BaseException | None = None
+    started = time.perf_counter()
+    seconds: dict[str, float] = {}
     try:
-        outcome = _run_phases(case, backend, phases, budget, references, loop_factory)
+        outcome = _run_phases(case, backend, phases, budget, references, loop_factory, _Stopwatch(seconds))
     except Unsupported as exc:
         outcome = PairOutcome(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
@@ -206,6 +199,7 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
         outcome = _failure(failed)
         failed = None
     _release_memory(case.device)
+    outcome.seconds = {**seconds, "pair": time.perf_counter() - started}
     return outcome
 
 
@@ -230,34 +224,43 @@ def _weights_problems(case: Case, backend: Backend) -> list[str]:
 
 
 def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, references: ReferenceCache | None,
-                loop_factory: Callable[[Clock], Loop] | None) -> PairOutcome:
-    inputs = make_inputs(case)
-    if case.mode != "fwd":
-        for t in (inputs.q, inputs.k, inputs.v):
-            t.requires_grad_(True)
-    drawn = input_fingerprints(inputs)
+                loop_factory: Callable[[Clock], Loop] | None, watch: _Stopwatch) -> PairOutcome:
+    with watch("inputs"):
+        inputs = make_inputs(case)
+        if case.mode != "fwd":
+            for t in (inputs.q, inputs.k, inputs.v):
+                t.requires_grad_(True)
+        drawn = input_fingerprints(inputs)
     outcome = PairOutcome(Status.OK)
     with torch.set_grad_enabled(case.mode != "fwd"):
-        prepared = backend.prepare(case, inputs)
-        outcome.compile_s, outcome.notes = prepared.compile_s, prepared.notes
-        step = build_step(case, prepared, inputs)
-        first = step()  # the first call, checked or not, is never timed
-        if not backend.computes_attention:
-            agreement = Agreement(None, None, None, None, f"not checked: {backend.name} does not compute attention")
-        elif phases.check:
-            agreement = check_result(case, prepared, inputs, first, references)
-        else:
-            agreement = Agreement(None, None, None, None, "not checked")
-        del first
+        with watch("prepare"):
+            prepared = backend.prepare(case, inputs)
+            outcome.compile_s, outcome.notes = prepared.compile_s, prepared.notes
+            step = build_step(case, prepared, inputs)
+        with watch("check"):
+            first = step()  # the first call, checked or not, is never timed
+            if not backend.computes_attention:
+                agreement = Agreement(None, None, None, None, f"not checked: {backend.name} does not compute attention")
+            elif phases.check:
+                agreement = check_result(case, prepared, inputs, first, references)
+            else:
+                agreement = Agreement(None, None, None, None, "not checked")
+            del first
         if phases.time:
             clock, setup, outcome.timer = device_clock(case.device)
             loop = loop_factory(clock) if loop_factory else None
-            outcome.measurement = measure(step, clock, budget, setup=setup, loop=loop)
+            with watch("warmup"):
+                outcome.measurement = measure(step, clock, budget, setup=setup, loop=loop)
+            # measure() knows how long its timed rounds took; the rest of it was warm-up and calibration.
+            watch.seconds["timed"] = outcome.measurement.loop_s or 0.0
+            watch.seconds["warmup"] -= watch.seconds["timed"]
         if phases.memory:
-            outcome.peak = measure_peak(step, case.device)
+            with watch("memory"):
+                outcome.peak = measure_peak(step, case.device)
         if phases.profile:
             trace = phases.traces / f"{case.id}-{backend.name}.trace.json.gz" if phases.traces is not None else None
-            outcome.profile = profile_step(step, case.device, steps=phases.profile_steps, trace_path=trace)
+            with watch("profile"):
+                outcome.profile = profile_step(step, case.device, steps=phases.profile_steps, trace_path=trace)
     agreement = flag_modified_inputs(agreement, drawn, inputs)
     if phases.weights and backend.returns_weights and case.mode == "fwd":
         problems = _weights_problems(case, backend)
@@ -286,6 +289,8 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
     """The run's record of one pair's outcome."""
     record = case_record(case, backend, run_id, worker)
     record.status, record.reason = outcome.status, outcome.reason
+    for phase in (*PHASE_NAMES, "pair"):
+        setattr(record, f"time_{phase}_s", outcome.seconds.get(phase))
     if outcome.status is not Status.OK:
         return record
     record.timer, record.compile_s = outcome.timer, outcome.compile_s

@@ -147,6 +147,8 @@ class Measurement:
     run_queue_wait_ratio: float | None = None
     involuntary_switches: int | None = None
     cpu_wall_ratio: float | None = None
+    #: Host wall seconds of the timed rounds (the loop, between-sample setup included): what the budget paid for samples.
+    loop_s: float | None = None
 
     def as_dict(self) -> dict:
         """Plain-dict form (for records)."""
@@ -242,13 +244,14 @@ def measure(
     cpu_before = probe.read()
     samples = (loop or direct_loop(clock))(fn, setup=setup, rounds=p.rounds, iterations=p.iterations)
     cpu_after = probe.read()
+    loop_s = cpu_after.wall_s - cpu_before.wall_s
     leaked = None
     if readings_before is not None:
         leaked = leaked_samples(clock.leaked, readings_before, clock.readings, p.rounds)  # type: ignore[attr-defined]
     stats = Stats.from_samples(samples, p.iterations)
     # A sample shorter than ~100 clock ticks is mostly quantisation (pyperf's warning, in spirit).
     too_short = resolution > 0 and stats.min * p.iterations < 100 * resolution
-    return Measurement(stats=stats, plan=p, clock_resolution_s=resolution, too_short=too_short, launch_leaked=leaked,
+    return Measurement(stats=stats, plan=p, clock_resolution_s=resolution, too_short=too_short, launch_leaked=leaked, loop_s=loop_s,
                        **contention(cpu_before, cpu_after, probe.threads()))
 
 

@@ -18,6 +18,7 @@ from harness.measure import roofline
 from harness.report import figures as figs
 from harness.report.page import esc, fmt
 from harness.report.profiling import profiling_section
+from harness.report.runtime import runtime_section
 from harness.report.writer import Csv, Section, Table, render_table
 
 
@@ -320,5 +321,6 @@ def sections(data: analysis.RunData, baseline: str) -> list[Section]:
         profiling_section(frame),
         _agreement(frame, ok, colors),
         _failures(frame),
+        runtime_section(data),
         _environment(data),
     ]

@@ -133,6 +133,16 @@ class Record:
     profile_ms_fused_attention: float | None = None
     profile_ms_other: float | None = None
     profile_trace: str | None = None
+    #: Host seconds the pair spent in each phase of the executor, and in all of it (clean-up included):
+    #: what the sweep's wall time went to, beside the timed samples themselves.
+    time_inputs_s: float | None = None
+    time_prepare_s: float | None = None
+    time_check_s: float | None = None
+    time_warmup_s: float | None = None
+    time_timed_s: float | None = None
+    time_memory_s: float | None = None
+    time_profile_s: float | None = None
+    time_pair_s: float | None = None
     run_id: str = ""
     worker: str = "0"
     timestamp: float = field(default_factory=time.time)

@@ -20,7 +20,8 @@ from harness.backends.registry import load_registry
 from harness.suite.cases import Case
 from harness.errors import UserError
 from harness.run import protocol
-from harness.measure.execute import PairRunner, Phases, execute, poisons_process
+from harness.measure.execute import PairRunner, Phases, execute
+from harness.measure.failures import poisons_process
 from harness.results.record import Record
 from harness.results.store import RunWriter
 from harness.suite.catalog import Suite, load_suite, pair_key

@@ -158,6 +158,11 @@ class RunFolder:
         except OSError:
             return 0
 
+    def add_attempt(self, started_utc: str, wall_s: float) -> None:
+        """Note in the manifest one finished attempt (a run, or a resume) and its wall seconds, peaks and set-up included."""
+        self.manifest.setdefault("attempts", []).append({"started_utc": started_utc, "wall_s": wall_s})
+        self.write_manifest()
+
     def clear_worker_files(self) -> None:
         """After the last pair: remove the claims, the pending list and the workers' `.current` files (the lock files stay).
 

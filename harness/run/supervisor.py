@@ -202,6 +202,7 @@ class Supervisor:
 
     def _run(self, folder: RunFolder, started: float) -> RunSummary:
         manifest, run_dir = folder.manifest, folder.path
+        started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         pairs = folder.pairs()
         recorded = folder.recorded(repair=True)
         foreign = [r for r in recorded if r.pair_key not in pairs or (r.run_id and r.run_id != folder.run_id)]
@@ -259,6 +260,7 @@ class Supervisor:
         write_csv(run_dir)
         folder.write_env_after()
         folder.clear_worker_files()
+        folder.add_attempt(started_utc, time.monotonic() - started)
         counts: dict[str, int] = {}
         for record in folder.recorded():
             counts[record.status.value] = counts.get(record.status.value, 0) + 1
