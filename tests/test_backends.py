@@ -167,7 +167,9 @@ def test_model_suite_by_name():
     suite = load_suite("model:llama3-405b:1024,4096")
     assert {(c.H, c.H_kv, c.d_k) for c in suite.cases} == {(128, 8, 128)}
     assert {c.S_kv for c in suite.cases} == {1024, 4096}
-    assert all(c.S_kv == 128 for c in suite.on_device("cpu").cases)
+    # Lengths asked for by name run on the CPU too (in fp32); without them the CPU runs its short default.
+    assert {c.S_kv for c in suite.on_device("cpu").cases} == {1024, 4096}
+    assert all(c.S_kv == 128 for c in load_suite("model:llama3-405b").on_device("cpu").cases)
 
 
 def test_gpu_check_says_no_cuda_and_exits_2(capsys):

@@ -121,3 +121,21 @@ def test_a_backend_that_writes_into_its_inputs_never_agrees():
     assert record.agree is False
     assert "modified its inputs in place (q)" in record.reason
     assert execute(case, REGISTRY.get("naive")).agree is True
+
+
+def test_a_runner_shares_a_cases_inputs_across_backends_until_one_writes_into_them():
+    from harness.measure.execute import PairRunner, execute
+    from harness.measure.timing import Budget
+
+    runner = PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.001, min_rounds=1, max_rounds=2))
+    case = Case(B=1, S_q=32, S_kv=32, H=4, H_kv=4, d_k=16, d_v=16)
+    first, _ = runner.inputs.get(case)
+    assert execute(case, REGISTRY.get("naive"), runner).agree is True
+    assert runner.inputs.get(case)[0] is first  # the same tensors for the next backend of the case
+    # A backend that writes into the shared inputs disagrees, and the next backend gets fresh, correct ones.
+    assert execute(case, _ScalesQueriesInPlace(), runner).agree is False
+    again, _ = runner.inputs.get(case)
+    assert again is not first and torch.equal(again.q, make_inputs(case).q)
+    assert execute(case, REGISTRY.get("sdpa"), runner).agree is True
+    other = case.replace(S_q=64, S_kv=64)
+    assert runner.inputs.get(other)[0].q.shape[2] == 64  # another case: drawn for it

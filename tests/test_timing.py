@@ -226,3 +226,18 @@ def test_a_busy_process_on_the_measuring_cpu_is_seen():
         os.sched_setaffinity(0, allowed)
     assert m.contended is True, m
     assert m.run_queue_wait_ratio >= 0.25 and m.involuntary_switches > 0
+
+
+def test_the_median_interval_is_the_order_statistics_with_95_percent_coverage():
+    from math import comb
+
+    assert Stats.from_samples([1.0, 2.0, 3.0, 4.0, 5.0]).median_interval() is None  # 5 samples: best coverage 93.75 %
+    six = Stats.from_samples([6.0, 1.0, 5.0, 2.0, 4.0, 3.0])
+    assert six.median_interval() == (1.0, 6.0)  # coverage 1 - 2/64 = 96.9 %
+    samples = [float(i) for i in range(1, 101)]
+    low, high = Stats.from_samples(samples).median_interval()
+    j = int(low)
+    coverage = 1 - 2 * sum(comb(100, i) for i in range(j)) / 2**100
+    narrower = 1 - 2 * sum(comb(100, i) for i in range(j + 1)) / 2**100
+    assert coverage >= 0.95 > narrower and high == 101 - j  # the narrowest symmetric interval at 95 %
+    assert (low, high) == (40.0, 61.0)

@@ -23,7 +23,7 @@ import torch
 from harness.backends.base import Backend, Prepared
 from harness.errors import Unsupported
 from harness.measure import theory
-from harness.measure.memory import MemoryPeak, measure_peak
+from harness.measure.memory import MemoryPeak, PeakMeter, measure_peak
 from harness.measure.profile import ProfileSummary, profile_step
 from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
 from harness.measure.reference import ReferenceCache
@@ -94,6 +94,34 @@ class _Stopwatch:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
 
 
+class InputsCache:
+    """The last case's inputs, handed to the next backend of the same case (loops run cases outer, backends inner).
+
+    Safe because every pair fingerprints its inputs before and after: a backend that wrote into them
+    fails its agreement, and the cache is dropped so the next backend gets freshly drawn ones.
+    """
+
+    def __init__(self) -> None:
+        self._case: Case | None = None
+        self._inputs: AttentionInputs | None = None
+        self._drawn: list[tuple[float, float]] = []
+
+    def get(self, case: Case) -> tuple[AttentionInputs, list[tuple[float, float]]]:
+        """The case's inputs (with q, k, v requiring grad in backward modes) and their fingerprints."""
+        if self._case != case or self._inputs is None:
+            self.drop()
+            inputs = make_inputs(case)
+            if case.mode != "fwd":
+                for t in (inputs.q, inputs.k, inputs.v):
+                    t.requires_grad_(True)
+            self._case, self._inputs, self._drawn = case, inputs, input_fingerprints(inputs)
+        return self._inputs, self._drawn
+
+    def drop(self) -> None:
+        """Forget the inputs (their memory goes with them)."""
+        self._case, self._inputs, self._drawn = None, None, []
+
+
 @dataclass
 class PairRunner:
     """What the loop over pairs owns and hands to each pair: budget, caches and how rounds are driven.
@@ -107,10 +135,12 @@ class PairRunner:
     phases: Phases = Phases()
     references: ReferenceCache | None = field(default_factory=ReferenceCache)
     loop_factory: Callable[[Clock], Loop] | None = None
+    inputs: InputsCache | None = field(default_factory=InputsCache)
 
     def run(self, case: Case, backend: Backend) -> PairOutcome:
         """Run one pair with this runner's phases, budget and caches."""
-        return run_pair(case, backend, self.phases, budget=self.budget, references=self.references, loop_factory=self.loop_factory)
+        return run_pair(case, backend, self.phases, budget=self.budget, references=self.references, loop_factory=self.loop_factory,
+                        inputs=self.inputs)
 
 
 @functools.lru_cache(maxsize=1)
@@ -177,7 +207,8 @@ def _release_memory(device: str) -> None:
 
 
 def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget: Budget = QUICK_BUDGET,
-             references: ReferenceCache | None = None, loop_factory: Callable[[Clock], Loop] | None = None) -> PairOutcome:
+             references: ReferenceCache | None = None, loop_factory: Callable[[Clock], Loop] | None = None,
+             inputs: InputsCache | None = None) -> PairOutcome:
     """Run one pair's phases and return its outcome; never raises for a backend's failure."""
     try:
         reason = backend.available() or backend.supports(case)
@@ -189,7 +220,7 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     try:
-        outcome = _run_phases(case, backend, phases, budget, references, loop_factory, _Stopwatch(seconds))
+        outcome = _run_phases(case, backend, phases, budget, references, loop_factory, _Stopwatch(seconds), inputs or InputsCache())
     except Unsupported as exc:
         outcome = PairOutcome(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
@@ -198,6 +229,8 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
         # Built outside the except block: the exception's frames hold the case's tensors.
         outcome = _failure(failed)
         failed = None
+    if inputs is not None and (outcome.status is not Status.OK or (outcome.agreement is not None and outcome.agreement.agree is False)):
+        inputs.drop()  # a pair that failed or disagreed may have left its inputs in any state: the next one draws afresh
     _release_memory(case.device)
     outcome.seconds = {**seconds, "pair": time.perf_counter() - started}
     return outcome
@@ -224,13 +257,9 @@ def _weights_problems(case: Case, backend: Backend) -> list[str]:
 
 
 def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, references: ReferenceCache | None,
-                loop_factory: Callable[[Clock], Loop] | None, watch: _Stopwatch) -> PairOutcome:
+                loop_factory: Callable[[Clock], Loop] | None, watch: _Stopwatch, cache: InputsCache) -> PairOutcome:
     with watch("inputs"):
-        inputs = make_inputs(case)
-        if case.mode != "fwd":
-            for t in (inputs.q, inputs.k, inputs.v):
-                t.requires_grad_(True)
-        drawn = input_fingerprints(inputs)
+        inputs, drawn = cache.get(case)
     outcome = PairOutcome(Status.OK)
     with torch.set_grad_enabled(case.mode != "fwd"):
         with watch("prepare"):
@@ -249,12 +278,22 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
         if phases.time:
             clock, setup, outcome.timer = device_clock(case.device)
             loop = loop_factory(clock) if loop_factory else None
+            # The peak of one call, read over warm-up and samples (calls run one after another and free
+            # their temporaries): no call of its own. Started before the warm-up, whose first call
+            # pays the page faults, so the samples do not.
+            meter = PeakMeter(case.device) if phases.memory else None
+            with watch("memory"):
+                if meter is not None:
+                    meter.start()
             with watch("warmup"):
                 outcome.measurement = measure(step, clock, budget, setup=setup, loop=loop)
+            with watch("memory"):
+                if meter is not None:
+                    outcome.peak = meter.stop()
             # measure() knows how long its timed rounds took; the rest of it was warm-up and calibration.
             watch.seconds["timed"] = outcome.measurement.loop_s or 0.0
             watch.seconds["warmup"] -= watch.seconds["timed"]
-        if phases.memory:
+        elif phases.memory:
             with watch("memory"):
                 outcome.peak = measure_peak(step, case.device)
         if phases.profile:
@@ -305,6 +344,9 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
         record.latency_ms_median, record.latency_ms_p20, record.latency_ms_p80 = stats.median * 1e3, stats.p20 * 1e3, stats.p80 * 1e3
         record.latency_ms_min, record.latency_ms_mean, record.latency_ms_max = stats.min * 1e3, stats.mean * 1e3, stats.max * 1e3
         record.latency_ms_stdev, record.iqr_ratio = stats.stdev * 1e3, stats.iqr_ratio
+        interval = stats.median_interval()
+        if interval is not None:
+            record.latency_ms_ci95_low, record.latency_ms_ci95_high = interval[0] * 1e3, interval[1] * 1e3
         record.samples, record.iterations, record.noisy, record.suspect = stats.n, stats.iterations, stats.noisy, stats.suspect
         record.too_short, record.warmup_s, record.clock_resolution_s = m.too_short, m.plan.warmup_s, m.clock_resolution_s
         record.launch_leaked, record.contended, record.cpu_wall_ratio = m.launch_leaked, m.contended, m.cpu_wall_ratio

@@ -8,6 +8,7 @@ the allocator every other process gets.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import os
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in {_STATUS}")
 
 
+@functools.lru_cache(maxsize=1)
 def _libc() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL("libc.so.6")
@@ -44,6 +46,7 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_peak_supported() -> str | None:
     """None if the process' peak RSS can be reset and read here, and free heap pages handed back first, else why not."""
     if not os.path.exists(_CLEAR_REFS):
@@ -74,38 +77,74 @@ def release_free_heap_pages() -> None:
         libc.malloc_trim(ctypes.c_size_t(0))
 
 
+class PeakMeter:
+    """The peak memory of whatever runs between `start()` and `stop()`, above what was held at `start()`.
+
+    Around the warm-up and timed samples it gives the peak of one call (calls run one after another
+    and free their temporaries) without a call of its own; around one call it is `measure_peak`.
+    CPU: VmHWM reset through /proc/self/clear_refs after free heap pages are handed back; CUDA: the
+    caching allocator's peak, reset at the start.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = str(device)
+        self._cuda = self.device.startswith("cuda")
+        self._reason: str | None = None
+        self._base: tuple[int, int] = (0, 0)
+
+    def start(self) -> None:
+        """Collect garbage, reset the peak counters and note the baseline."""
+        gc.collect()
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = (torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device))
+            return
+        self._reason = cpu_peak_supported()
+        if self._reason:
+            return
+        release_free_heap_pages()
+        self._base = (_status_kib("VmRSS") * 1024, 0)
+        with open(_CLEAR_REFS, "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+
+    def stop(self) -> MemoryPeak:
+        """The peak since `start()`."""
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - self._base[0]
+            reserved = torch.cuda.max_memory_reserved(self.device) - self._base[1]
+            return MemoryPeak(int(peak), int(reserved), method="cuda-allocator")
+        if self._reason:
+            return MemoryPeak(None, method=CPU_METHOD, reason=self._reason)
+        return MemoryPeak(max(0, _status_kib("VmHWM") * 1024 - self._base[0]), method=CPU_METHOD)
+
+
 def cpu_peak(fn: Callable[[], object]) -> MemoryPeak:
     """Peak resident memory added by `fn()`, from the VmHWM high-water mark reset just before the call."""
-    reason = cpu_peak_supported()
-    if reason:
-        return MemoryPeak(None, method=CPU_METHOD, reason=reason)
-    gc.collect()
-    release_free_heap_pages()
-    baseline_kib = _status_kib("VmRSS")
-    with open(_CLEAR_REFS, "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS
+    meter = PeakMeter("cpu")
+    meter.start()
     result = fn()
-    peak_kib = _status_kib("VmHWM")
+    peak = meter.stop()
     del result
-    return MemoryPeak(max(0, peak_kib - baseline_kib) * 1024, method=CPU_METHOD)
+    return peak
 
 
 def cuda_peak(fn: Callable[[], object], device: object = None) -> MemoryPeak:
     """Peak allocated (and reserved) CUDA memory added by `fn()` over what the inputs already held."""
     import torch
 
-    torch.cuda.synchronize(device)
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    base_allocated = torch.cuda.memory_allocated(device)
-    base_reserved = torch.cuda.memory_reserved(device)
+    meter = PeakMeter(str(device) if device is not None else f"cuda:{torch.cuda.current_device()}")
+    meter.start()
     result = fn()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - base_allocated
-    reserved = torch.cuda.max_memory_reserved(device) - base_reserved
+    peak = meter.stop()
     del result
-    return MemoryPeak(int(peak), int(reserved), method="cuda-allocator")
+    return peak
 
 
 def measure_peak(fn: Callable[[], object], device: str) -> MemoryPeak:

@@ -111,6 +111,24 @@ class Stats:
         """IQR/median ≥ 25 %: the median should not be trusted."""
         return self.iqr_ratio >= SUSPECT_IQR
 
+    def median_interval(self, level: float = 0.95) -> tuple[float, float] | None:
+        """A distribution-free `level` confidence interval of the median: order statistics x(j), x(n+1-j).
+
+        The median lies below x(j) with probability P(Binomial(n, ½) < j), so the narrowest symmetric
+        pair whose coverage 1 − 2·P(Bin < j) is at least `level` is taken. None with too few samples
+        (at 95 % that is n < 6): the record then says nothing rather than overstate its precision.
+        """
+        n = self.n
+        ordered = sorted(self.samples)
+        best = None
+        for j in range(1, n // 2 + 1):
+            below = sum(math.comb(n, i) for i in range(j)) / 2**n
+            if 1 - 2 * below >= level:
+                best = j
+            else:
+                break
+        return None if best is None else (ordered[best - 1], ordered[n - best])
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -85,6 +85,9 @@ class Record:
     latency_ms_mean: float | None = None
     latency_ms_max: float | None = None
     latency_ms_stdev: float | None = None
+    #: A distribution-free 95 % confidence interval of the median (order statistics); None under 6 samples.
+    latency_ms_ci95_low: float | None = None
+    latency_ms_ci95_high: float | None = None
     iqr_ratio: float | None = None
     samples: int | None = None
     iterations: int | None = None
