@@ -78,3 +78,21 @@ def test_the_report_shows_the_profiling_section_in_chromium(profiled_run, tmp_pa
     section = html[html.index('<section id="profiling">'):]
     section = section[: section.index("</section>")]
     assert "Where the time goes" in section and "<img" in section and "matmul" in section
+
+
+@pytest.mark.parametrize("case_id", [
+    "B1-Sq128-Skv128-H8-Hkv2-dk64-fp32-causal",     # is_causal
+    "B2-Sq16-Skv80-H4-Hkv2-dk32-fp32-causal",       # lower-right CausalBias
+    "B2-Sq64-Skv64-H4-Hkv2-dk32-fp32-causal-pad",   # a boolean mask
+    "B1-Sq64-Skv64-H4-Hkv4-dk32-bf16",
+])
+def test_sdpa_names_the_kernel_the_profiler_sees_it_run(case_id):
+    from harness.backends.registry import load_registry
+    from harness.measure.execute import PairRunner, Phases, execute
+    from harness.measure.timing import Budget
+    from harness.suite.cases import parse_case_id
+
+    runner = PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.001, min_rounds=1, max_rounds=2), phases=Phases(profile=True, profile_steps=1))
+    record = execute(parse_case_id(case_id), load_registry().get("sdpa"), runner)
+    profiled_flash = record.profile_ms_fused_attention > 0
+    assert record.notes["sdpa_kernel"] == ("FLASH_ATTENTION" if profiled_flash else "MATH"), (record.notes, record.profile_top_kernel)

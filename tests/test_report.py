@@ -177,3 +177,14 @@ def test_environment_shows_clocks_before_and_after_with_throttling_changes_marke
     assert '<td class="bad t">0x4</td>' in html
     assert "not recorded" in _telemetry(None, None)
     assert "pynvml) is not installed" in _telemetry({"unavailable": "nvidia-ml-py (pynvml) is not installed"}, None)
+
+
+def test_the_report_says_when_the_run_was_contended(tmp_path):
+    quiet = [_records()[1]]
+    busy = synthetic_record(Case(B=1, S_q=128, S_kv=128, H=8, H_kv=8, d_k=64, d_v=64), "sdpa-math", 8.0)
+    busy.contended, busy.run_queue_wait_ratio = True, 0.6
+    page = build_report([write_run(tmp_path / "results" / "busy", [*quiet, busy], peaks=PEAKS)], out_root=tmp_path / "reports")
+    html = page.read_text()
+    assert "the run was contended: 1 of 2 measured rows" in html
+    calm = build_report([write_run(tmp_path / "results" / "calm", quiet, peaks=PEAKS)], out_root=tmp_path / "reports")
+    assert "contended" not in calm.read_text().split('<section id="choose">')[0]

@@ -38,6 +38,37 @@ def _mask_arguments(case: Case, device: torch.device) -> dict[str, Any]:
     return {}
 
 
+def dispatched_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict[str, Any]) -> str:
+    """The SDPA kernel torch's dispatcher picks for these arguments (`torch._fused_sdp_choice`), by its SDPBackend name.
+
+    A lower-right CausalBias dispatches itself (torch.nn.attention.bias.CausalBias._dispatch): flash
+    where `can_use_flash_attention` says yes, else efficient, else SDPA over the materialised mask;
+    that order is followed here.
+    """
+    from torch.nn.attention import SDPBackend
+    from torch.nn.attention.bias import CausalBias
+
+    mask, gqa = kwargs.get("attn_mask"), bool(kwargs.get("enable_gqa", False))
+    is_causal = bool(kwargs.get("is_causal", False))
+    try:
+        if isinstance(mask, CausalBias):
+            from torch.nn.attention.bias import SDPAParams, can_use_efficient_attention, can_use_flash_attention
+
+            if mask.seq_len_q == mask.seq_len_kv:
+                mask, is_causal = None, True
+            else:
+                params = SDPAParams(q, k, v, None, 0.0, False, gqa)
+                if can_use_flash_attention(params):
+                    return SDPBackend.FLASH_ATTENTION.name
+                if can_use_efficient_attention(params):
+                    return SDPBackend.EFFICIENT_ATTENTION.name
+                mask = mask._materialize(q.device)
+        index = torch._fused_sdp_choice(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=is_causal, enable_gqa=gqa)
+        return SDPBackend(index).name
+    except Exception as exc:  # noqa: BLE001 - a private torch function: say it could not be asked, never guess
+        return f"unknown ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})"
+
+
 def _refusal_reason(exc: Exception, caught: list[warnings.WarningMessage]) -> str:
     """One line out of torch's 'no kernel' error and the warnings that explain it.
 
@@ -84,15 +115,18 @@ class _SdpaBase(Backend):
         q, k, v = inputs.q, inputs.k, inputs.v
         kwargs = _mask_arguments(case, q.device)
         attempts: list[tuple[Callable[[], torch.Tensor], dict[str, Any]]] = []
+        # torch's choice for the arguments that will be timed: the forced kernel, or what the dispatcher picks.
+        chosen = (lambda k_, v_, kw: self.kernel) if self.kernel else (lambda k_, v_, kw: dispatched_kernel(q, k_, v_, kw))
         if case.H_kv == case.H:
-            attempts.append((lambda: self._run(q, k, v, kwargs), {"kv_expanded": False}))
+            attempts.append((lambda: self._run(q, k, v, kwargs), {"kv_expanded": False, "sdpa_kernel": chosen(k, v, kwargs)}))
         else:
             if _HAS_ENABLE_GQA:
                 gqa_kwargs = {**kwargs, "enable_gqa": True}
-                attempts.append((lambda: self._run(q, k, v, gqa_kwargs), {"kv_expanded": False}))
+                attempts.append((lambda: self._run(q, k, v, gqa_kwargs), {"kv_expanded": False, "sdpa_kernel": chosen(k, v, gqa_kwargs)}))
             # The explicit expansion runs inside the timed call: its time and memory are the honest cost.
             g = case.group_size
-            attempts.append((lambda: self._run(q, expand_kv(k, g), expand_kv(v, g), kwargs), {"kv_expanded": True}))
+            expanded = chosen(expand_kv(k, g), expand_kv(v, g), kwargs)
+            attempts.append((lambda: self._run(q, expand_kv(k, g), expand_kv(v, g), kwargs), {"kv_expanded": True, "sdpa_kernel": expanded}))
         failure = ""
         for fn, notes in attempts:
             with warnings.catch_warnings(record=True) as caught:

@@ -56,6 +56,11 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
     noisy = ok[ok["suspect"].fillna(False).astype(bool)] if "suspect" in ok.columns else ok.iloc[0:0]
     if len(noisy):
         warnings.append(f"{len(noisy)} of {len(ok)} measured rows are suspect (IQR ≥ 25 % of the median): their medians should not be trusted.")
+    contended = ok[ok["contended"].map(lambda c: c is True)] if "contended" in ok.columns else ok.iloc[0:0]
+    if len(contended):
+        warnings.append(f"the run was contended: {len(contended)} of {len(ok)} measured rows ran while another process took the CPU "
+                        "(run-queue waits or preemptions during their samples; see the contended column): their medians may be inflated. "
+                        "Measure on a quiet machine, or compare such rows with care.")
     if len(data.dirs) > 1:
         from harness.analysis.compare import environment_differences
 
@@ -108,9 +113,22 @@ def _latency(frame, ok, colors) -> Section:
         body.append(Csv(pivot, "latency_ms.csv", index=True))
         body.append("<h3>Median latency (ms), case × backend</h3>")
         body.append(Table(pivot, index=True))
+        chosen = _sdpa_choices(ok)
+        if not chosen.empty:
+            body.append("<h3>The kernel SDPA's dispatcher chose (backend <code>sdpa</code>)</h3>")
+            body.append(Csv(chosen, "sdpa_kernel.csv"))
+            body.append(Table(chosen.groupby("sdpa_kernel").agg(cases=("case_id", "count"), example=("case_id", "first")).reset_index(),
+                              headers=["kernel", "cases", "example case"], scroll=False))
     else:
         body.append('<p class="muted">No measured rows.</p>')
     return Section("latency", "Latency", body, nav="Latency")
+
+
+def _sdpa_choices(ok: pd.DataFrame) -> pd.DataFrame:
+    """Per case, the kernel torch's dispatcher picked for the `sdpa` backend (from the row's notes)."""
+    rows = ok[ok["backend"] == "sdpa"]
+    kernels = rows["notes"].map(lambda n: n.get("sdpa_kernel") if isinstance(n, dict) else None)
+    return pd.DataFrame({"case_id": rows["case_id"], "sdpa_kernel": kernels})[kernels.notna()]
 
 
 def _roofline(data, ok, colors) -> Section:
