@@ -209,3 +209,27 @@ def test_flash_attn2_is_unavailable_when_flash_attn_is_only_fa4s_namespace(monke
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))  # what flash-attn-4 alone leaves
     reason = FlashAttn2Backend().available()
     assert reason and "flash_attn_func" in reason and "not installed" in reason
+
+
+def test_gpu_check_holds_single_kernel_pairs_to_their_kernel_time():
+    from harness.cli.gpu_check import Row, format_table
+    from harness.results.record import Status
+
+    close = Row("sdpa-cudnn", "c1", Status.OK, True, 0.412, None, kernel_ms=0.4055, kernels=1.0)
+    far = Row("sdpa", "c2", Status.OK, True, 0.0444, None, kernel_ms=0.0125, kernels=1.0)  # the cold-clock decode of the issue
+    many = Row("naive", "c3", Status.OK, True, 1.30, None, kernel_ms=1.0, kernels=4.0)  # gaps between kernels are real time
+    cpu = Row("naive", "c4", Status.OK, True, 4.0, None, kernel_ms=2.0, kernels=1.0, device="cpu")
+    assert not close.failed and far.failed and not many.failed and not cpu.failed
+    assert far.timer_ratio == pytest.approx(3.552, abs=1e-3)
+    table = format_table([close, far, many])
+    assert "1.016" in table and "timer 3.552x the kernel time on c2" in table
+
+
+def test_gpu_check_cpu_mode_shows_the_profiled_ratio(capsys):
+    from harness.cli import gpu_check as gc
+
+    assert gc.main(["--cpu", "--backends", "sdpa-math"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    row = next(line for line in table if line.startswith("sdpa-math "))
+    ratio = float(row.split()[8])  # backend ok agree unsup fail case ms kernel-ms ratio
+    assert ratio > 0

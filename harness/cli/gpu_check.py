@@ -37,6 +37,8 @@ TOTAL_BUDGET_S = 270.0
 #: A child is not started with less than this left (python, torch and CUDA start-up alone take seconds).
 MIN_CHILD_S = 15.0
 COMPILING_FAMILIES = ("flex", "compiled")
+#: How far a single-kernel pair's harness median may be from the profiler's kernel time (3 %).
+TIMER_TOLERANCE = 0.03
 
 
 def check_cases(device: str) -> list[Case]:
@@ -61,10 +63,11 @@ def check_cases(device: str) -> list[Case]:
 def run_backend(name: str, device: str) -> list[Record]:
     """Run every check case on one backend in this process, through one runner (the cases share nothing but its budget)."""
     from harness.backends.registry import load_registry
-    from harness.measure.execute import PairRunner, execute
+    from harness.measure.execute import PairRunner, Phases, execute
 
     backend = load_registry().get(name)
-    runner = PairRunner(budget=CHECK_BUDGET)
+    # The profiled pass gives each pair's kernel time, the reference the harness's median is held to.
+    runner = PairRunner(budget=CHECK_BUDGET, phases=Phases(profile=True, profile_steps=10))
     return [execute(case, backend, runner, run_id="gpu-check") for case in check_cases(device)]
 
 
@@ -92,21 +95,44 @@ class Row:
     agree: bool | None
     ms: float | None
     reason: str | None
+    #: The profiler's kernel time per call (CUDA) or operator time (CPU), and how many per call.
+    kernel_ms: float | None = None
+    kernels: float | None = None
+    device: str = "cuda"
 
     @classmethod
     def of(cls, record: Record) -> "Row":
         """The row of one pair's record."""
-        return cls(record.backend, record.case_id, record.status, record.agree, record.latency_ms_median, record.reason)
+        return cls(record.backend, record.case_id, record.status, record.agree, record.latency_ms_median, record.reason,
+                   record.profile_kernel_ms_per_step, record.profile_kernels_per_step, record.device)
+
+    @property
+    def timer_ratio(self) -> float | None:
+        """Harness median ÷ profiled kernel time (1.0: the timer measures exactly the kernels)."""
+        if self.ms is None or not self.kernel_ms:
+            return None
+        return self.ms / self.kernel_ms
+
+    @property
+    def timer_off(self) -> bool:
+        """On CUDA, a single-kernel pair whose median is more than TIMER_TOLERANCE from its kernel time.
+
+        Only single-kernel pairs are held to it: with several kernels the gaps between them are real
+        time the harness rightly counts. On the CPU operators are not kernels: the ratio is shown only.
+        """
+        ratio = self.timer_ratio
+        single = self.kernels is not None and self.kernels <= 1.0
+        return self.device == "cuda" and single and ratio is not None and abs(ratio - 1.0) > TIMER_TOLERANCE
 
     @property
     def failed(self) -> bool:
-        """Neither ok nor honestly unsupported, or ok but disagreeing."""
-        return self.status not in NOT_FAILURES or self.agree is False
+        """Neither ok nor honestly unsupported, ok but disagreeing, or timed off its kernel time."""
+        return self.status not in NOT_FAILURES or self.agree is False or self.timer_off
 
 
 def format_table(rows: Sequence[Row]) -> str:
     """Per backend: pairs ok / agreeing / unsupported / failed, the median time of the first ok case, and the first problem."""
-    out = [f"{'backend':<16} {'ok':>3} {'agree':>5} {'unsup':>5} {'fail':>4}  {'first ok case':<44} {'ms':>9}  note"]
+    out = [f"{'backend':<16} {'ok':>3} {'agree':>5} {'unsup':>5} {'fail':>4}  {'first ok case':<44} {'ms':>9} {'kernel ms':>9} {'ratio':>6}  note"]
     for name in dict.fromkeys(r.backend for r in rows):
         mine = [r for r in rows if r.backend == name]
         ok = [r for r in mine if r.status is Status.OK]
@@ -116,14 +142,20 @@ def format_table(rows: Sequence[Row]) -> str:
         bad = [r for r in ok if r.agree is False]
         first = ok[0] if ok else None
         problem = (failed or bad or [None])[0]
-        if problem is not None:
-            note = f"{problem.status}{' (disagrees)' if problem in bad else ''} on {problem.case}: {(problem.reason or '')[:80]}"
+        off = [r for r in ok if r.timer_off]
+        if problem is None and off:
+            worst = max(off, key=lambda r: abs(r.timer_ratio - 1))
+            note = f"timer {worst.timer_ratio:.3f}x the kernel time on {worst.case} (more than {TIMER_TOLERANCE:.0%} off)"
+        elif problem is not None:
+            note = f"{problem.status}{' (disagrees)' if problem in bad else ''} on {problem.case}: {(problem.reason or 'no reason given')[:80]}"
         elif not ok and mine:
             note = f"unsupported: {(mine[0].reason or '')[:90]}"
         else:
             note = ""
         ms = f"{first.ms:.3f}" if first and first.ms is not None else "-"
-        out.append(f"{name:<16} {len(ok):>3} {agree:>5} {unsup:>5} {len(failed):>4}  {(first.case if first else '-'):<44} {ms:>9}  {note}")
+        kernel = f"{first.kernel_ms:.3f}" if first and first.kernel_ms is not None else "-"
+        ratio = f"{first.timer_ratio:.3f}" if first and first.timer_ratio is not None else "-"
+        out.append(f"{name:<16} {len(ok):>3} {agree:>5} {unsup:>5} {len(failed):>4}  {(first.case if first else '-'):<44} {ms:>9} {kernel:>9} {ratio:>6}  {note}")
     return "\n".join(out)
 
 
@@ -167,7 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok = sum(1 for r in mine if r.status is Status.OK)
         print(f"  {name}: {ok} ok, {sum(1 for r in mine if r.status is Status.UNSUPPORTED)} unsupported in {time.monotonic() - t0:.0f} s", flush=True)
         for r in mine:
-            if r.failed:
+            if r.timer_off and r.status is Status.OK and r.agree is not False:
+                print(f"    {r.case}: harness median {r.ms:.4f} ms is {r.timer_ratio:.3f}x the profiled kernel time {r.kernel_ms:.4f} ms", flush=True)
+            elif r.failed:
                 print(f"    {r.case}: {r.status}{' disagrees' if r.agree is False else ''}: {r.reason or 'no reason given'}", flush=True)
     print(f"\n{len(rows)} pairs in {time.monotonic() - started:.0f} s")
     print(format_table(rows))
