@@ -96,3 +96,16 @@ def test_sdpa_names_the_kernel_the_profiler_sees_it_run(case_id):
     record = execute(parse_case_id(case_id), load_registry().get("sdpa"), runner)
     profiled_flash = record.profile_ms_fused_attention > 0
     assert record.notes["sdpa_kernel"] == ("FLASH_ATTENTION" if profiled_flash else "MATH"), (record.notes, record.profile_top_kernel)
+
+
+def test_the_timer_a_user_chooses_is_named_in_every_row(tmp_path):
+    from harness.results.record import Status
+
+    suite = write_suite(tmp_path / "t.toml", ["naive"], [32])
+    assert main(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "k", "--quiet", "--timer", "kernels", "--no-check"]) == 0
+    kernels = [json.loads(line) for line in (tmp_path / "k" / "records.jsonl").read_text().splitlines()]
+    assert [r["timer"] for r in kernels] == ["cpu-operators (profiler)"] and kernels[0]["samples"] >= 10
+    assert kernels[0]["latency_ms_median"] > 0
+    assert main(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "g", "--quiet", "--timer", "graph", "--no-check"]) == 0
+    graph = [json.loads(line) for line in (tmp_path / "g" / "records.jsonl").read_text().splitlines()]
+    assert graph[0]["status"] == Status.UNSUPPORTED and "CUDA cases only" in graph[0]["reason"]

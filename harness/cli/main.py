@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A resumed run is the run its manifest describes: these would silently be ignored.
         fixed = {"--suite/--model": args.suite, "--backends": args.backends, "--force": args.force or None, "--run-id": args.run_id,
                  "--device": args.device, "--only": args.only, "--no-check": args.no_check or None,
-                 "--profile": args.profile or None, "--traces": args.traces or None}
+                 "--profile": args.profile or None, "--traces": args.traces or None, "--timer": args.timer}
         clash = [flag for flag, value in fixed.items() if value is not None]
         if clash:
             raise UserError(f"--resume finishes the run as its manifest describes it; {', '.join(clash)} cannot change it (start a new run instead)")
@@ -94,6 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=Path(args.resume) if args.resume else None, check=not args.no_check,
         case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
         memory_limit=_parse_size("--memory-limit", args.memory_limit), profile=args.profile, traces=args.traces,
+        timer=args.timer or "events",
     )
     summary = Supervisor(config).run()
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
@@ -172,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="one torch.profiler pass per pair after its timed samples: kernels/operators per step, their time, launch/gap share, time per category")
     p.add_argument("--traces", action="store_true", help="with --profile: also write one Chrome trace per pair under RUN/traces/")
+    p.add_argument("--timer", choices=("events", "kernels", "graph"),
+                   help="what a row's latency is: events (default: device time between CUDA events; perf_counter on CPU), "
+                        "kernels (torch.profiler's kernel time per call), graph (CUDA-graph replay, forward only); named in the row's timer column")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true", help="then write reports/<run-id>/index.html and print its path last")
     p.set_defaults(func=cmd_run)

@@ -29,6 +29,8 @@ from harness.measure.numerics import Agreement, check_backward, check_forward, w
 from harness.measure.reference import ReferenceCache
 from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error, one_line
 from harness.measure.cuda_clock import CudaEventClock, L2Flusher
+from harness.measure.shared_inputs import InputsCache, flag_modified_inputs
+from harness.measure.timers import graph_replay, kernel_measurement, timer_name
 from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, Measurement, measure
 from harness.results.record import Record, Status
 from harness.suite.cases import Case
@@ -47,6 +49,9 @@ class Phases:
     time: bool = True
     #: One more call with the peak-memory counters reset.
     memory: bool = True
+    #: What a sample is: `events` (device time between events; perf_counter on the CPU), `kernels`
+    #: (the profiler's kernel time per call) or `graph` (a CUDA graph replay): harness.measure.timers.
+    timer: str = "events"
     #: A few steps under torch.profiler after everything else (never inside a timed sample).
     profile: bool = False
     #: Profiled steps, and the folder a Chrome trace of each pair goes to (None: no trace file).
@@ -92,34 +97,6 @@ class _Stopwatch:
             yield
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
-
-
-class InputsCache:
-    """The last case's inputs, handed to the next backend of the same case (loops run cases outer, backends inner).
-
-    Safe because every pair fingerprints its inputs before and after: a backend that wrote into them
-    fails its agreement, and the cache is dropped so the next backend gets freshly drawn ones.
-    """
-
-    def __init__(self) -> None:
-        self._case: Case | None = None
-        self._inputs: AttentionInputs | None = None
-        self._drawn: list[tuple[float, float]] = []
-
-    def get(self, case: Case) -> tuple[AttentionInputs, list[tuple[float, float]]]:
-        """The case's inputs (with q, k, v requiring grad in backward modes) and their fingerprints."""
-        if self._case != case or self._inputs is None:
-            self.drop()
-            inputs = make_inputs(case)
-            if case.mode != "fwd":
-                for t in (inputs.q, inputs.k, inputs.v):
-                    t.requires_grad_(True)
-            self._case, self._inputs, self._drawn = case, inputs, input_fingerprints(inputs)
-        return self._inputs, self._drawn
-
-    def drop(self) -> None:
-        """Forget the inputs (their memory goes with them)."""
-        self._case, self._inputs, self._drawn = None, None, []
 
 
 @dataclass
@@ -236,19 +213,6 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
     return outcome
 
 
-def input_fingerprints(inputs: AttentionInputs) -> list[tuple[float, float]]:
-    """Float64 sum and absolute sum of q, k, v: notices a backend writing into its inputs without keeping a copy."""
-    with torch.no_grad():
-        return [(float(t.detach().sum(dtype=torch.float64)), float(t.detach().abs().sum(dtype=torch.float64)))
-                for t in (inputs.q, inputs.k, inputs.v)]
-
-
-def flag_modified_inputs(agreement: Agreement, drawn: list[tuple[float, float]], inputs: AttentionInputs) -> Agreement:
-    """Fail the agreement when q, k or v changed since `drawn`: the check (and every timed call) then ran on inputs nobody drew."""
-    changed = [name for name, before, now in zip("qkv", drawn, input_fingerprints(inputs)) if before != now]
-    return agreement.disagreeing(f"backend modified its inputs in place ({', '.join(changed)})") if changed else agreement
-
-
 def _weights_problems(case: Case, backend: Backend) -> list[str]:
     """Row sums and masked zeros of the weights a backend exposes, on fresh inputs."""
     with torch.no_grad():
@@ -276,8 +240,12 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
                 agreement = Agreement(None, None, None, None, "not checked")
             del first
         if phases.time:
-            clock, setup, outcome.timer = device_clock(case.device)
+            clock, setup, events_name = device_clock(case.device)
+            outcome.timer = timer_name(phases.timer, case.device, events_name)
             loop = loop_factory(clock) if loop_factory else None
+            if phases.timer == "graph":
+                with watch("prepare"):
+                    step = graph_replay(step, case)
             # The peak of one call, read over warm-up and samples (calls run one after another and free
             # their temporaries): no call of its own. Started before the warm-up, whose first call
             # pays the page faults, so the samples do not.
@@ -293,6 +261,9 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
             # measure() knows how long its timed rounds took; the rest of it was warm-up and calibration.
             watch.seconds["timed"] = outcome.measurement.loop_s or 0.0
             watch.seconds["warmup"] -= watch.seconds["timed"]
+            if phases.timer == "kernels":
+                with watch("timed"):
+                    outcome.measurement = kernel_measurement(outcome.measurement, step, case.device)
         elif phases.memory:
             with watch("memory"):
                 outcome.peak = measure_peak(step, case.device)

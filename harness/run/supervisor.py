@@ -79,6 +79,8 @@ class RunConfig:
     #: One profiled pass per pair after its timed samples, and with `traces` a Chrome trace per pair.
     profile: bool = False
     traces: bool = False
+    #: What a row's latency is: events, kernels or graph (harness.measure.timers).
+    timer: str = "events"
     #: Address space each CPU worker may add to its start-up size (RLIMIT_AS), in bytes; None = no cap.
     memory_limit: int | None = None
 
@@ -168,7 +170,7 @@ class Supervisor:
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "suite_copy": None, "device": device,
             "backends": names, "broken": broken, "capabilities": capabilities, "pairs": keys, "check": config.check,
-            "profile": config.profile, "traces": config.traces,
+            "profile": config.profile, "traces": config.traces, "timer": config.timer,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         folder = RunFolder.create(Path(config.out) / run_id, manifest, force=config.force,

@@ -1,0 +1,73 @@
+"""What a row's latency means, chosen per run (`attnbench run --timer`): device time between events, the profiler's
+kernel time per call, or the replay of a captured CUDA graph.
+
+- `events` (default): CUDA events around each call (device time between them, the host's launch time
+  kept out by a spin), `time.perf_counter` on the CPU.
+- `kernels`: after the event samples, the same number of calls under torch.profiler; each sample is
+  one call's summed kernel time (CUDA) or operator self time (CPU), as FlashInfer's CUPTI timing
+  reports. Gaps between kernels are not in it: for µs-scale decoding kernels that is the difference.
+- `graph`: the forward step captured once in a CUDA graph and each sample one replay, as production
+  decoding runs (FlashAttention's decode benchmarks time it so). CUDA and forward only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from harness.errors import Unsupported
+from harness.measure.profile import profile_step
+from harness.measure.timing import Measurement, Stats
+from harness.suite.cases import Case
+
+TIMERS = ("events", "kernels", "graph")
+#: Captures the graph is warmed up with on a side stream before capture (allocations settle there).
+GRAPH_WARMUP_CALLS = 3
+
+
+def graph_replay(step: Callable[[], object], case: Case) -> Callable[[], object]:
+    """The step captured in a CUDA graph, as a zero-argument replay; Unsupported with the reason when it cannot be."""
+    if case.device != "cuda":
+        raise Unsupported("--timer graph replays a CUDA graph: CUDA cases only")
+    if case.mode != "fwd":
+        raise Unsupported("--timer graph captures forward steps only (autograd.grad cannot be captured as the harness calls it)")
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP_CALLS):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            held = step()  # the graph's output buffers: kept alive for as long as the replay is
+    except RuntimeError as exc:
+        if "out of memory" in str(exc).lower():
+            raise
+        raise Unsupported(f"cannot be captured in a CUDA graph: {' '.join(str(exc).split())[:200]}") from None
+
+    def replay() -> object:
+        graph.replay()
+        return held
+
+    return replay
+
+
+def kernel_measurement(measured: Measurement, step: Callable[[], object], device: str) -> Measurement:
+    """The event measurement with its samples replaced by the profiler's per-call kernel (or operator) times."""
+    summary = profile_step(step, device, steps=max(measured.stats.n, 10))
+    samples = summary.step_kernel_time_s
+    if not samples or not all(s > 0 for s in samples):
+        raise Unsupported("--timer kernels: the profiler recorded no kernel time for this step")
+    return dataclasses.replace(measured, stats=Stats.from_samples(samples, 1), too_short=False)
+
+
+def timer_name(timer: str, device: str, events_name: str) -> str:
+    """The `timer` column of a row: what its latency is."""
+    if timer == "kernels":
+        return "cuda-kernels (profiler)" if device.startswith("cuda") else "cpu-operators (profiler)"
+    if timer == "graph":
+        return "cuda-graph-replay"
+    return events_name
