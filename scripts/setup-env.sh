@@ -23,5 +23,12 @@ else
     # a CUDA torch; on a GPU box install the xFormers built for your torch yourself.
     "$VENV/bin/python" -m pip install --quiet --no-deps "xformers==0.0.35" || echo "setup: xformers not installed (its tests will skip)"
 fi
-"$VENV/bin/python" -m pip install --quiet -e ".[test]"
+# Ray (the `ray` extra, for `attnbench run --executor ray`) is optional: `make bench` runs without it.
+# CI (CI=true) installs it so that tests/test_ray_executor.py runs there instead of skipping, and so does
+# ATTNBENCH_WITH_RAY=1 anywhere. It is the minimal `ray` wheel (~80 MB, no dashboard).
+EXTRAS=test
+case "${CI:-}" in "" | 0 | false) ;; *) EXTRAS=test,ray ;; esac
+if [ "${ATTNBENCH_WITH_RAY:-0}" = 1 ]; then EXTRAS=test,ray; fi
+"$VENV/bin/python" -m pip install --quiet -e ".[$EXTRAS]"
 "$VENV/bin/python" -c "import torch, harness; print('setup: attnbench', harness.__version__, 'with torch', torch.__version__)"
+case "$EXTRAS" in *ray*) "$VENV/bin/python" -c "import ray; print('setup: ray', ray.__version__, '(for --executor ray)')" ;; esac
