@@ -3,7 +3,9 @@
 Like tests/test_reliability.py, every failure is real (a SIGKILL, a hang, a killed driver) and the
 sweeps run the real CLI in subprocesses on tiny TOML suites. Most tests share one Ray head started
 with `ray start --head --block` in its own session, killed with every process of that session at
-the end; the first test lets attnbench start (and stop) a local Ray by itself. Without Ray installed
+the end; the first test lets attnbench start (and stop) a local Ray by itself. The shared head
+declares one GPU that this machine does not have, so that the CUDA path (a GPU per task, a fresh
+process per task, the probes) runs for real up to the first CUDA call; the CPU tests say --device cpu. Without Ray installed
 these tests skip, except in CI (CI=true), where scripts/setup-env.sh must have installed it.
 The file takes about two minutes on two shared cores.
 """
@@ -73,14 +75,14 @@ def kill_session(session: int) -> None:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """The address of a 2-CPU Ray head on this machine, for the tests of this module."""
+    """The address of a Ray head on this machine with 2 CPUs and one (pretended) GPU, for the tests of this module."""
     if not HAS_RAY:
         pytest.fail("CI is set but ray is not installed: scripts/setup-env.sh installs the ray extra when CI is set")
     temp = Path(tempfile.mkdtemp(prefix="abray-", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
     port = _free_port()
     env = {**ray_env(temp), "PYTHONPATH": str(ROOT)}  # the tasks' processes import tests.* from the checkout
     log_path = temp / "head.log"
-    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--num-gpus=1",
                "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}", "--object-store-memory=100000000"]
     with open(log_path, "w") as log:
         head = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -161,7 +163,7 @@ def test_killed_task_is_crashed_hung_task_is_cancelled_and_the_rest_finish(tmp_p
     backends = ["naive", "t-kill", "t-slow", "t-hang", "t-oom", "t-sticky"]
     suite = write_suite(tmp_path / "sweep.toml", backends, [16, 32])
     env = ray_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0")
-    done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "sweep", "--executor", "ray",
+    done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "sweep", "--executor", "ray", "--device", "cpu",
                       "--ray-address", ray_cluster, "--timeout", "6", "--quiet"], env)
     assert done.returncode == 0, done.stderr
     records = rows(tmp_path / "sweep")
@@ -197,7 +199,7 @@ def test_driver_killed_then_resumed_runs_no_finished_pair_again(tmp_path, ray_cl
     env = ray_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0.5")
     run_dir = tmp_path / "run"
     driver = subprocess.Popen([sys.executable, "-m", "harness", "run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "run",
-                               "--executor", "ray", "--ray-address", ray_cluster, "--quiet"],
+                               "--executor", "ray", "--device", "cpu", "--ray-address", ray_cluster, "--quiet"],
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -220,6 +222,33 @@ def test_driver_killed_then_resumed_runs_no_finished_pair_again(tmp_path, ray_cl
     ran = executions(tmp_path)
     assert all(ran[k] == 1 for k in keys(before))  # no finished pair ran again
     assert sum(ran.values()) <= 6 + 2  # at most the two pairs in flight at the kill ran twice
+
+
+# -- the CUDA path, on a GPU Ray was told about but torch cannot see ----------------------------------------------------
+
+
+@needs_ray
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cuda_tasks_hold_a_gpu_and_a_fresh_process_each(tmp_path, ray_cluster):
+    suite = write_suite(tmp_path / "gpu.toml", ["naive", "sdpa"], [8, 16])
+    env = ray_env(tmp_path)
+    done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "gpu", "--executor", "ray", "--device", "cuda",
+                      "--ray-address", ray_cluster, "--quiet"], env)
+    assert done.returncode == 0, done.stderr
+    records = rows(tmp_path / "gpu")
+    assert len(records) == 4 and {r["device"] for r in records} == {"cuda"}
+    # Every pair got its task's GPU (CUDA_VISIBLE_DEVICES=0), and the first CUDA call said there is none: a row, not a stop.
+    for record in records:
+        assert record["status"] == "error" and "CUDA" in record["reason"], record
+        assert WORKER.match(record["worker"]) and record["device_name"] == "no CUDA device visible to the task"
+    pids = {r["case_id"]: r["worker"] for r in records}
+    assert len(set(pids.values())) == 2  # one task per case, each in a new process (max_calls=1): no CUDA state is shared
+    node = records[0]["node"]
+    env_json = json.loads((tmp_path / "gpu" / "env.json").read_text())
+    assert env_json["nodes"][node]["before"]["device_type"] == "cuda" and "telemetry_after" in env_json["nodes"][node]
+    peaks = json.loads((tmp_path / "gpu" / "peaks.json").read_text())
+    assert "peak measurement failed" in peaks["nodes"][node]["errors"]["measure"] and peaks["matmul"] == {}
 
 
 # -- one run folder, both executors ---------------------------------------------------------------------------------------
@@ -328,8 +357,11 @@ def test_nodes_with_different_gpus_get_no_shared_ceilings():
 
 def test_env_summarises_nodes_and_keeps_each_ones_telemetry():
     gpu = [{"index": 0, "name": "NVIDIA H100", "sm_clock_mhz": 1980}]
-    node = lambda host, name: {"before": {"host": host, "device_name": name, "torch": "2.13", "time_utc": f"2026-01-01T00:00:0{host[-1]}"},  # noqa: E731
-                               "telemetry_before": gpu}
+
+    def node(host: str, name: str) -> dict:
+        return {"before": {"host": host, "device_name": name, "torch": "2.13", "time_utc": f"2026-01-01T00:00:0{host[-1]}"},
+                "telemetry_before": gpu}
+
     one = env_with_nodes({"executor": "ray", "nodes": {}}, {"10.0.0.1": node("gpu1", "NVIDIA H100")})
     assert one["before"]["device_name"] == "NVIDIA H100" and one["telemetry_before"] == gpu
     two = env_with_nodes(one, {"10.0.0.2": node("gpu2", "NVIDIA A100")})

@@ -132,7 +132,8 @@ def _freeze_once() -> None:
         _FROZEN = True
 
 
-def run_case_batch(case: Case, backends: list[str], budget: Budget, check: bool, run_id: str, env: dict[str, str]) -> Iterator[dict[str, Any]]:
+def run_case_batch(case: Case, backends: list[str], budget: Budget, check: bool, run_id: str,
+                   env: dict[str, str]) -> Iterator[dict[str, Any]]:
     """The Ray task: run `backends` on `case` in order, yielding a `start` event before each pair and its record after it."""
     with _task_environment(env):
         from harness.backends.registry import load_registry
@@ -172,10 +173,18 @@ def describe_node(device: str, dtypes: list[str], peaks: bool, env: dict[str, st
             "before": fingerprint(device), "telemetry_before": gpu_telemetry() if device == "cuda" else None,
         }
         if peaks:
-            measured = roofline.measure_peaks(device, dtypes)
+            try:
+                measured = roofline.measure_peaks(device, dtypes)
+            except Exception as exc:  # noqa: BLE001 - as a local run does: a file saying why, and the run goes on
+                measured = _no_peaks(device, f"peak measurement failed: {one_line(exc)}")
             measured.setdefault("device_name", entry["before"].get("device_name"))
             entry["peaks"] = measured
         return entry
+
+
+def _no_peaks(device: str, why: str) -> dict[str, Any]:
+    """A peaks entry without ceilings, saying why (the shape a local run writes when its measurement fails)."""
+    return {"device": device, "matmul": {}, "copy": None, "errors": {"measure": why}}
 
 
 def node_telemetry(device: str) -> Any:
@@ -183,6 +192,18 @@ def node_telemetry(device: str) -> Any:
     from harness.env import gpu_telemetry
 
     return gpu_telemetry() if device == "cuda" else None
+
+
+def task_options(device: str) -> dict[str, Any]:
+    """The resources and policies of a task on `device`, given to ray.remote() itself (Ray refuses max_calls in .options()).
+
+    A CUDA task holds one GPU and its process exits after it (max_calls=1: a lost CUDA context or leaked
+    memory never reaches the next task); every task holds one CPU; Ray never retries a task.
+    """
+    options: dict[str, Any] = {"num_cpus": 1, "num_gpus": 0, "max_retries": 0}
+    if device == "cuda":
+        options.update(num_gpus=1, max_calls=1)
+    return options
 
 
 # -- env.json and peaks.json with one entry per node -----------------------------------------------------------------
@@ -201,7 +222,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """One fingerprint standing for several nodes: a field's value when all agree, else their distinct values joined by ' | ' (time: the earliest)."""
+    """One fingerprint for several nodes: a field's value when all agree, else their values joined by ' | ' (time: the earliest)."""
     out: dict[str, Any] = {}
     for key in dict.fromkeys(k for entry in entries for k in entry):
         values = [entry.get(key) for entry in entries]
@@ -241,7 +262,8 @@ def env_with_nodes(env: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> dic
     return env
 
 
-def peaks_with_nodes(peaks: dict[str, Any], nodes: dict[str, dict[str, Any]], device: str, legacy_device_name: str | None = None) -> dict[str, Any]:
+def peaks_with_nodes(peaks: dict[str, Any], nodes: dict[str, dict[str, Any]], device: str,
+                     legacy_device_name: str | None = None) -> dict[str, Any]:
     """peaks.json with `nodes` merged in; top-level ceilings (the ones the analysis applies) only when every node has the same device."""
     known = peaks.get("nodes")
     if not isinstance(known, dict):
@@ -259,8 +281,9 @@ def peaks_with_nodes(peaks: dict[str, Any], nodes: dict[str, dict[str, Any]], de
         top["node"] = label
     else:
         why = ("no node's ceilings were measured" if not measured else
-               f"the nodes have different devices ({'; '.join(names)}): each node's ceilings are under nodes, never applied to another device's rows")
-        top = {"device": device, "matmul": {}, "copy": None, "errors": {"measure": why}}
+               f"the nodes have different devices ({'; '.join(names)}): "
+               "each node's ceilings are under nodes, never applied to another device's rows")
+        top = _no_peaks(device, why)
     top["nodes"] = known
     return top
 
@@ -302,7 +325,7 @@ def _check_address(address: str) -> None:
                         "with the head's HOST:PORT (ray start --head prints it)")
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise UserError(f"--ray-address takes HOST:PORT (the address `ray start --head` prints, e.g. 10.0.0.1:6379) or 'auto': got {address!r}")
+        raise UserError(f"--ray-address takes HOST:PORT (what `ray start --head` prints, e.g. 10.0.0.1:6379) or 'auto': got {address!r}")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
             pass
@@ -342,7 +365,8 @@ class RaySupervisor(Supervisor):
         if config.gpus is not None:
             raise UserError("--gpus is for the local executor: with --executor ray, each task gets one GPU from Ray")
         if config.workers != 1:
-            raise UserError("--workers is for the local executor: with --executor ray, the cluster's CPUs (or GPUs) set how many pairs run at once")
+            raise UserError("--workers is for the local executor: with --executor ray, the cluster's CPUs (or GPUs) "
+                            "set how many pairs run at once")
         if config.memory_limit is not None:
             raise UserError("--memory-limit is for the local executor: Ray's own memory monitor guards the nodes")
 
@@ -411,10 +435,11 @@ class RaySupervisor(Supervisor):
                 nodes.setdefault(node["NodeManagerAddress"], node["NodeID"])
         return nodes
 
-    def _on_node(self, fn: Any, node_id: str, **options: Any) -> Any:
+    def _on_node(self, fn: Any, node_id: str, options: dict[str, Any]) -> Any:
+        """`fn` as a Ray task with `options`, pinned to one node (it waits for that node, never runs elsewhere)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        return self.ray.remote(fn).options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), max_retries=0, **options)
+        return self.ray.remote(**options)(fn).options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
 
     def _gather(self, refs: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Each label's task result, or {'error': why} for a task that failed or did not finish in time (it is cancelled)."""
@@ -438,13 +463,13 @@ class RaySupervisor(Supervisor):
         if not labels:
             return
         device = folder.device
-        options = {"num_cpus": 1, "num_gpus": 1 if device == "cuda" else 0}
-        refs = {label: self._on_node(describe_node, node_id, **options).remote(device, dtypes, True, self._env())
+        # On CUDA the probe holds a GPU, like a pair's task; nothing else runs yet, so nothing competes with the peaks.
+        refs = {label: self._on_node(describe_node, node_id, task_options(device)).remote(device, dtypes, True, self._env())
                 for label, node_id in labels.items()}
         results = self._gather(refs, PROBE_TIMEOUT_S)
         env_entries, peak_entries = {}, {}
         for label, result in results.items():
-            peaks = result.pop("peaks", None) if "error" not in result else {"device": device, "matmul": {}, "copy": None, "errors": {"measure": result["error"]}}
+            peaks = result.pop("peaks", None) if "error" not in result else _no_peaks(device, result["error"])
             if note:
                 result["note"] = note
             env_entries[label], peak_entries[label] = result, peaks
@@ -464,75 +489,90 @@ class RaySupervisor(Supervisor):
             env = _read_json(folder.path / ENV)
         labels = [label for label in (env.get("nodes") or {}) if label != "local"]
         if device == "cuda":
-            refs = {label: self._on_node(node_telemetry, alive[label], num_cpus=0).remote(device) for label in labels if label in alive}
+            # NVML reads every GPU of the node without holding one: no resources, so it never waits.
+            no_resources = {"num_cpus": 0, "num_gpus": 0, "max_retries": 0}
+            refs = {label: self._on_node(node_telemetry, alive[label], no_resources).remote(device) for label in labels if label in alive}
             after = self._gather(refs, 60.0) if refs else {}
-            entries = {label: {"telemetry_after": after.get(label, {"unavailable": "the node left the cluster before the run ended"})} for label in labels}
+            gone = {"unavailable": "the node left the cluster before the run ended"}
+            entries = {label: {"telemetry_after": after.get(label, gone)} for label in labels}
         else:
             entries = {label: {"telemetry_after": None} for label in labels}
         _write_json(folder.path / ENV, env_with_nodes(env, entries))
 
     # -- the pairs ---------------------------------------------------------------------------------------------------
-    def _execute(self, folder: RunFolder, pairs: dict[str, tuple[Case, str]], pending: list[str], writer: RunWriter, progress: Progress) -> None:
-        """Run the pending pairs as one streaming task per case; write each row as it arrives."""
+    def _execute(self, folder: RunFolder, pairs: dict[str, tuple[Case, str]], pending: list[str], writer: RunWriter,
+                 progress: Progress) -> None:
+        """Describe the nodes not yet in env.json, then run the pending pairs as one streaming task per case."""
         if not pending:
             return
-        ray = self.ray
         suite = load_suite(folder.suite_arg).on_device(folder.device)
-        device = folder.device
         known = _read_json(folder.path / ENV).get("nodes") or {}
-        self._describe_nodes(folder, {ip: nid for ip, nid in self._alive_nodes(device).items() if ip not in known},
-                             sorted({c.dtype for c in suite.cases}))
-        options: dict[str, Any] = {"num_cpus": 1, "max_retries": 0}
-        if device == "cuda":
-            options.update(num_gpus=1, max_calls=1)
-        task = ray.remote(run_case_batch).options(**options)
-        check, env = bool(folder.manifest.get("check", True)), self._env()
-
-        def submit(batch: _Batch) -> None:
-            batch.fruitless = 0 if batch.progressed else batch.fruitless + 1
-            batch.progressed, batch.running, batch.where = False, None, {}
-            batch.gen = task.remote(batch.case, list(batch.backends), suite.budget, check, folder.run_id, env)
-            active[batch.gen] = batch
-
-        batches: dict[str, _Batch] = {}
-        for key in pending:  # cases in the suite's order, each case's backends in theirs
-            case, backend = pairs[key]
-            batches.setdefault(case.id, _Batch(case, [])).backends.append(backend)
-        active: dict[Any, _Batch] = {}
+        new_nodes = {ip: node_id for ip, node_id in self._alive_nodes(folder.device).items() if ip not in known}
+        self._describe_nodes(folder, new_nodes, sorted({c.dtype for c in suite.cases}))
+        pairs_run = _PairsRun(self, folder, pairs, writer, suite.budget)
         previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            for batch in batches.values():
-                batch.progressed = True  # a first task is not a retry
-                submit(batch)
-            while active:
-                progress.update(folder.count_lines())
-                ready, _ = ray.wait(list(active), num_returns=1, timeout=POLL_S)
-                for gen in ready:
-                    batch = active[gen]
-                    ended = self._take_event(gen, batch, writer, folder, pairs)
-                    if ended:
-                        del active[gen]
-                        self._after_task(batch, ended, submit, writer, folder, pairs)
-                now = time.monotonic()
-                for gen, batch in list(active.items()):
-                    if batch.running and now - batch.since > self.config.case_timeout_s:
-                        ray.cancel(gen, force=True)
-                        del active[gen]
-                        self._fail_running(batch, "timeout", f"killed after running past the {self.config.case_timeout_s:g} s time limit "
-                                                             "(--timeout; its Ray task was cancelled)", writer, folder, pairs)
-                        self._after_task(batch, "cancelled", submit, writer, folder, pairs)
+            pairs_run.run(pending, progress)
         except KeyboardInterrupt:
-            for gen in active:
-                try:
-                    ray.cancel(gen, force=True)
-                except Exception:  # noqa: BLE001 - interrupted anyway: cancel what can be cancelled
-                    pass
-            self.log.write(f"\ninterrupted: finished rows are in {folder.path}; finish with: attnbench run --resume {folder.path} --executor ray\n")
+            pairs_run.cancel_all()
+            self.log.write(f"\ninterrupted: finished rows are in {folder.path}; "
+                           f"finish with: attnbench run --resume {folder.path} --executor ray\n")
             raise
         finally:
             signal.signal(signal.SIGTERM, previous_term)
 
-    def _take_event(self, gen: Any, batch: _Batch, writer: RunWriter, folder: RunFolder, pairs: dict[str, tuple[Case, str]]) -> str | None:
+
+class _PairsRun:
+    """The driver's loop over one run's tasks: submit a task per case, write each row as it arrives, replace dead tasks."""
+
+    def __init__(self, supervisor: RaySupervisor, folder: RunFolder, pairs: dict[str, tuple[Case, str]], writer: RunWriter,
+                 budget: Budget) -> None:
+        self.supervisor, self.ray, self.folder, self.pairs, self.writer = supervisor, supervisor.ray, folder, pairs, writer
+        self.timeout_s = supervisor.config.case_timeout_s
+        self.task = self.ray.remote(**task_options(folder.device))(run_case_batch)
+        self.arguments = (budget, bool(folder.manifest.get("check", True)), folder.run_id, supervisor._env())
+        self.active: dict[Any, _Batch] = {}
+
+    def run(self, pending: list[str], progress: Progress) -> None:
+        """Run every pending pair to a row."""
+        batches: dict[str, _Batch] = {}
+        for key in pending:  # cases in the suite's order, each case's backends in theirs
+            case, backend = self.pairs[key]
+            batches.setdefault(case.id, _Batch(case, [], progressed=True)).backends.append(backend)
+        for batch in batches.values():
+            self.submit(batch)
+        while self.active:
+            progress.update(self.folder.count_lines())
+            ready, _ = self.ray.wait(list(self.active), num_returns=1, timeout=POLL_S)
+            for gen in ready:
+                ended = self.take_event(gen, self.active[gen])
+                if ended:
+                    self.after_task(self.active.pop(gen), ended)
+            now = time.monotonic()
+            for gen, batch in list(self.active.items()):
+                if batch.running and now - batch.since > self.timeout_s:
+                    self.ray.cancel(gen, force=True)  # force: Ray kills the worker process, whatever the pair is stuck in
+                    del self.active[gen]
+                    self.fail_running(batch, "timeout", f"killed after running past the {self.timeout_s:g} s time limit "
+                                                        "(--timeout; its Ray task was cancelled)")
+                    self.after_task(batch, "cancelled after --timeout")
+
+    def submit(self, batch: _Batch) -> None:
+        """Start a task on the batch's remaining pairs (one more fruitless try if the last task finished none)."""
+        batch.fruitless = 0 if batch.progressed else batch.fruitless + 1
+        batch.progressed, batch.running, batch.where = False, None, {}
+        batch.gen = self.task.remote(batch.case, list(batch.backends), *self.arguments)
+        self.active[batch.gen] = batch
+
+    def cancel_all(self) -> None:
+        """Cancel every running task (on an interrupt: the rows so far stay, --resume runs the rest)."""
+        for gen in self.active:
+            try:
+                self.ray.cancel(gen, force=True)
+            except Exception:  # noqa: BLE001 - interrupted anyway: cancel what can be cancelled
+                pass
+
+    def take_event(self, gen: Any, batch: _Batch) -> str | None:
         """Handle the task's next event; None while it goes on, else how it ended (`done`, or the reason it died)."""
         ray = self.ray
         try:
@@ -542,46 +582,44 @@ class RaySupervisor(Supervisor):
         try:
             event = ray.get(ref)
         except ray.exceptions.RayTaskError as exc:  # the task's own code raised (a pair's failure is a row, never an exception)
-            self._fail_running(batch, "error", f"the Ray task failed: {one_line(exc.cause if exc.cause is not None else exc)}", writer, folder, pairs)
+            self.fail_running(batch, "error", f"the Ray task failed: {one_line(exc.cause if exc.cause is not None else exc)}")
             return one_line(exc)
         except ray.exceptions.RayError as exc:  # the worker died: a segfault, SIGKILL, Ray's OOM killer, a lost node
             node = batch.where.get("node", "its node")
-            self._fail_running(batch, "crashed", f"the Ray task died on {node} while running this pair: {one_line(exc)}", writer, folder, pairs)
+            self.fail_running(batch, "crashed", f"the Ray task died on {node} while running this pair: {one_line(exc)}")
             return one_line(exc)
         kind = event.get("event")
         if kind == "start":
             batch.running, batch.since = event["key"], time.monotonic()
             batch.where = {k: event[k] for k in ("worker", "node", "host", "device_name") if k in event}
-            self._seen_nodes.add(event["node"])
+            self.supervisor._seen_nodes.add(event["node"])
         elif kind == "record":
-            record = Record.from_dict(event["record"], where=f"record from Ray task {batch.where.get('worker', '?')}")
-            writer.append(record)
+            self.writer.append(Record.from_dict(event["record"], where=f"record from Ray task {batch.where.get('worker', '?')}"))
             batch.finished(event["key"])
         elif kind == "failed":
-            self._record_failure(writer, folder, pairs, event["key"], batch.where.get("worker", "ray"), "error", event["reason"], self._node_extra(batch))
-            batch.finished(event["key"])
+            self.fail(batch, event["key"], "error", event["reason"])
         return None
 
-    @staticmethod
-    def _node_extra(batch: _Batch) -> dict[str, str]:
-        return {k: batch.where[k] for k in ("node", "device_name") if k in batch.where}
-
-    def _fail_running(self, batch: _Batch, status: str, reason: str, writer: RunWriter, folder: RunFolder, pairs: dict[str, tuple[Case, str]]) -> None:
-        """The row of the pair the task was running when it ended (none when it was between pairs)."""
-        key = batch.running
-        if key is None:
-            return
-        self._record_failure(writer, folder, pairs, key, batch.where.get("worker", "ray"), status, reason, self._node_extra(batch))
+    def fail(self, batch: _Batch, key: str, status: str, reason: str) -> None:
+        """Write the row of a pair that did not finish, naming where it ran."""
+        extra = {k: batch.where[k] for k in ("node", "device_name") if k in batch.where}
+        self.supervisor._record_failure(self.writer, self.folder, self.pairs, key, batch.where.get("worker", "ray"), status, reason, extra)
         batch.finished(key)
 
-    def _after_task(self, batch: _Batch, ended: str, submit: Any, writer: RunWriter, folder: RunFolder, pairs: dict[str, tuple[Case, str]]) -> None:
+    def fail_running(self, batch: _Batch, status: str, reason: str) -> None:
+        """The row of the pair the task was running when it ended (none when it was between pairs)."""
+        if batch.running is not None:
+            self.fail(batch, batch.running, status, reason)
+
+    def after_task(self, batch: _Batch, ended: str) -> None:
         """After a case's task ended: a new task for its remaining pairs, unless its tasks keep dying before any pair."""
         if not batch.backends:
             return
         if batch.progressed or batch.fruitless < MAX_FRUITLESS_TASKS:
-            submit(batch)
+            self.submit(batch)
             return
+        reason = f"no Ray task could run this case's pairs ({MAX_FRUITLESS_TASKS + 1} tasks ended before any pair; last: {ended})"
         for key in batch.pending_keys():
-            self._record_failure(writer, folder, pairs, key, "ray", "error",
-                                 f"no Ray task could run this case's pairs ({MAX_FRUITLESS_TASKS + 1} tasks ended before any pair; last: {ended})")
-        self.log.write(f"\nattnbench: the tasks of case {batch.case.id} kept ending before any pair ({ended}); its pairs are recorded as errors\n")
+            self.fail(batch, key, "error", reason)
+        self.supervisor.log.write(f"\nattnbench: the tasks of case {batch.case.id} kept ending before any pair ({ended}); "
+                                  "its pairs are recorded as errors\n")
