@@ -32,7 +32,7 @@ from harness.backends.registry import ENV_VAR
 from harness.cli.main import main
 from harness.env import cpu_model
 from harness.run.ray_executor import INSTALL_HINT, env_with_nodes, peaks_with_nodes, summarize
-from tests.test_reliability import PLUGIN, ROOT, attnbench, cli_env, executions, keys, rows, write_suite
+from tests.test_reliability import PLUGIN, ROOT, attnbench, cli_env, executions, is_dead, keys, rows, write_suite
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY and not os.environ.get("CI"),
@@ -212,6 +212,12 @@ def test_driver_killed_then_resumed_runs_no_finished_pair_again(tmp_path, ray_cl
         driver.wait()
     before = rows(run_dir)
     assert 2 <= len(before) < 6
+    # Ray ends the tasks of a driver that is gone: nothing of the killed run goes on computing.
+    task_pids = {int(line.split()[1]) for line in (tmp_path / "executions.log").read_text().splitlines()}
+    deadline = time.monotonic() + 10
+    while not all(is_dead(p) for p in task_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(is_dead(p) for p in task_pids)
 
     done = attnbench(["run", "--resume", str(run_dir), "--executor", "ray", "--ray-address", ray_cluster, "--quiet"], env)
     assert done.returncode == 0, done.stderr
