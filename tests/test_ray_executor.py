@@ -24,7 +24,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -73,19 +75,18 @@ def kill_session(session: int) -> None:
                 pass
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """The address of a Ray head on this machine with 2 CPUs and one (pretended) GPU, for the tests of this module."""
-    if not HAS_RAY:
-        pytest.fail("CI is set but ray is not installed: scripts/setup-env.sh installs the ray extra when CI is set")
+@contextmanager
+def ray_head(cpus: int, gpus: int, **env: str) -> Iterator[str]:
+    """Start a Ray head on this machine (its own temp dir and session), yield its address, then kill its whole session."""
     temp = Path(tempfile.mkdtemp(prefix="abray-", dir="/tmp"))  # short: Ray's socket paths must fit in 107 bytes
     port = _free_port()
-    env = {**ray_env(temp), "PYTHONPATH": str(ROOT)}  # the tasks' processes import tests.* from the checkout
+    head_env = {**ray_env(temp), "PYTHONPATH": str(ROOT), **env}  # the tasks' processes import tests.* from the checkout
     log_path = temp / "head.log"
-    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--num-gpus=1",
-               "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}", "--object-store-memory=100000000"]
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}", f"--num-cpus={cpus}",
+               f"--num-gpus={gpus}", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
+               "--object-store-memory=100000000"]
     with open(log_path, "w") as log:
-        head = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        head = subprocess.Popen(command, env=head_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
         while "Ray runtime started" not in log_path.read_text():
@@ -96,6 +97,15 @@ def ray_cluster():
         kill_session(head.pid)
         head.wait()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """The address of a Ray head on this machine with 2 CPUs and one (pretended) GPU, for the tests of this module."""
+    if not HAS_RAY:
+        pytest.fail("CI is set but ray is not installed: scripts/setup-env.sh installs the ray extra when CI is set")
+    with ray_head(cpus=2, gpus=1) as address:
+        yield address
 
 
 def by_key(records: list[dict]) -> dict[str, dict]:
@@ -345,6 +355,21 @@ def test_bad_ray_options_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
     assert time.monotonic() - started < 15  # refused before any Ray starts or retries
+    assert not (tmp_path / "one").exists()
+
+
+@needs_ray
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_cluster_that_wants_a_token_is_one_line_saying_what_to_set(tmp_path, capsys):
+    suite = write_suite(tmp_path / "one.toml", ["naive"], [8])
+    # The token comes from the environment, so that no test writes ~/.ray/auth_token.
+    with ray_head(cpus=1, gpus=0, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="attnbench-test-" + "0" * 32) as address:
+        env = ray_env(tmp_path)  # RAY_AUTH_MODE=disabled: this driver has no token
+        done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--executor", "ray", "--ray-address", address,
+                          "--quiet"], env)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr  # Ray's own retry warnings are held back
+    assert "token authentication" in done.stderr and "RAY_AUTH_MODE=token" in done.stderr
     assert not (tmp_path / "one").exists()
 
 

@@ -34,6 +34,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -333,6 +334,26 @@ def _check_address(address: str) -> None:
         raise UserError(f"no Ray cluster answers at {address}: {exc.strerror or exc}") from None
 
 
+@contextmanager
+def _held_back_stderr() -> Iterator[None]:
+    """Hold back what is written to file descriptor 2 meanwhile, and write it out after only if nothing raised.
+
+    Ray's C++ client logs a warning line for each retry while it cannot join a cluster (a wrong token:
+    about twenty lines), past Python's logging; when it fails, the one-line error says why instead.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        sys.stderr.write(held.read().decode(errors="replace"))  # joined: nothing is lost
+
+
 def _connect_reason(exc: BaseException) -> str:
     """Why ray.init failed, in one line; an authentication failure says what to set."""
     chain, cause = [], exc
@@ -403,7 +424,11 @@ class RaySupervisor(Supervisor):
         if not address:
             kwargs["include_dashboard"] = False
         try:
-            ray.init(address=address, **kwargs)
+            if address:
+                with _held_back_stderr():
+                    ray.init(address=address, **kwargs)
+            else:  # never while starting a local Ray: its processes would inherit the held-back descriptor
+                ray.init(address=address, **kwargs)
         except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, AuthenticationError: all one line to the user
             where = f"the Ray cluster at {address}" if address else "a local Ray"
             raise UserError(f"cannot start or join {where}: {_connect_reason(exc)}") from None
