@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnbench-installed
+TEST_STAMP := $(VENV)/.attnbench-test-installed
 ARGS ?=
 
 .PHONY: bench test gpu-check setup clean
@@ -17,8 +18,13 @@ $(STAMP): pyproject.toml scripts/setup-env.sh
 bench: $(STAMP)
 	$(VPY) -m harness run --suite auto --report $(ARGS)
 
+# The tests also exercise `--executor ray` on a local Ray cluster: make test installs Ray (make bench does not).
+$(TEST_STAMP): $(STAMP)
+	ATTNBENCH_WITH_RAY=1 sh scripts/setup-env.sh "$(PYTHON)" "$(VENV)"
+	touch $(TEST_STAMP)
+
 ## test: the CPU test suite (what CI runs)
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(VPY) -m pytest -q $(ARGS)
 
 ## gpu-check: a short all-backend check on a CUDA box, with the python3 already there (no install)

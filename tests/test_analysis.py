@@ -315,3 +315,21 @@ def test_loading_two_runs_keeps_the_later_row_of_a_pair_and_says_so(tmp_path):
     assert len(data.frame) == 2 and set(data.peaks) == {"first", "second"}
     assert data.frame.loc[data.frame["backend"] == "sdpa", "latency_ms_median"].item() == 1.0
     assert "1 (case, backend) pairs were measured by more than one run" in data.notes[0]
+
+
+def test_rows_of_different_device_models_are_never_ranked_together(tmp_path):
+    case = Case(B=1, S_q=256, S_kv=256, H=8, H_kv=8, d_k=64, d_v=64)
+    h100 = [synthetic_record(case, "sdpa", 2.0, run_id="h100"), synthetic_record(case, "sdpa-math", 4.0, run_id="h100")]
+    h200 = [synthetic_record(case, "sdpa", 1.0, run_id="h200"), synthetic_record(case, "sdpa-math", 3.0, run_id="h200")]
+    a = write_run(tmp_path / "h100", h100, env={"before": {"device_type": "cuda", "device_name": "NVIDIA H100"}})
+    b = write_run(tmp_path / "h200", h200, env={"before": {"device_type": "cuda", "device_name": "NVIDIA H200"}})
+    data = analysis.load([a, b])
+    assert not data.notes  # not "measured by more than one run": different devices, different questions
+    wins = analysis.winners(data.frame).set_index("case_id")
+    assert set(wins.index) == {f"{case.id} @ NVIDIA H100", f"{case.id} @ NVIDIA H200"}
+    assert wins.loc[f"{case.id} @ NVIDIA H100", "winner_ms"] == 2.0 and wins.loc[f"{case.id} @ NVIDIA H200", "winner_ms"] == 1.0
+    # A Ray row names its own node's device, whatever its run's driver was.
+    ray_row = synthetic_record(case, "sdpa", 1.5, run_id="ray")
+    ray_row.device_name, ray_row.node = "NVIDIA A100", "10.0.0.7"
+    mixed = write_run(tmp_path / "ray", [ray_row, *h100[:1]], env={"before": {"device_type": "cuda", "device_name": "driver CPU"}})
+    assert set(analysis.load([mixed]).frame["device_model"]) == {"NVIDIA A100", "driver CPU"}

@@ -77,12 +77,33 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     notes = [f"{path}: a truncated last line (a run stopped mid-write) was left out; resume that run to redo the pair" for path in dropped]
+    frame = by_device_model(frame, env)
     duplicated = frame.duplicated(["case_id", "backend"], keep="last")
     if duplicated.any():  # the same pair measured by several runs: the later run's row stands
         notes.append(f"{int(duplicated.sum())} (case, backend) pairs were measured by more than one run; the row of the run given last is used")
         frame = frame[~duplicated].reset_index(drop=True)
     capabilities = declared_capabilities(sorted(set(frame["backend"])), manifests.values())
     return RunData(with_roofline(derive_columns(frame, capabilities), peaks), peaks, env, manifests, dirs, notes)
+
+
+def by_device_model(frame: pd.DataFrame, env: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """Name each row's device model (the row's own, from a Ray node, else its run's); with several, keep them apart.
+
+    Rows measured on different device models (two GPU generations, a Ray cluster of mixed nodes) are never
+    ranked against each other: their analysis case becomes `<case id> @ <device model>`, so every winner,
+    speed-up and recommendation is per device. The record's own id stays in `record_case_id`.
+    """
+    def run_device(run_id: Any) -> str:
+        before = (env.get(run_id) or {}).get("before") or {}
+        return str(before.get("device_name") or before.get("device_type") or "unknown device")
+
+    frame = frame.copy()
+    own = frame["device_name"] if "device_name" in frame.columns else pd.Series([None] * len(frame), index=frame.index)
+    frame["device_model"] = [str(d) if isinstance(d, str) and d else run_device(r) for d, r in zip(own, frame["run_id"])]
+    frame["record_case_id"] = frame["case_id"]
+    if frame["device_model"].nunique() > 1:
+        frame["case_id"] = frame["case_id"] + " @ " + frame["device_model"]
+    return frame
 
 
 def declared_capabilities(backends: Iterable[str], manifests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, bool]]:

@@ -67,8 +67,8 @@ def cmd_stability(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run a suite (or resume a run) under the supervisor and print where the results are."""
-    from harness.run.supervisor import RunConfig, Supervisor
+    """Run a suite (or resume a run) under the supervisor of the chosen executor and print where the results are."""
+    from harness.run.supervisor import RunConfig, supervisor_for
 
     if args.model is not None:
         if args.suite is not None:
@@ -94,9 +94,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=Path(args.resume) if args.resume else None, check=not args.no_check,
         case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
         memory_limit=_parse_size("--memory-limit", args.memory_limit), profile=args.profile, traces=args.traces,
-        timer=args.timer or "events",
+        timer=args.timer or "events", executor=args.executor, ray_address=args.ray_address,
     )
-    summary = Supervisor(config).run()
+    summary = supervisor_for(config).run()
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
     print(f"{sum(summary.counts.values())} of {summary.total} pairs recorded ({counts}) in {summary.wall_s:.0f} s")
     print(f"results: {summary.run_dir}")
@@ -176,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timer", choices=("events", "kernels", "graph"),
                    help="what a row's latency is: events (default: device time between CUDA events; perf_counter on CPU), "
                         "kernels (torch.profiler's kernel time per call), graph (CUDA-graph replay, forward only); named in the row's timer column")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="who runs the pairs: local worker processes (default), or tasks on a Ray cluster (pip install 'attnbench[ray]'; docs/ray.md)")
+    p.add_argument("--ray-address", metavar="HOST:PORT",
+                   help="with --executor ray: the cluster's head (what `ray start --head` prints) or 'auto'; default RAY_ADDRESS, else a local Ray")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--report", action="store_true", help="then write reports/<run-id>/index.html and print its path last")
     p.set_defaults(func=cmd_run)

@@ -148,6 +148,9 @@ class Record:
     time_pair_s: float | None = None
     run_id: str = ""
     worker: str = "0"
+    #: Where the pair ran when that is not this machine (`--executor ray`): the node's address and its device's model.
+    node: str | None = None
+    device_name: str | None = None
     timestamp: float = field(default_factory=time.time)
     schema_version: int = SCHEMA_VERSION
     #: Per-call seconds ×1e3 of every timed sample: kept in the JSONL, left out of the flat CSV.

@@ -39,7 +39,7 @@ from typing import Any, TextIO
 
 from harness.backends.base import Backend
 from harness.backends.registry import Registry, load_registry
-from harness.env import resolve_device
+from harness.env import detect_device
 from harness.errors import UserError
 from harness.measure.execute import case_record
 from harness.results.record import Status
@@ -76,13 +76,17 @@ class RunConfig:
     only: list[str] = field(default_factory=list)
     progress: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
+    #: Address space each CPU worker may add to its start-up size (RLIMIT_AS), in bytes; None = no cap.
+    memory_limit: int | None = None
     #: One profiled pass per pair after its timed samples, and with `traces` a Chrome trace per pair.
     profile: bool = False
     traces: bool = False
     #: What a row's latency is: events, kernels or graph (harness.measure.timers).
     timer: str = "events"
-    #: Address space each CPU worker may add to its start-up size (RLIMIT_AS), in bytes; None = no cap.
-    memory_limit: int | None = None
+    #: Who runs the pairs: `local` (pytest worker processes on this machine) or `ray` (tasks on a Ray cluster).
+    executor: str = "local"
+    #: The Ray cluster to use with `executor="ray"` (host:port of its head); None starts a local one.
+    ray_address: str | None = None
 
 
 @dataclass
@@ -121,8 +125,33 @@ class _Unloadable(Backend):
         return self.reason
 
 
+EXECUTORS = ("local", "ray")
+
+
+def supervisor_for(config: RunConfig, log: TextIO = sys.stderr) -> "Supervisor":
+    """The supervisor of the executor the config names: this module's for `local`, harness.run.ray_executor's for `ray`."""
+    if config.executor not in EXECUTORS:
+        raise UserError(f"unknown executor {config.executor!r}: expected {' or '.join(EXECUTORS)}")
+    if config.ray_address is not None and config.executor != "ray":
+        raise UserError("--ray-address goes with --executor ray")
+    if config.executor == "ray":
+        from harness.run.ray_executor import RaySupervisor  # Ray is an optional extra: imported only when asked for
+
+        return RaySupervisor(config, log)
+    return Supervisor(config, log)
+
+
 class Supervisor:
-    """Runs the pending pairs of one run folder to completion."""
+    """Runs the pending pairs of one run folder to completion, in local pytest workers.
+
+    The steps an executor may replace are methods: which devices exist (`_default_device`,
+    `_check_device`), which options it accepts (`_check_options`), what is measured beside the
+    rows (`_write_environment`, `_write_env_after`) and who runs the pending pairs (`_execute`).
+    Opening the folder, the rows of broken plugins and the closing rows are shared.
+    """
+
+    #: The reason of the row a pair gets when the run ended without anybody running it.
+    missing_reason = "no worker ran this pair (a worker failed outside any pair; see the worker-*.log files)"
 
     def __init__(self, config: RunConfig, log: TextIO = sys.stderr) -> None:
         self.config = config
@@ -130,6 +159,28 @@ class Supervisor:
         self.registry: Registry = load_registry()
 
     # -- set-up -------------------------------------------------------------------------------
+    def _check_options(self, device: str) -> None:
+        """Refuse options this executor cannot honour on `device` (UserError), before any folder is touched."""
+        self._slots(device)
+
+    def _default_device(self) -> str:
+        """The device a new run gets when --device is not given."""
+        return detect_device()
+
+    def _check_device(self, device: str) -> None:
+        """Refuse a device that is not there."""
+        if device == "cuda" and detect_device() != "cuda":
+            raise UserError("--device cuda asked for, but torch sees no CUDA device")
+
+    def _write_environment(self, folder: RunFolder, suite: Suite) -> None:
+        """env.json and peaks.json of a new run, before any pair runs (so nothing competes with the peaks)."""
+        folder.write_env_before()
+        folder.write_peaks(sorted({c.dtype for c in suite.cases}))
+
+    def _write_env_after(self, folder: RunFolder) -> None:
+        """What env.json gets after the last pair."""
+        folder.write_env_after()
+
     def _slots(self, device: str) -> list[Slot]:
         config = self.config
         if not config.case_timeout_s > 0:
@@ -145,11 +196,14 @@ class Supervisor:
         config = self.config
         if config.resume is not None:
             folder = RunFolder.open(Path(config.resume))
-            self._slots(folder.device)  # reject impossible worker options before locking
+            self._check_options(folder.device)  # reject impossible worker options before locking
             folder.lock()
             return folder
-        device = resolve_device(config.device)
-        self._slots(device)
+        device = config.device or self._default_device()
+        if device not in ("cpu", "cuda"):
+            raise UserError(f"unknown device {device!r}: expected cpu or cuda")
+        self._check_device(device)
+        self._check_options(device)
         suite, suite_arg = _resolve_suite(config.suite, device)
         names = suite.backend_names(config.backends, self.registry.names())
         broken: dict[str, str] = {}
@@ -177,8 +231,7 @@ class Supervisor:
                                   suite_file=suite_arg if Path(suite_arg).suffix == ".toml" else None)
         if config.traces:
             (folder.path / TRACES).mkdir(exist_ok=True)
-        folder.write_env_before()
-        folder.write_peaks(sorted({c.dtype for c in suite.cases}))
+        self._write_environment(folder, suite)
         return folder
 
     # -- running ------------------------------------------------------------------------------
@@ -196,36 +249,44 @@ class Supervisor:
             folder.unlock()
 
     def _record_failure(self, writer: RunWriter, folder: RunFolder, pairs: dict[str, tuple[Case, str]], key: str, worker: str,
-                        status: str, reason: str) -> None:
+                        status: str, reason: str, extra: dict[str, Any] | None = None) -> None:
         case, backend = pairs[key]
         record = case_record(case, self._backend_for(backend, folder), folder.run_id, worker)
         record.status, record.reason = Status(status), reason
+        for name, value in (extra or {}).items():  # where it ran (node, device_name), for the executors that know
+            setattr(record, name, value)
         writer.append(record)
 
     def _run(self, folder: RunFolder, started: float) -> RunSummary:
-        manifest, run_dir = folder.manifest, folder.path
-        started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        manifest = folder.manifest
+        self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         pairs = folder.pairs()
         recorded = folder.recorded(repair=True)
         foreign = [r for r in recorded if r.pair_key not in pairs or (r.run_id and r.run_id != folder.run_id)]
         if foreign:
-            raise UserError(f"{run_dir / 'records.jsonl'} holds {len(foreign)} rows that are not pairs of run {folder.run_id} "
+            raise UserError(f"{folder.path / 'records.jsonl'} holds {len(foreign)} rows that are not pairs of run {folder.run_id} "
                             f"(first: {foreign[0].pair_key} of run {foreign[0].run_id!r}): the folder mixes runs; resume refuses it")
         done = {r.pair_key for r in recorded}
         total = len(manifest["pairs"])
-        writer = RunWriter(run_dir)
+        writer = RunWriter(folder.path)
         broken = folder.broken
         for key in manifest["pairs"]:
             if key not in done and pairs[key][1] in broken:
                 self._record_failure(writer, folder, pairs, key, "supervisor", "unsupported", broken[pairs[key][1]])
                 done.add(key)
         pending = [k for k in manifest["pairs"] if k not in done]
+        progress = Progress(total, len(done), self.log if self.config.progress else None)
+        self._execute(folder, pairs, pending, writer, progress)
+        return self._finish(folder, pairs, writer, progress, started)
+
+    def _execute(self, folder: RunFolder, pairs: dict[str, tuple[Case, str]], pending: list[str], writer: RunWriter, progress: Progress) -> None:
+        """Run the pending pairs in local pytest workers that share them through the folder's claims."""
+        run_dir = folder.path
         claims = run_dir / protocol.CLAIMS
         shutil.rmtree(claims, ignore_errors=True)  # claims of an earlier attempt: their pairs have no record
         claims.mkdir()
         (run_dir / protocol.PENDING).write_text("".join(f"{k}\n" for k in pending))
         slots = self._slots(folder.device)[: max(1, len(pending))]
-        progress = Progress(total, len(done), self.log if self.config.progress else None)
         active: dict[str, Worker] = {}
         fruitless: dict[str, int] = {}
         previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -255,18 +316,22 @@ class Supervisor:
             raise
         finally:
             signal.signal(signal.SIGTERM, previous_term)
+
+    def _finish(self, folder: RunFolder, pairs: dict[str, tuple[Case, str]], writer: RunWriter, progress: Progress, started: float) -> RunSummary:
+        """Give every pair still without a row one, write records.csv and the closing environment; the summary."""
+        manifest = folder.manifest
         progress.update(folder.count_lines(), final=True)
         missing = set(manifest["pairs"]) - {r.pair_key for r in folder.recorded()}
         for key in [k for k in manifest["pairs"] if k in missing]:  # a worker that gave up without a trace still leaves a row
-            self._record_failure(writer, folder, pairs, key, "supervisor", "error", "no worker ran this pair (a worker failed outside any pair; see the worker-*.log files)")
-        write_csv(run_dir)
-        folder.write_env_after()
+            self._record_failure(writer, folder, pairs, key, "supervisor", "error", self.missing_reason)
+        write_csv(folder.path)
+        self._write_env_after(folder)
         folder.clear_worker_files()
-        folder.add_attempt(started_utc, time.monotonic() - started)
+        folder.add_attempt(self._started_utc, time.monotonic() - started)
         counts: dict[str, int] = {}
         for record in folder.recorded():
             counts[record.status.value] = counts.get(record.status.value, 0) + 1
-        return RunSummary(run_dir, counts, total, time.monotonic() - started)
+        return RunSummary(folder.path, counts, len(manifest["pairs"]), time.monotonic() - started)
 
     def _settle(self, worker: Worker, outcome: str, writer: RunWriter, folder: RunFolder, pairs: dict[str, tuple[Case, str]]) -> tuple[bool, bool]:
         """Account for a worker that ended: (whether to restart it, whether it used up a pair on the way)."""

@@ -1,0 +1,154 @@
+"""The driver's loop over a Ray run's tasks: one task per case, each row written as it arrives, dead tasks replaced."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from harness.measure.failures import one_line
+from harness.measure.timing import Budget
+from harness.results.record import Record
+from harness.results.store import RunWriter
+from harness.run.progress import Progress
+from harness.run.rundir import RunFolder
+from harness.suite.cases import Case
+from harness.run.ray_tasks import run_case_batch, task_options
+from harness.suite.catalog import pair_key
+
+
+if TYPE_CHECKING:
+    from harness.run.ray_executor import RaySupervisor
+
+#: New tasks a case may get after tasks that died before finishing any of its pairs (a crash at start-up would loop).
+MAX_FRUITLESS_TASKS = 2
+#: How often the driver looks at its tasks (seconds): the granularity of --timeout and of the progress bar.
+POLL_S = 0.2
+
+
+@dataclass
+class _Batch:
+    """The pairs of one case still to run, and the task running them."""
+
+    case: Case
+    backends: list[str]
+    gen: Any = None
+    running: str | None = None
+    since: float = 0.0
+    where: dict[str, str] = field(default_factory=dict)
+    progressed: bool = False
+    fruitless: int = 0
+
+    def pending_keys(self) -> list[str]:
+        """The pair keys still to run."""
+        return [pair_key(self.case, b) for b in self.backends]
+
+    def finished(self, key: str) -> None:
+        """Drop a pair that now has its row."""
+        self.backends = [b for b in self.backends if pair_key(self.case, b) != key]
+        if self.running == key:
+            self.running = None
+        self.progressed = True
+
+
+class PairsRun:
+    """The driver's loop over one run's tasks: submit a task per case, write each row as it arrives, replace dead tasks."""
+
+    def __init__(self, supervisor: RaySupervisor, folder: RunFolder, pairs: dict[str, tuple[Case, str]], writer: RunWriter,
+                 budget: Budget) -> None:
+        self.supervisor, self.ray, self.folder, self.pairs, self.writer = supervisor, supervisor.ray, folder, pairs, writer
+        self.timeout_s = supervisor.config.case_timeout_s
+        self.task = self.ray.remote(**task_options(folder.device))(run_case_batch)
+        self.arguments = (budget, bool(folder.manifest.get("check", True)), folder.run_id, supervisor._env())
+        self.active: dict[Any, _Batch] = {}
+
+    def run(self, pending: list[str], progress: Progress) -> None:
+        """Run every pending pair to a row."""
+        batches: dict[str, _Batch] = {}
+        for key in pending:  # cases in the suite's order, each case's backends in theirs
+            case, backend = self.pairs[key]
+            batches.setdefault(case.id, _Batch(case, [], progressed=True)).backends.append(backend)
+        for batch in batches.values():
+            self.submit(batch)
+        while self.active:
+            progress.update(self.folder.count_lines())
+            ready, _ = self.ray.wait(list(self.active), num_returns=1, timeout=POLL_S)
+            for gen in ready:
+                ended = self.take_event(gen, self.active[gen])
+                if ended:
+                    self.after_task(self.active.pop(gen), ended)
+            now = time.monotonic()
+            for gen, batch in list(self.active.items()):
+                if batch.running and now - batch.since > self.timeout_s:
+                    self.ray.cancel(gen, force=True)  # force: Ray kills the worker process, whatever the pair is stuck in
+                    del self.active[gen]
+                    self.fail_running(batch, "timeout", f"killed after running past the {self.timeout_s:g} s time limit "
+                                                        "(--timeout; its Ray task was cancelled)")
+                    self.after_task(batch, "cancelled after --timeout")
+
+    def submit(self, batch: _Batch) -> None:
+        """Start a task on the batch's remaining pairs (one more fruitless try if the last task finished none)."""
+        batch.fruitless = 0 if batch.progressed else batch.fruitless + 1
+        batch.progressed, batch.running, batch.where = False, None, {}
+        batch.gen = self.task.remote(batch.case, list(batch.backends), *self.arguments)
+        self.active[batch.gen] = batch
+
+    def cancel_all(self) -> None:
+        """Cancel every running task (on an interrupt: the rows so far stay, --resume runs the rest)."""
+        for gen in self.active:
+            try:
+                self.ray.cancel(gen, force=True)
+            except Exception:  # noqa: BLE001 - interrupted anyway: cancel what can be cancelled
+                pass
+
+    def take_event(self, gen: Any, batch: _Batch) -> str | None:
+        """Handle the task's next event; None while it goes on, else how it ended (`done`, or the reason it died)."""
+        ray = self.ray
+        try:
+            ref = next(gen)
+        except StopIteration:
+            return "done"
+        try:
+            event = ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:  # the task's own code raised (a pair's failure is a row, never an exception)
+            self.fail_running(batch, "error", f"the Ray task failed: {one_line(exc.cause if exc.cause is not None else exc)}")
+            return one_line(exc)
+        except ray.exceptions.RayError as exc:  # the worker died: a segfault, SIGKILL, Ray's OOM killer, a lost node
+            node = batch.where.get("node", "its node")
+            self.fail_running(batch, "crashed", f"the Ray task died on {node} while running this pair: {one_line(exc)}")
+            return one_line(exc)
+        kind = event.get("event")
+        if kind == "start":
+            batch.running, batch.since = event["key"], time.monotonic()
+            batch.where = {k: event[k] for k in ("worker", "node", "host", "device_name") if k in event}
+            self.supervisor._seen_nodes.add(event["node"])
+        elif kind == "record":
+            self.writer.append(Record.from_dict(event["record"], where=f"record from Ray task {batch.where.get('worker', '?')}"))
+            batch.finished(event["key"])
+        elif kind == "failed":
+            self.fail(batch, event["key"], "error", event["reason"])
+        return None
+
+    def fail(self, batch: _Batch, key: str, status: str, reason: str) -> None:
+        """Write the row of a pair that did not finish, naming where it ran."""
+        extra = {k: batch.where[k] for k in ("node", "device_name") if k in batch.where}
+        self.supervisor._record_failure(self.writer, self.folder, self.pairs, key, batch.where.get("worker", "ray"), status, reason, extra)
+        batch.finished(key)
+
+    def fail_running(self, batch: _Batch, status: str, reason: str) -> None:
+        """The row of the pair the task was running when it ended (none when it was between pairs)."""
+        if batch.running is not None:
+            self.fail(batch, batch.running, status, reason)
+
+    def after_task(self, batch: _Batch, ended: str) -> None:
+        """After a case's task ended: a new task for its remaining pairs, unless its tasks keep dying before any pair."""
+        if not batch.backends:
+            return
+        if batch.progressed or batch.fruitless < MAX_FRUITLESS_TASKS:
+            self.submit(batch)
+            return
+        reason = f"no Ray task could run this case's pairs ({MAX_FRUITLESS_TASKS + 1} tasks ended before any pair; last: {ended})"
+        for key in batch.pending_keys():
+            self.fail(batch, key, "error", reason)
+        self.supervisor.log.write(f"\nattnbench: the tasks of case {batch.case.id} kept ending before any pair ({ended}); "
+                                  "its pairs are recorded as errors\n")
