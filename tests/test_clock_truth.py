@@ -10,64 +10,10 @@ import pytest
 
 from harness.measure.cuda_clock import SPIN_MAX_S, CudaEventClock
 from harness.measure.timing import Budget, measure
+from tests.gpu_timeline import Timeline
 
 COLD = 1.38e8  # spin cycles per second, GPU idling at 345 MHz
 HOT = 1.37e9  # after two seconds of matmuls
-
-
-class Timeline:
-    """A simulated host and GPU: kernels queue behind each other and never start before the host launches them.
-
-    `rate` is the GPU clock (spin cycles per second) at the moment a spin is launched; tests change
-    it between calibration and measurement, or from a given kernel on (`ramp`).
-    """
-
-    def __init__(self, cycles_per_s: float) -> None:
-        self.host = 0.0
-        self.busy_until = 0.0
-        self.rate = cycles_per_s
-        self.ramp: tuple[int, float] | None = None  # (after this many kernels, the new rate)
-        self.kernels = 0
-        timeline = self
-
-        class Event:
-            def __init__(self, enable_timing=False):
-                self.t = None
-
-            def record(self):
-                self.t = max(timeline.host, timeline.busy_until)
-                timeline.busy_until = self.t
-
-            def synchronize(self):
-                timeline.host = max(timeline.host, self.t)
-
-            def elapsed_time(self, other):
-                return (other.t - self.t) * 1e3
-
-        class Cuda:
-            pass
-
-        self.cuda = Cuda()
-        self.cuda.Event = Event
-        self.cuda._sleep = lambda cycles: self.kernel(cycles / self.current_rate())
-
-    def current_rate(self) -> float:
-        if self.ramp is not None and self.kernels >= self.ramp[0]:
-            self.rate = self.ramp[1]
-        return self.rate
-
-    def kernel(self, seconds: float) -> None:
-        """Launch a kernel of `seconds` device time at the current host time."""
-        self.kernels += 1
-        self.busy_until = max(self.host, self.busy_until) + seconds
-
-    def call(self, host_s: float, device_s: float) -> None:
-        """A timed call: `host_s` of Python before its kernel launch, then a kernel of `device_s`."""
-        self.host += host_s
-        self.kernel(device_s)
-
-    def host_clock(self) -> float:
-        return self.host
 
 
 def sample(clock, tl, host_s, device_s):

@@ -11,6 +11,7 @@ import torch
 from harness.suite.cases import Case
 from harness.errors import Unsupported
 from harness.suite.inputs import make_inputs
+from tests.gpu_timeline import Timeline
 
 
 class _RefusingBackward(torch.autograd.Function):
@@ -63,54 +64,11 @@ def test_xformers_backward_probe_passes_when_backward_runs(monkeypatch):
     assert prepared.notes["op_fw"] == "fake_fw" and all(t.requires_grad for t in prepared.leaves)
 
 
-class _Timeline:
-    """A simulated host and GPU: kernels queue behind each other and never start before the host launches them."""
-
-    def __init__(self, cycles_per_s: float = 1.5e9) -> None:
-        self.host = 0.0
-        self.busy_until = 0.0
-        self.rate = cycles_per_s
-        timeline = self
-
-        class Event:
-            def __init__(self, enable_timing=False):
-                self.t = None
-
-            def record(self):
-                self.t = max(timeline.host, timeline.busy_until)
-                timeline.busy_until = self.t
-
-            def synchronize(self):
-                timeline.host = max(timeline.host, self.t)
-
-            def elapsed_time(self, other):
-                return (other.t - self.t) * 1e3
-
-        class Cuda:
-            pass
-
-        self.cuda = Cuda()
-        self.cuda.Event = Event
-        self.cuda._sleep = lambda cycles: self.kernel(cycles / self.rate)
-
-    def kernel(self, seconds: float) -> None:
-        """Launch a kernel of `seconds` device time at the current host time."""
-        self.busy_until = max(self.host, self.busy_until) + seconds
-
-    def call(self, host_s: float, device_s: float) -> None:
-        """A timed call: `host_s` of Python before its kernel launch, then a kernel of `device_s`."""
-        self.host += host_s
-        self.kernel(device_s)
-
-    def host_clock(self) -> float:
-        return self.host
-
-
 @pytest.mark.parametrize("host_s,device_s", [(30e-6, 10e-6), (200e-6, 5e-6), (20e-6, 3e-3)])
 def test_cuda_event_clock_keeps_launch_overhead_out_of_device_time(host_s, device_s):
     from harness.measure.cuda_clock import CudaEventClock
 
-    tl = _Timeline()
+    tl = Timeline()
     clock = CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
     measured = []
     for _ in range(6):
@@ -124,7 +82,7 @@ def test_cuda_event_clock_keeps_launch_overhead_out_of_device_time(host_s, devic
 def test_cuda_event_clock_without_spin_would_count_the_launch():
     # The simulated timeline is what makes the test above meaningful: an event pair around an idle
     # GPU measures host time too.
-    tl = _Timeline()
+    tl = Timeline()
     a = tl.cuda.Event()
     a.record()
     a.synchronize()
