@@ -368,9 +368,9 @@ def _with(index: int, **changes) -> list[dict]:
 
 COMPARES = [
     # id, NEW run (records, raw bytes, env), words of the message
-    ("median-fast", dict(records=_with(1, latency_ms_median="fast")), ["records.jsonl: record 2", "'latency_ms_median' has value 'fast'"]),
-    ("p20-list", dict(records=_with(2, latency_ms_p20=[1])), ["record 3", "'latency_ms_p20' has value [1]"]),
-    ("median-true", dict(records=_with(0, latency_ms_median=True)), ["record 1", "'latency_ms_median' has value True"]),
+    ("median-fast", dict(records=_with(1, latency_ms_median="fast")), ["records.jsonl:2:", "'latency_ms_median' has value 'fast'"]),
+    ("p20-list", dict(records=_with(2, latency_ms_p20=[1])), ["records.jsonl:3:", "'latency_ms_p20' has value [1]"]),
+    ("median-true", dict(records=_with(0, latency_ms_median=True)), ["records.jsonl:1:", "'latency_ms_median' has value True"]),
     ("median-null-on-ok", dict(records=_with(3, latency_ms_median=None)), ["record 4", "'latency_ms_median' has value null"]),
     ("empty-run", dict(raw=b""), ["has no records"]),
     ("env-not-json", dict(records=_good_records(), env="{oops"), ["env.json: not valid JSON"]),

@@ -101,6 +101,23 @@ class Registry:
         return rows
 
 
+class UnloadedPlugin(Backend):
+    """Stands for a backend plugin that failed to load, so that its pairs still get `unsupported` rows."""
+
+    family = "plugin"
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason  # type: ignore[misc]
+
+    def version(self) -> str:
+        """Unknown: the plugin never loaded."""
+        return ""
+
+    def available(self) -> str | None:
+        """Why the plugin cannot run: its load error."""
+        return self.reason
+
+
 #: Built-in backends, filled by the decorators in BUILTIN_MODULES when they are imported.
 BUILTINS = Registry()
 register = BUILTINS.register

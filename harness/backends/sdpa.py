@@ -114,21 +114,20 @@ class _SdpaBase(Backend):
         """Pick GQA handling and mask arguments, then probe the kernel once so a refusal becomes Unsupported."""
         q, k, v = inputs.q, inputs.k, inputs.v
         kwargs = _mask_arguments(case, q.device)
-        attempts: list[tuple[Callable[[], torch.Tensor], dict[str, Any]]] = []
-        # torch's choice for the arguments that will be timed: the forced kernel, or what the dispatcher picks.
-        chosen = (lambda k_, v_, kw: self.kernel) if self.kernel else (lambda k_, v_, kw: dispatched_kernel(q, k_, v_, kw))
+        # Each attempt: the call to time, whether it copies K/V, and the (k, v, kwargs) torch dispatches on.
+        attempts: list[tuple[Callable[[], torch.Tensor], bool, Callable[[], tuple]]] = []
         if case.H_kv == case.H:
-            attempts.append((lambda: self._run(q, k, v, kwargs), {"kv_expanded": False, "sdpa_kernel": chosen(k, v, kwargs)}))
+            attempts.append((lambda: self._run(q, k, v, kwargs), False, lambda: (k, v, kwargs)))
         else:
             if _HAS_ENABLE_GQA:
                 gqa_kwargs = {**kwargs, "enable_gqa": True}
-                attempts.append((lambda: self._run(q, k, v, gqa_kwargs), {"kv_expanded": False, "sdpa_kernel": chosen(k, v, gqa_kwargs)}))
+                attempts.append((lambda: self._run(q, k, v, gqa_kwargs), False, lambda: (k, v, gqa_kwargs)))
             # The explicit expansion runs inside the timed call: its time and memory are the honest cost.
             g = case.group_size
-            expanded = chosen(expand_kv(k, g), expand_kv(v, g), kwargs)
-            attempts.append((lambda: self._run(q, expand_kv(k, g), expand_kv(v, g), kwargs), {"kv_expanded": True, "sdpa_kernel": expanded}))
+            attempts.append((lambda: self._run(q, expand_kv(k, g), expand_kv(v, g), kwargs), True,
+                             lambda: (expand_kv(k, g), expand_kv(v, g), kwargs)))
         failure = ""
-        for fn, notes in attempts:
+        for fn, kv_expanded, dispatched_on in attempts:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
@@ -139,7 +138,9 @@ class _SdpaBase(Backend):
                         raise
                     failure = _refusal_reason(exc, caught)
                     continue
-            return Prepared(fn=fn, leaves=(q, k, v), notes=notes)
+            # torch's choice for the call that will be timed: the forced kernel, or what the dispatcher picks.
+            kernel = self.kernel or dispatched_kernel(q, *dispatched_on())
+            return Prepared(fn=fn, leaves=(q, k, v), notes={"kv_expanded": kv_expanded, "sdpa_kernel": kernel})
         raise Unsupported(f"{self.name}: {failure}")
 
 

@@ -13,9 +13,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
-from harness.suite.cases import BOOL_FIELDS, CASE_FIELDS, SIZE_FIELDS, case_from_fields
+from harness.suite.cases import CASE_FIELDS, case_from_fields
 from harness.errors import UserError
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
@@ -81,9 +81,8 @@ def _field_problem(record: dict[str, Any]) -> str | None:
     """What is wrong with a record's key and case fields (in words naming the field), or None.
 
     Key fields are non-empty strings. The case's fields are all there or none is (a record written by hand,
-    for a test, may carry only its keys);
-    each has its type (ints for sizes, true/false for flags, strings for dtype, device and mode), and together
-    they must make a valid Case.
+    for a test, may carry only its keys); a whole record has every field of the type `Record` declares, and
+    its case fields together make a valid Case.
     """
     for name in KEY_FIELDS:
         if name in record and (not isinstance(record[name], str) or not record[name]):
@@ -91,18 +90,13 @@ def _field_problem(record: dict[str, Any]) -> str | None:
     present = [name for name in CASE_FIELDS if name in record]
     if not present:
         return None
-    for name in CASE_FIELDS:
-        if name not in record:
-            return f"record has no field {name!r} (a record carries all its case's fields: {', '.join(CASE_FIELDS)})"
-        value = record[name]
-        if name in SIZE_FIELDS or name == "seed" or (name == "window" and value is not None):
-            if isinstance(value, bool) or not isinstance(value, int):
-                return f"field {name!r} has value {value!r}, expected an integer" + (" or null" if name == "window" else "")
-        elif name in BOOL_FIELDS:
-            if not isinstance(value, bool):
-                return f"field {name!r} has value {value!r}, expected true or false"
-        elif name in ("dtype", "device", "mode") and not isinstance(value, str):
-            return f"field {name!r} has value {value!r}, expected a string"
+    missing = [name for name in CASE_FIELDS if name not in record]
+    if missing:
+        return f"record has no field {missing[0]!r} (a record carries all its case's fields: {', '.join(CASE_FIELDS)})"
+    try:
+        Record.from_dict(record, where="record")  # every field's type, as the one Record definition declares it
+    except UserError as exc:
+        return str(exc).removeprefix("record: ")
     return _case_problem(tuple(record[name] for name in CASE_FIELDS))
 
 
@@ -166,12 +160,6 @@ def read_records(path: Path | str) -> ReadResult:
 def typed_records(path: Path | str) -> list[Record]:
     """The records of a run folder or records file, each type-checked (UserError naming the file, record and field)."""
     return [Record.from_dict(r, where=f"{path}: record {i}") for i, r in enumerate(read_records(path).records, start=1)]
-
-
-def iter_records(run_dirs: Iterable[Path | str]) -> Iterator[Record]:
-    """Every record of the given runs, in file order."""
-    for run_dir in run_dirs:
-        yield from typed_records(run_dir)
 
 
 def load_run(*run_dirs: Path | str):

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harness.backends.base import Backend
-from harness.backends.registry import Registry, load_registry
+from harness.backends.registry import Registry, UnloadedPlugin, load_registry
 from harness.env import detect_device
 from harness.errors import UserError
 from harness.measure.execute import case_record
@@ -108,23 +108,6 @@ def _resolve_suite(name: str, device: str) -> tuple[Suite, str]:
     return suite.on_device(device), name
 
 
-class _Unloadable(Backend):
-    """Stands for a backend plugin that failed to load, so that its pairs still get `unsupported` rows."""
-
-    family = "plugin"
-
-    def __init__(self, name: str, reason: str) -> None:
-        self.name, self.reason = name, reason  # type: ignore[misc]
-
-    def version(self) -> str:
-        """Unknown: the plugin never loaded."""
-        return ""
-
-    def available(self) -> str | None:
-        """Why the plugin cannot run: its load error."""
-        return self.reason
-
-
 EXECUTORS = ("local", "ray")
 
 
@@ -189,7 +172,7 @@ class Supervisor:
 
     def _backend_for(self, name: str, folder: RunFolder) -> Backend:
         broken = folder.broken
-        return _Unloadable(name, broken[name]) if name in broken else self.registry.get(name)
+        return UnloadedPlugin(name, broken[name]) if name in broken else self.registry.get(name)
 
     def _open(self) -> RunFolder:
         """The run folder: an existing one to resume, or a new one with its manifest, env.json and peaks.json."""
