@@ -3,6 +3,8 @@
 A forced kernel that cannot serve a case is reported unsupported with torch's own reason; it is
 never replaced by another kernel. That is what `sdpa_kernel` with a single backend guarantees,
 and `prepare` probes it once, untimed, to turn torch's refusal into an `unsupported` record.
+torch's own choice and the math kernel serve every dense case, so they are not probed (a refusal
+there would be the first call's `error`, never another kernel).
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class _SdpaBase(Backend):
     family = "sdpa"
     #: The forced kernel (`torch.nn.attention.SDPBackend` member name), or None for torch's choice.
     kernel: str | None = None
+    #: Whether torch may refuse the kernel for a case, so that `prepare` must probe it (one untimed call).
+    may_refuse: bool = True
 
     def available(self) -> str | None:
         """SDPA with kernel forcing needs torch.nn.attention (torch ≥ 2.3)."""
@@ -110,8 +114,22 @@ class _SdpaBase(Backend):
         with sdpa_kernel(getattr(SDPBackend, self.kernel)):
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
+    @staticmethod
+    def _refusal(fn: Callable[[], torch.Tensor]) -> str | None:
+        """One untimed call of `fn`: None when the kernel ran, else torch's reason for refusing (out of memory is raised)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with torch.no_grad():
+                    fn()
+            except RuntimeError as exc:
+                if "out of memory" in str(exc).lower():
+                    raise
+                return _refusal_reason(exc, caught)
+        return None
+
     def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
-        """Pick GQA handling and mask arguments, then probe the kernel once so a refusal becomes Unsupported."""
+        """Pick GQA handling and mask arguments, then probe a kernel that may refuse once, so a refusal becomes Unsupported."""
         q, k, v = inputs.q, inputs.k, inputs.v
         kwargs = _mask_arguments(case, q.device)
         # Each attempt: the call to time, whether it copies K/V, and the (k, v, kwargs) torch dispatches on.
@@ -128,20 +146,15 @@ class _SdpaBase(Backend):
                              lambda: (expand_kv(k, g), expand_kv(v, g), kwargs)))
         failure = ""
         for fn, kv_expanded, dispatched_on in attempts:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    with torch.no_grad():
-                        fn()
-                except RuntimeError as exc:
-                    if "out of memory" in str(exc).lower():
-                        raise
-                    failure = _refusal_reason(exc, caught)
-                    continue
-            # torch's choice for the call that will be timed: the forced kernel, or what the dispatcher picks.
-            kernel = self.kernel or dispatched_kernel(q, *dispatched_on())
-            return Prepared(fn=fn, leaves=(q, k, v), notes={"kv_expanded": kv_expanded, "sdpa_kernel": kernel})
-        raise Unsupported(f"{self.name}: {failure}")
+            refusal = self._refusal(fn) if self.may_refuse else None
+            if refusal is None:
+                break
+            failure = refusal
+        else:
+            raise Unsupported(f"{self.name}: {failure}")
+        # torch's choice for the call that will be timed: the forced kernel, or what the dispatcher picks.
+        kernel = self.kernel or dispatched_kernel(q, *dispatched_on())
+        return Prepared(fn=fn, leaves=(q, k, v), notes={"kv_expanded": kv_expanded, "sdpa_kernel": kernel})
 
 
 @register
@@ -151,6 +164,7 @@ class SdpaBackend(_SdpaBase):
     name = "sdpa"
     description = "F.scaled_dot_product_attention, torch's own kernel choice"
     native_gqa = _HAS_ENABLE_GQA
+    may_refuse = False
 
 
 @register
@@ -161,6 +175,7 @@ class SdpaMathBackend(_SdpaBase):
     kernel = "MATH"
     description = "SDPA forced to the math kernel (composite ops)"
     native_gqa = _HAS_ENABLE_GQA
+    may_refuse = False
     materializes_scores = True
     #: The reference point of speed-ups: every installation has it, and it is what SDPA does unfused.
     baseline = True

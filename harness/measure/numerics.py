@@ -93,50 +93,75 @@ def _pick(t: torch.Tensor, slices: Sequence[tuple[int, int]], heads_per_slice: i
     return torch.cat([t[b, h * n : (h + 1) * n].reshape(-1) for b, h in slices])
 
 
-def error_against(out: torch.Tensor, ref: torch.Tensor, lp: torch.Tensor, dtype: str) -> Agreement:
-    """Apply the rule to one tensor: `out` and `lp` in their precision, `ref` in float64 (same shapes)."""
-    if tuple(out.shape) != tuple(ref.shape):
-        return Agreement(None, None, None, False, f"output shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+@dataclass(frozen=True)
+class Expected:
+    """One float64 reference tensor and what the rule takes from it and from eager: made once per case, compared with every backend."""
+
+    ref: torch.Tensor
+    #: 2·max|eager − ref| + atol: the error a backend may have.
+    bound: float
+    norm: float
+    note: str | None = None
+
+
+def expected(ref: torch.Tensor, lp: torch.Tensor, dtype: str) -> Expected:
+    """The rule's side of a comparison: `ref` in float64 and eager `lp` in the case's precision (same shapes)."""
     bad_ref = int((~torch.isfinite(ref)).sum())
     if bad_ref:
         # The reference is the harness's own: unwritten (NaN-poisoned) elements there are a harness bug, not a verdict.
         raise RuntimeError(f"float64 reference has {bad_ref} non-finite elements (unwritten slices?)")
-    out64, lp64 = out.detach().to(ref.device, torch.float64), lp.detach().to(ref.device, torch.float64)
-    bad = int((~torch.isfinite(out64)).sum())
-    if bad:
-        return Agreement(math.inf, None, math.inf, False, f"{bad} non-finite output elements (NaN/Inf, or never written)")
+    lp64 = lp.detach().to(ref.device, torch.float64)
     note = None
     lp_finite = torch.isfinite(lp64)
     if not bool(lp_finite.all()):
         # Eager overflowed in this dtype: its error is unknown there, so the bound uses its finite part only.
         note = f"eager {dtype} has {int((~lp_finite).sum())} non-finite elements; bound from the finite ones"
         lp64 = torch.where(lp_finite, lp64, ref)
-    diff = out64 - ref
-    err = float(diff.abs().max()) if ref.numel() else 0.0
     base = float((lp64 - ref).abs().max()) if ref.numel() else 0.0
     bound = 2 * base + atol(dtype, float(ref.abs().max()) if ref.numel() else 0.0)
-    norm = float(ref.norm())
-    rel = float(diff.norm()) / norm if norm > 0 else float(diff.norm())
-    return Agreement(err, bound, rel, err <= bound, note)
+    return Expected(ref, bound, float(ref.norm()), note)
+
+
+def compare(out: torch.Tensor, target: Expected) -> Agreement:
+    """Apply the rule to one backend tensor `out` (in its precision) against its expected value."""
+    ref = target.ref
+    if tuple(out.shape) != tuple(ref.shape):
+        return Agreement(None, None, None, False, f"output shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    out64 = out.detach().to(ref.device, torch.float64)
+    bad = int((~torch.isfinite(out64)).sum())
+    if bad:
+        return Agreement(math.inf, None, math.inf, False, f"{bad} non-finite output elements (NaN/Inf, or never written)")
+    diff = out64 - ref
+    err = float(diff.abs().max()) if ref.numel() else 0.0
+    rel = float(diff.norm()) / target.norm if target.norm > 0 else float(diff.norm())
+    return Agreement(err, target.bound, rel, err <= target.bound, target.note)
+
+
+def error_against(out: torch.Tensor, ref: torch.Tensor, lp: torch.Tensor, dtype: str) -> Agreement:
+    """Apply the rule to one tensor: `out` and `lp` in their precision, `ref` in float64 (same shapes)."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return Agreement(None, None, None, False, f"output shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    return compare(out, expected(ref, lp, dtype))
 
 
 def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor, references: ReferenceCache | None = None) -> Agreement:
     """Compare a backend's forward output `[B, H, S_q, d_v]` with the float64 reference on the same inputs."""
-    expected = (case.B, case.H, case.S_q, case.d_v)
-    if tuple(output_bhsd.shape) != expected:
-        return Agreement(None, None, None, False, f"output shape {tuple(output_bhsd.shape)}, expected {expected}")
+    shape = (case.B, case.H, case.S_q, case.d_v)
+    if tuple(output_bhsd.shape) != shape:
+        return Agreement(None, None, None, False, f"output shape {tuple(output_bhsd.shape)}, expected {shape}")
     device, scale = reference_device(case), default_scale(case)
     rows = query_rows(case)
-    ref, lp = cached(references, ("fwd", case), inputs, lambda: (
+    target = cached(references, ("fwd", case), inputs, lambda: expected(
         forward(case, inputs, reference_kernel(scale), torch.float64, device, rows),
         forward(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, rows),
+        case.dtype,
     ))
     out = output_bhsd if rows is None else output_bhsd[:, :, rows.to(output_bhsd.device)]
     empty = empty_query_rows(case)
     if empty is not None and rows is not None:
         empty = empty[:, rows]
     if empty is None or not bool(empty.any()):
-        result = error_against(out, ref, lp, case.dtype)
+        result = compare(out, target)
     else:
         # Rows that see no key have no softmax: kernels differ on what they write there (0, or a mean of V).
         # The verdict is on the rows that see a key; what the backend wrote into the others is its own column.
@@ -144,7 +169,7 @@ def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor
         written = out.detach()[hidden].double().abs()
         finite = bool(torch.isfinite(written).all())
         most = float(written.max()) if finite else math.inf
-        result = error_against(torch.where(hidden, torch.zeros_like(out), out), ref, lp, case.dtype)
+        result = compare(torch.where(hidden, torch.zeros_like(out), out), target)
         result = replace(result, masked_rows_max_abs=most if finite else None)
         if not finite:  # NaN or Inf never agrees: it poisons whatever reads the row next
             result = result.disagreeing("writes NaN/Inf into query rows that see no key")
@@ -165,19 +190,25 @@ def check_gradients(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[to
     if not slices:
         return {}
     device, scale = reference_device(case), default_scale(case)
-    ref, lp = cached(references, ("bwd", case), inputs, lambda: (
-        gradients(case, inputs, reference_kernel(scale), torch.float64, device, slices),
-        gradients(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, slices),
-    ))
+    partial = len(slices) < case.B * case.H_kv
+
+    def targets() -> list[tuple[tuple[int, ...], Expected]]:
+        ref = gradients(case, inputs, reference_kernel(scale), torch.float64, device, slices)
+        lp = gradients(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, slices)
+        picked = []
+        for name, r, low in zip(GRADIENT_NAMES, ref, lp):
+            shape, n = tuple(r.shape), case.group_size if name == "dq" else 1
+            if partial:
+                r, low = _pick(r, slices, n), _pick(low, slices, n)
+            picked.append((shape, expected(r, low, case.dtype)))
+        return picked
+
     results = {}
-    for name, out, r, low in zip(GRADIENT_NAMES, grads_bhsd, ref, lp):
-        if tuple(out.shape) != tuple(r.shape):
-            results[name] = Agreement(None, None, None, False, f"{name} shape {tuple(out.shape)}, expected {tuple(r.shape)}")
+    for name, out, (shape, target) in zip(GRADIENT_NAMES, grads_bhsd, cached(references, ("bwd", case), inputs, targets)):
+        if tuple(out.shape) != shape:
+            results[name] = Agreement(None, None, None, False, f"{name} shape {tuple(out.shape)}, expected {shape}")
             continue
-        n = case.group_size if name == "dq" else 1
-        if len(slices) < case.B * case.H_kv:
-            out, r, low = (_pick(t, slices, n) for t in (out, r, low))
-        results[name] = error_against(out, r, low, case.dtype)
+        results[name] = compare(_pick(out, slices, case.group_size if name == "dq" else 1) if partial else out, target)
     return results
 
 

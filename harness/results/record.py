@@ -91,6 +91,9 @@ class Record:
     iqr_ratio: float | None = None
     samples: int | None = None
     iterations: int | None = None
+    #: What set the number of samples: precision (the warm-up's spread predicted the median's 95 % interval
+    #: within ±1 % sooner than the time budget), budget, min_rounds or max_rounds (harness.measure.timing.Plan).
+    stopped_by: str | None = None
     noisy: bool | None = None
     suspect: bool | None = None
     too_short: bool | None = None
@@ -174,15 +177,14 @@ class Record:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "record") -> "Record":
         """A record from its JSON object, each known field type-checked; UserError naming `where` and the field."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         missing = [name for name in _REQUIRED if name not in data]
         if missing:
             raise UserError(f"{where}: field {missing[0]!r} is missing")
         values = {}
         for name, value in data.items():
-            if name in known:
+            if name in _OPTIONS:
                 values[name] = _typed(name, value, where)
-        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+        return cls(**values, extra={k: v for k, v in data.items() if k not in _OPTIONS})
 
 
 def _clean(value: Any) -> Any:
@@ -201,8 +203,7 @@ _REQUIRED = tuple(f.name for f in dataclasses.fields(Record) if f.default is dat
 
 def _typed(name: str, value: Any, where: str) -> Any:
     """`value` as field `name`'s declared type, or UserError naming the field and the value."""
-    hint = _HINTS[name]
-    options = _options(hint)
+    options = _OPTIONS[name]
     if value is None:
         if type(None) in options:
             return None
@@ -213,7 +214,6 @@ def _typed(name: str, value: Any, where: str) -> Any:
                 return Status(value)
             except ValueError:
                 continue
-        kind = get_origin(kind) or kind
         if kind is bool and isinstance(value, bool):
             return value
         if kind is int and isinstance(value, int) and not isinstance(value, bool):
@@ -231,12 +231,16 @@ def _typed(name: str, value: Any, where: str) -> Any:
             return number
         if kind in (str, dict, list) and isinstance(value, kind):
             return value
-    raise UserError(f"{where}: field {name!r} has value {value!r}, expected {_describe(hint)}")
+    raise UserError(f"{where}: field {name!r} has value {value!r}, expected {_describe(_HINTS[name])}")
 
 
 def _options(hint: Any) -> tuple[Any, ...]:
     """The types a field's annotation admits (`int | None` → int, NoneType)."""
     return get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+
+
+#: Each field's admitted types, generics by their origin (`list[float]` → list), read once: records are checked by the thousand.
+_OPTIONS = {f.name: tuple(get_origin(o) or o for o in _options(_HINTS[f.name])) for f in dataclasses.fields(Record) if f.name != "extra"}
 
 
 def _describe(hint: Any) -> str:

@@ -59,7 +59,9 @@ def worker_command(folder: RunFolder, slot: Slot, attempt: int, memory_limit: in
     """The pytest command line of one worker on a run folder."""
     manifest = folder.manifest
     command = python_command(
-        "pytest", str(BENCH_MODULE), "-p", "harness.run.pytest_plugin", "-p", "no:cacheprovider", "-q", "--no-header",
+        "pytest", str(BENCH_MODULE), "-p", "harness.run.pytest_plugin", "-p", "no:cacheprovider",
+        # pytest's log capture wraps every test in handlers (~2 ms a pair); nothing a worker runs logs through it.
+        "-p", "no:logging", "-q", "--no-header",
         "--rootdir", str(ROOT),
         "--attnbench-suite", folder.suite_arg, "--attnbench-device", folder.device,
         "--attnbench-backends", ",".join(b for b in manifest["backends"] if b not in folder.broken),
