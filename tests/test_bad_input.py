@@ -49,6 +49,7 @@ SUITE_FILES = [
     ("measure-inf", b"[budget]\nmeasure_s = inf\n" + GRID.encode(), ["budget field 'measure_s' has value inf", "finite"]),
     ("warmup-nan", b"[budget]\nwarmup_s = nan\n" + GRID.encode(), ["budget field 'warmup_s' has value nan", "finite"]),
     ("measure-zero", b"[budget]\nmeasure_s = 0\n" + GRID.encode(), ["budget field 'measure_s' has value 0", "positive"]),
+    ("precision-one", b"[budget]\nprecision = 1\n" + GRID.encode(), ["budget field 'precision' has value 1", "fraction"]),
     ("max-rounds-huge", b"[budget]\nmax_rounds = 99999999999999999999\n" + GRID.encode(), ["budget field 'max_rounds'"]),
     ("padded-B-too-many", (GRID.replace("B = 1", f"B = {MAX_PADDED_B + 1}") + "padding = true\n").encode(), ["padded case", "B=2147483648"]),
     ("S-string", GRID.replace("S = 8", 'S = "many"').encode(), ["field 'S' has value 'many'"]),

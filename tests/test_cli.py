@@ -95,6 +95,10 @@ def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path):
     ok = frame[frame.status == "ok"]
     assert len(ok) == 12 and ok.agree.all()
     assert (ok.latency_ms_median > 0).all() and (ok.tflops > 0).all()
+    # Every row says how precise its median is, and what set its number of samples.
+    assert (ok.samples >= 6).all() and ok.latency_ms_ci95_low.notna().all()
+    assert ((ok.latency_ms_ci95_low <= ok.latency_ms_median) & (ok.latency_ms_median <= ok.latency_ms_ci95_high)).all()
+    assert set(ok.stopped_by) <= {"precision", "budget", "min_rounds", "max_rounds"}
     # The samples in the records are the ones pytest-benchmark reported: one measurement path.
     bench = json.loads((run_dir / "pytest-benchmark-0-0.json").read_text())
     by_pair = {(b["extra_info"]["case_id"], b["extra_info"]["backend"]): b["stats"] for b in bench["benchmarks"]}

@@ -139,3 +139,48 @@ def test_a_runner_shares_a_cases_inputs_across_backends_until_one_writes_into_th
     assert execute(case, REGISTRY.get("sdpa"), runner).agree is True
     other = case.replace(S_q=64, S_kv=64)
     assert runner.inputs.get(other)[0].q.shape[2] == 64  # another case: drawn for it
+
+
+class _WrongAfterItsFirstCall(NaiveBackend):
+    """Right on its first call, then off by 1 %: what an autotuner switching kernels after warm-up would look like."""
+
+    name = "test-wrong-later"
+
+    def prepare(self, case, inputs):
+        prepared = super().prepare(case, inputs)
+        inner, calls = prepared.fn, []
+
+        def fn():
+            calls.append(1)
+            out = inner()
+            return out if len(calls) == 1 else out * 1.01
+
+        prepared.fn = fn
+        return prepared
+
+
+def test_the_output_checked_is_the_timed_kernels_not_the_first_calls():
+    from harness.measure.execute import execute
+
+    case = Case(B=1, S_q=32, S_kv=32, H=4, H_kv=4, d_k=16, d_v=16)
+    record = execute(case, _WrongAfterItsFirstCall())
+    assert record.status == "ok" and record.samples >= 6
+    assert record.agree is False and record.max_abs_err > record.err_bound
+
+
+@pytest.mark.parametrize("name", ["sdpa", "sdpa-math"])
+def test_kernels_torch_never_refuses_are_prepared_without_a_call(name, monkeypatch):
+    import torch.nn.functional as F
+
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    case = Case(B=1, S_q=32, S_kv=32, H=4, H_kv=2, d_k=16, d_v=16, causal=True)
+    backend = REGISTRY.get(name)
+    prepared = backend.prepare(case, make_inputs(case))
+    assert calls == [] and prepared.notes["kv_expanded"] is False  # enable_gqa, unprobed
+    prepared.fn()
+    assert calls == [1]
+    flash = REGISTRY.get("sdpa-flash")
+    flash.prepare(case, make_inputs(case))
+    assert calls == [1, 1]  # a kernel that may refuse is probed once

@@ -241,3 +241,96 @@ def test_the_median_interval_is_the_order_statistics_with_95_percent_coverage():
     narrower = 1 - 2 * sum(comb(100, i) for i in range(j + 1)) / 2**100
     assert coverage >= 0.95 > narrower and high == 101 - j  # the narrowest symmetric interval at 95 %
     assert (low, high) == (40.0, 61.0)
+    # Exact at a GPU-sized count too, in a fraction of a millisecond (summing binomials afresh per j took a second at 1000).
+    low, high = Stats.from_samples([float(i) for i in range(1, 1001)]).median_interval()
+    j = int(low)
+    assert 1 - 2 * sum(comb(1000, i) for i in range(j)) / 2**1000 >= 0.95 > 1 - 2 * sum(comb(1000, i) for i in range(j + 1)) / 2**1000
+
+
+def _jittered(clock, n=400, spread=0.0, seed=0):
+    """Work whose calls last 1 ms ± `spread` (uniform), advancing a fake clock."""
+    rng = np.random.default_rng(seed)
+    return ScriptedWork(clock, list(1e-3 * (1 + spread * rng.uniform(-1, 1, size=n))))
+
+
+def test_a_steady_warm_up_stops_sampling_once_the_precision_is_predicted():
+    clock = FakeClock()
+    budget = Budget(warmup_s=0.05, measure_s=1.0, min_sample_s=0.0, min_rounds=6, max_rounds=1000, precision=0.01)
+    steady = plan(_jittered(clock, spread=0.002), clock, budget, wall=clock)
+    assert (steady.stop, steady.rounds) == ("precision", 6)  # ±0.2 % jitter: the fewest rounds with an interval
+    noisy = plan(_jittered(clock, spread=0.1), clock, budget, wall=clock)
+    assert noisy.stop == "precision" and 6 < noisy.rounds < 1000  # ±10 %: more rounds, still short of the budget's 1000
+    noisier = plan(_jittered(clock, spread=0.3), clock, budget, wall=clock)
+    assert noisier.stop == "budget" and 900 < noisier.rounds <= 1000  # ±30 % would need more than 1 s of ~1 ms rounds
+    never = plan(_jittered(clock, spread=0.002), clock, Budget(**{**budget.__dict__, "precision": 0.0}), wall=clock)
+    assert never.stop == "budget" and 990 < never.rounds <= 1000  # precision 0: the whole budget
+
+
+def test_the_predicted_rounds_give_the_precision_they_were_planned_for():
+    from harness.measure.timing import PRECISION_MARGIN, rounds_for_precision
+
+    # A long pilot of uniform ±30 % samples: the median's standard error is 0.3/√n, so the 95 % half-width 1.96·0.3/√n.
+    pilot = list(1 + 0.3 * np.random.default_rng(2).uniform(-1, 1, size=4000))
+    n = rounds_for_precision(pilot, 0.01)
+    assert 0.8 * PRECISION_MARGIN * 0.01 <= 1.96 * 0.3 / n**0.5 <= 0.01
+    # From a real warm-up's 25 settled calls the estimate is rougher: the interval reached is near ±1 %, and it is that
+    # interval, computed from the samples, that the record carries.
+    clock = FakeClock()
+    budget = Budget(warmup_s=0.05, measure_s=10.0, min_sample_s=0.0, min_rounds=6, max_rounds=10_000, precision=0.01)
+    m = measure(_jittered(clock, n=5000, spread=0.3, seed=1), clock, budget)
+    assert m.plan.stop == "precision"
+    low, high = m.stats.median_interval()
+    assert max(high - m.stats.median, m.stats.median - low) <= 0.012 * m.stats.median
+
+
+def test_a_warm_up_too_short_for_a_pilot_plans_by_the_budget():
+    from harness.measure.timing import MIN_PILOT, rounds_for_precision
+
+    assert rounds_for_precision([1.0] * (MIN_PILOT - 1), 0.01) is None
+    clock = FakeClock()
+    p = plan(ScriptedWork(clock, [0.03]), clock, Budget(warmup_s=0.02, measure_s=0.1, min_sample_s=0.0, min_rounds=6), wall=clock)
+    assert (p.warmup_calls, p.stop, p.rounds) == (1, "min_rounds", 6)  # 30 ms calls: 0.1 s holds 3, no pilot, and the floor is 6
+
+
+def test_rounds_fit_the_budget_in_wall_time_setup_included():
+    clock = FakeClock()
+    wall = FakeClock()
+    work = ScriptedWork(clock, [0.001])
+
+    def flush():
+        wall.advance(0.009)  # the flush and the clock's waits: host time the device clock does not see
+
+    def call():
+        work()
+        wall.advance(0.001)
+
+    p = plan(call, clock, Budget(warmup_s=0.0, measure_s=1.0, min_sample_s=0.0, min_rounds=6, max_rounds=1000, precision=0.0),
+             setup=flush, wall=wall)
+    assert (p.rounds, p.stop) == (100, "budget")  # 1 s of wall at 10 ms a round, not 1000 rounds of 1 ms calls
+
+
+def test_keep_last_holds_only_the_latest_result():
+    import gc
+    import weakref
+
+    from harness.measure.timing import keep_last
+
+    made = []
+
+    class Output:
+        pass
+
+    def fn():
+        out = Output()
+        alive_before = [ref() is not None for ref in made]
+        made.append(weakref.ref(out))
+        seen.append(alive_before)
+        return out
+
+    seen = []
+    call, held = keep_last(fn)
+    for _ in range(3):
+        call()
+    gc.collect()
+    assert seen == [[], [False], [False, False]]  # no call ran beside its predecessor's output
+    assert held[0] is made[-1]() and held[0] is not None

@@ -1,4 +1,4 @@
-"""The one executor of a (case, backend) pair: inputs → prepare → check → time → peak memory.
+"""The one executor of a (case, backend) pair: inputs → prepare → warm-up and timed samples (peak memory read over them) → check.
 
 `run_pair` runs the phases a caller switches on (`Phases`) and returns one typed `PairOutcome`;
 `to_record` turns it into the run's `Record`. Suites, `attnbench check`, `gpu-check` and
@@ -10,7 +10,6 @@ exception and where it was raised, `crashed` for a sticky CUDA error (the worker
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import time
 import traceback
@@ -28,10 +27,9 @@ from harness.measure.profile import ProfileSummary, profile_step
 from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
 from harness.measure.reference import ReferenceCache
 from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error, one_line
-from harness.measure.cuda_clock import CudaEventClock, L2Flusher
-from harness.measure.shared_inputs import InputsCache, flag_modified_inputs
-from harness.measure.timers import graph_replay, kernel_measurement, timer_name
-from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, Measurement, measure
+from harness.measure.shared_inputs import InputsCache, modified_inputs
+from harness.measure.timers import device_clock, graph_replay, kernel_measurement, timer_name
+from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, Measurement, keep_last, measure
 from harness.results.record import Record, Status
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, make_inputs
@@ -41,13 +39,13 @@ from harness.suite.inputs import AttentionInputs, make_inputs
 class Phases:
     """Which phases of a pair run. Inputs and prepare always do; the rest are switched by the caller."""
 
-    #: Compare the first call with the float64 reference.
+    #: Compare one call's output with the float64 reference: the last timed call's, or with `time` off the first's.
     check: bool = True
     #: Also check the attention weights of a backend that exposes them (`attnbench check`).
     weights: bool = False
     #: Timed samples.
     time: bool = True
-    #: One more call with the peak-memory counters reset.
+    #: Peak memory: read over the warm-up and timed samples, or with `time` off around one more call.
     memory: bool = True
     #: What a sample is: `events` (device time between events; perf_counter on the CPU), `kernels`
     #: (the profiler's kernel time per call) or `graph` (a CUDA graph replay): harness.measure.timers.
@@ -118,19 +116,6 @@ class PairRunner:
         """Run one pair with this runner's phases, budget and caches."""
         return run_pair(case, backend, self.phases, budget=self.budget, references=self.references, loop_factory=self.loop_factory,
                         inputs=self.inputs)
-
-
-@functools.lru_cache(maxsize=1)
-def _l2_flusher() -> L2Flusher:
-    """One flush buffer per worker process (hundreds of MB: allocated once, not per pair)."""
-    return L2Flusher()
-
-
-def device_clock(device: str) -> tuple[Clock, Callable[[], None] | None, str]:
-    """The clock, the between-sample setup (L2 flush on CUDA) and the timer's name for a device."""
-    if device.startswith("cuda"):
-        return CudaEventClock(), _l2_flusher(), "cuda-event"
-    return time.perf_counter, None, "perf_counter"
 
 
 def build_step(case: Case, prepared: Prepared, inputs: AttentionInputs) -> Callable[[], Any]:
@@ -213,6 +198,47 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
     return outcome
 
 
+def _agreement(case: Case, backend: Backend, prepared: Prepared, inputs: AttentionInputs, result: Any, phases: Phases,
+               references: ReferenceCache | None) -> Agreement:
+    """The verdict on one call's result: compared with the float64 reference, or why it was not."""
+    if not backend.computes_attention:
+        return Agreement(None, None, None, None, f"not checked: {backend.name} does not compute attention")
+    if phases.check:
+        return check_result(case, prepared, inputs, result, references)
+    return Agreement(None, None, None, None, "not checked")
+
+
+def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Budget, loop_factory: Callable[[Clock], Loop] | None,
+                 watch: _Stopwatch, outcome: PairOutcome) -> Any:
+    """Warm-up and timed samples (peak memory read over them) into `outcome`; returns the last timed call's result."""
+    clock, setup, events_name = device_clock(case.device)
+    outcome.timer = timer_name(phases.timer, case.device, events_name)
+    loop = loop_factory(clock) if loop_factory else None
+    if phases.timer == "graph":
+        with watch("prepare"):
+            step = graph_replay(step, case)
+    timed, held = keep_last(step)
+    # The peak of one call, read over warm-up and samples (calls run one after another and free
+    # their temporaries): no call of its own. Started before the warm-up, whose first call pays
+    # the page faults (or cudaMalloc), so the samples do not.
+    meter = PeakMeter(case.device) if phases.memory else None
+    with watch("memory"):
+        if meter is not None:
+            meter.start()
+    with watch("warmup"):
+        outcome.measurement = measure(timed, clock, budget, setup=setup, loop=loop)
+    with watch("memory"):
+        if meter is not None:
+            outcome.peak = meter.stop()
+    # measure() knows how long its timed rounds took; the rest of it was warm-up and calibration.
+    watch.seconds["timed"] = outcome.measurement.loop_s or 0.0
+    watch.seconds["warmup"] -= watch.seconds["timed"]
+    if phases.timer == "kernels":
+        with watch("timed"):
+            outcome.measurement = kernel_measurement(outcome.measurement, step, case.device)
+    return held[0]
+
+
 def _weights_problems(case: Case, backend: Backend) -> list[str]:
     """Row sums and masked zeros of the weights a backend exposes, on fresh inputs."""
     with torch.no_grad():
@@ -230,48 +256,22 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
             prepared = backend.prepare(case, inputs)
             outcome.compile_s, outcome.notes = prepared.compile_s, prepared.notes
             step = build_step(case, prepared, inputs)
-        with watch("check"):
-            first = step()  # the first call, checked or not, is never timed
-            if not backend.computes_attention:
-                agreement = Agreement(None, None, None, None, f"not checked: {backend.name} does not compute attention")
-            elif phases.check:
-                agreement = check_result(case, prepared, inputs, first, references)
-            else:
-                agreement = Agreement(None, None, None, None, "not checked")
-            del first
         if phases.time:
-            clock, setup, events_name = device_clock(case.device)
-            outcome.timer = timer_name(phases.timer, case.device, events_name)
-            loop = loop_factory(clock) if loop_factory else None
-            if phases.timer == "graph":
-                with watch("prepare"):
-                    step = graph_replay(step, case)
-            # The peak of one call, read over warm-up and samples (calls run one after another and free
-            # their temporaries): no call of its own. Started before the warm-up, whose first call
-            # pays the page faults, so the samples do not.
-            meter = PeakMeter(case.device) if phases.memory else None
-            with watch("memory"):
-                if meter is not None:
-                    meter.start()
-            with watch("warmup"):
-                outcome.measurement = measure(step, clock, budget, setup=setup, loop=loop)
-            with watch("memory"):
-                if meter is not None:
-                    outcome.peak = meter.stop()
-            # measure() knows how long its timed rounds took; the rest of it was warm-up and calibration.
-            watch.seconds["timed"] = outcome.measurement.loop_s or 0.0
-            watch.seconds["warmup"] -= watch.seconds["timed"]
-            if phases.timer == "kernels":
-                with watch("timed"):
-                    outcome.measurement = kernel_measurement(outcome.measurement, step, case.device)
-        elif phases.memory:
-            with watch("memory"):
-                outcome.peak = measure_peak(step, case.device)
+            # The pair's first call is the warm-up's; the output checked is the last timed call's.
+            result = _time_phases(case, step, phases, budget, loop_factory, watch, outcome)
+        else:
+            with watch("check"):
+                result = step()
+            if phases.memory:
+                with watch("memory"):
+                    outcome.peak = measure_peak(step, case.device)
+        with watch("check"):
+            agreement = modified_inputs(drawn, inputs) or _agreement(case, backend, prepared, inputs, result, phases, references)
+            del result
         if phases.profile:
             trace = phases.traces / f"{case.id}-{backend.name}.trace.json.gz" if phases.traces is not None else None
             with watch("profile"):
                 outcome.profile = profile_step(step, case.device, steps=phases.profile_steps, trace_path=trace)
-    agreement = flag_modified_inputs(agreement, drawn, inputs)
     if phases.weights and backend.returns_weights and case.mode == "fwd":
         problems = _weights_problems(case, backend)
         if problems:
@@ -319,6 +319,7 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
         if interval is not None:
             record.latency_ms_ci95_low, record.latency_ms_ci95_high = interval[0] * 1e3, interval[1] * 1e3
         record.samples, record.iterations, record.noisy, record.suspect = stats.n, stats.iterations, stats.noisy, stats.suspect
+        record.stopped_by = m.plan.stop
         record.too_short, record.warmup_s, record.clock_resolution_s = m.too_short, m.plan.warmup_s, m.clock_resolution_s
         record.launch_leaked, record.contended, record.cpu_wall_ratio = m.launch_leaked, m.contended, m.cpu_wall_ratio
         record.run_queue_wait_ratio, record.involuntary_switches = m.run_queue_wait_ratio, m.involuntary_switches

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from fractions import Fraction
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -42,22 +43,27 @@ class Budget:
 
     Warm-up runs for `warmup_s` (at least one call), then the number of calls per sample is set so
     a sample lasts at least `min_sample_s` (CPU; on CUDA each sample is one call between L2
-    flushes), and the number of samples so the measurement lasts about `measure_s`.
+    flushes), and the number of samples so the samples' wall time (between-sample setup and clock
+    readings included) is about `measure_s`, or fewer when the warm-up's spread predicts that they
+    put the median's 95 % interval within ±`precision` of it (`plan`).
     """
 
     warmup_s: float = 0.05
     measure_s: float = 0.25
     min_sample_s: float = 1e-3
-    min_rounds: int = 5
+    #: Six is the fewest samples whose order statistics give the median a 95 % interval (`Stats.median_interval`).
+    min_rounds: int = 6
     max_rounds: int = 1000
     max_iterations: int = 10_000
+    #: Relative half-width of the median's 95 % interval at which sampling may stop short of `measure_s` (0: never).
+    precision: float = 0.01
 
     def total_s(self) -> float:
         """The nominal time this budget allows for one measurement."""
         return self.warmup_s + self.measure_s
 
 
-QUICK_BUDGET = Budget(warmup_s=0.02, measure_s=0.1, min_rounds=5, max_rounds=200)
+QUICK_BUDGET = Budget(warmup_s=0.02, measure_s=0.1, min_rounds=6, max_rounds=200)
 CUDA_BUDGET = Budget(warmup_s=0.025, measure_s=0.1, min_sample_s=0.0, min_rounds=10, max_rounds=1000)
 
 
@@ -121,24 +127,34 @@ class Stats:
         n = self.n
         ordered = sorted(self.samples)
         best = None
+        below, term, total = 0, 1, 2**n  # Σ_{i<j} C(n, i), C(n, j − 1), exact integers: O(n) steps, not O(n²)
+        wanted = Fraction(level).limit_denominator(10**6)
         for j in range(1, n // 2 + 1):
-            below = sum(math.comb(n, i) for i in range(j)) / 2**n
-            if 1 - 2 * below >= level:
+            below += term
+            term = term * (n - j + 1) // j
+            if (total - 2 * below) * wanted.denominator >= wanted.numerator * total:
                 best = j
             else:
                 break
         return None if best is None else (ordered[best - 1], ordered[n - best])
 
 
+#: What set a plan's number of samples (`Plan.stop`).
+STOP_PRECISION, STOP_BUDGET, STOP_MIN_ROUNDS, STOP_MAX_ROUNDS = "precision", "budget", "min_rounds", "max_rounds"
+
+
 @dataclass(frozen=True)
 class Plan:
-    """What calibration decided: calls per sample, samples, and what warm-up cost."""
+    """What calibration decided: calls per sample, samples and why that many, and what warm-up cost."""
 
     iterations: int
     rounds: int
     warmup_calls: int
     warmup_s: float
     call_s: float
+    #: precision (the warm-up predicted a ±`Budget.precision` interval sooner than the budget), budget,
+    #: min_rounds (the budget allowed fewer) or max_rounds (it allowed more).
+    stop: str = STOP_BUDGET
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,22 @@ def clock_resolution(clock: Clock, trials: int = 20) -> float:
     return min(positive) if positive else 0.0
 
 
+def keep_last(fn: Callable[[], object]) -> tuple[Callable[[], None], list]:
+    """`fn` as a call that keeps only its latest result, in the returned one-element list.
+
+    The previous result is released before each call, so no call runs beside its predecessor's
+    output (a sample's peak memory is one call's), and the last timed call's output is there to be
+    checked afterwards: the harness needs no extra call for it.
+    """
+    held: list = [None]
+
+    def call() -> None:
+        held[0] = None
+        held[0] = fn()
+
+    return call, held
+
+
 def direct_loop(clock: Clock) -> Loop:
     """A plain timing loop over `clock`: setup (untimed), then `iterations` calls between two readings."""
 
@@ -205,31 +237,77 @@ def direct_loop(clock: Clock) -> Loop:
     return loop
 
 
-def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable[[], object] | None = None) -> Plan:
-    """Warm up by time, then size samples and rounds from the fastest warm-up call."""
-    calls = 0
-    fastest = math.inf
+#: z of a two-sided 95 % interval, and a median's large-sample standard error in units of σ/√n.
+_Z95 = 1.959964
+_MEDIAN_SE = 1.2533
+#: Fewest pilot samples (sample-sized groups of settled warm-up calls) a precision prediction is made from.
+MIN_PILOT = 8
+#: The share of the precision target the prediction aims at: σ from a short pilot is rough, and the
+#: order-statistics interval of a finite sample is wider than the normal one, so it plans for ±0.8 %
+#: to reach ±1 %.
+PRECISION_MARGIN = 0.8
+
+
+def rounds_for_precision(pilot: Sequence[float], precision: float) -> int | None:
+    """Samples that the pilot predicts put the median's 95 % interval within ±`precision` of it; None without a usable pilot.
+
+    σ is estimated robustly from the pilot's interquartile range (IQR/1.349) and the median's
+    standard error taken as 1.2533·σ/√n. It is a prediction only: the interval the samples really
+    give is computed from them afterwards and recorded, whatever this said.
+    """
+    if precision <= 0 or len(pilot) < MIN_PILOT:
+        return None
+    q25, q50, q75 = np.percentile(np.asarray(pilot, dtype=np.float64), [25, 50, 75])
+    if q50 <= 0:
+        return None
+    sigma = (q75 - q25) / 1.349
+    return max(1, math.ceil((_Z95 * _MEDIAN_SE * sigma / (PRECISION_MARGIN * precision * q50)) ** 2))
+
+
+def pilot_samples(durations: Sequence[float], iterations: int) -> list[float]:
+    """The warm-up's second half (the first calls are cold) as sample-sized means of `iterations` consecutive calls."""
+    settled = durations[len(durations) // 2:]
+    return [sum(settled[i:i + iterations]) / iterations for i in range(0, len(settled) - iterations + 1, iterations)]
+
+
+def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable[[], object] | None = None,
+         wall: Clock = time.perf_counter) -> Plan:
+    """Warm up by time, size samples from the fastest warm-up call, and rounds from the budget and the warm-up's spread.
+
+    Rounds are what `measure_s` of wall time holds, a round costing its calls plus what the warm-up
+    paid around each call (setup and clock readings, read on `wall`), or fewer when the warm-up's
+    spread predicts the `precision` target sooner; never fewer than `min_rounds`, never more than `max_rounds`.
+    """
+    durations: list[float] = []
+    walls: list[float] = []
     began = clock()
     while True:
+        around = wall()
         if setup is not None:
             setup()
         start = clock()
         fn()
         end = clock()
-        calls += 1
-        fastest = min(fastest, end - start)
+        walls.append(wall() - around)
+        durations.append(end - start)
         if end - began >= budget.warmup_s:
             break
     warmup_s = clock() - began
-    call_s = max(fastest, 1e-9)
+    call_s = max(min(durations), 1e-9)
     if setup is not None:
         iterations = 1  # a setup (the L2 flush) must precede every call
     else:
         # The relative slack keeps float error (1e-3 / 9.999e-5) from adding an iteration.
         iterations = min(budget.max_iterations, max(1, math.ceil(budget.min_sample_s / call_s * (1 - 1e-9))))
-    rounds = round(budget.measure_s / (call_s * iterations))
-    rounds = min(budget.max_rounds, max(budget.min_rounds, rounds))
-    return Plan(iterations=iterations, rounds=rounds, warmup_calls=calls, warmup_s=warmup_s, call_s=call_s)
+    round_s = max(call_s * iterations, float(np.median(walls[len(walls) // 2:])) + (iterations - 1) * call_s)
+    affordable = round(budget.measure_s / round_s)
+    rounds, stop = min(affordable, budget.max_rounds), STOP_BUDGET if affordable <= budget.max_rounds else STOP_MAX_ROUNDS
+    needed = rounds_for_precision(pilot_samples(durations, iterations), budget.precision)
+    if needed is not None and needed < rounds:
+        rounds, stop = needed, STOP_PRECISION
+    if rounds < budget.min_rounds:
+        rounds, stop = budget.min_rounds, stop if stop == STOP_PRECISION else STOP_MIN_ROUNDS
+    return Plan(iterations=iterations, rounds=rounds, warmup_calls=len(durations), warmup_s=warmup_s, call_s=call_s, stop=stop)
 
 
 def leaked_samples(leaked_readings: Sequence[int], first: int, last: int, rounds: int) -> int:
