@@ -1,6 +1,6 @@
 """Where a sweep's wall time goes, and how it compares with another revision: a benchmark, not a test.
 
-    python scripts/bench_sweep.py [--suite quick] [--before REF] [--only SUBSTR,...]
+    python scripts/bench_sweep.py [--suite quick|FILE.toml] [--before REF] [--only SUBSTR,...]
 
 Runs `attnbench run --suite SUITE` from this checkout in a fresh process (and first, with
 `--before REF`, from a temporary git worktree of REF, so both run in one sitting on one machine),
@@ -64,6 +64,8 @@ def main() -> int:
     parser.add_argument("--before", help="a git revision to run first, from a temporary worktree")
     parser.add_argument("--only", help="pass --only to attnbench run (a subset of the pairs)")
     args = parser.parse_args()
+    if args.suite.endswith(".toml"):
+        args.suite = str(Path(args.suite).resolve())  # the same file for both checkouts, whatever REF holds
     with tempfile.TemporaryDirectory(prefix="attnbench-bench-") as tmp:
         tmp_path = Path(tmp)
         before = None
