@@ -214,9 +214,6 @@ def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Bu
     clock, setup, events_name = device_clock(case.device)
     outcome.timer = timer_name(phases.timer, case.device, events_name)
     loop = loop_factory(clock) if loop_factory else None
-    if phases.timer == "graph":
-        with watch("prepare"):
-            step = graph_replay(step, case)
     timed, held = keep_last(step)
     # The peak of one call, read over warm-up and samples (calls run one after another and free
     # their temporaries): no call of its own. Started before the warm-up, whose first call pays
@@ -257,6 +254,9 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
             outcome.compile_s, outcome.notes = prepared.compile_s, prepared.notes
             step = build_step(case, prepared, inputs)
         if phases.time:
+            if phases.timer == "graph":
+                with watch("prepare"):
+                    step = graph_replay(step, case)  # what is timed, checked and profiled is the replay
             # The pair's first call is the warm-up's; the output checked is the last timed call's.
             result = _time_phases(case, step, phases, budget, loop_factory, watch, outcome)
         else:
