@@ -188,3 +188,19 @@ def test_the_report_says_when_the_run_was_contended(tmp_path):
     assert "the run was contended: 1 of 2 measured rows" in html
     calm = build_report([write_run(tmp_path / "results" / "calm", quiet, peaks=PEAKS)], out_root=tmp_path / "reports")
     assert "contended" not in calm.read_text().split('<section id="choose">')[0]
+
+
+def test_the_run_time_section_counts_what_stopped_each_rows_sampling():
+    from harness.report.runtime import sampling_summary
+
+    frame = pd.DataFrame({
+        "status": ["ok", "ok", "ok", "unsupported"],
+        "stopped_by": ["precision", "budget", "budget", None],
+        "latency_ms_median": [1.0, 2.0, 3.0, None],
+        "latency_ms_ci95_low": [0.995, 1.9, 2.98, None],
+        "latency_ms_ci95_high": [1.004, 2.1, 3.02, None],
+    })
+    text = sampling_summary(frame)
+    assert "the 3 ok rows" in text and "1 where the warm-up predicted" in text and "2 at the time budget" in text
+    assert "2 of them have their median's 95 % interval within ±1 %" in text  # 1.0 ± 0.5 % and 3.0 ± 0.7 %; 2.0 ± 5 % is not
+    assert sampling_summary(frame.drop(columns="stopped_by")) is None  # records from before the column: nothing claimed

@@ -271,8 +271,9 @@ def test_the_predicted_rounds_give_the_precision_they_were_planned_for():
 
     # A long pilot of uniform ±30 % samples: the median's standard error is 0.3/√n, so the 95 % half-width 1.96·0.3/√n.
     pilot = list(1 + 0.3 * np.random.default_rng(2).uniform(-1, 1, size=4000))
-    n = rounds_for_precision(pilot, 0.01)
-    assert 0.8 * PRECISION_MARGIN * 0.01 <= 1.96 * 0.3 / n**0.5 <= 0.01
+    n = rounds_for_precision(pilot, 0.01, 100_000)
+    planned_for = (1.96 * 0.3 / (PRECISION_MARGIN * 0.01)) ** 2  # n at which the true half-width is ±0.8 %: 5402
+    assert 1.96 * 0.3 / n**0.5 <= 0.01 and planned_for <= n <= 2 * planned_for  # safe, and not wasteful beyond 2×
     # From a real warm-up's 25 settled calls the estimate is rougher: the interval reached is near ±1 %, and it is that
     # interval, computed from the samples, that the record carries.
     clock = FakeClock()
@@ -286,7 +287,7 @@ def test_the_predicted_rounds_give_the_precision_they_were_planned_for():
 def test_a_warm_up_too_short_for_a_pilot_plans_by_the_budget():
     from harness.measure.timing import MIN_PILOT, rounds_for_precision
 
-    assert rounds_for_precision([1.0] * (MIN_PILOT - 1), 0.01) is None
+    assert rounds_for_precision([1.0] * (MIN_PILOT - 1), 0.01, 1000) is None
     clock = FakeClock()
     p = plan(ScriptedWork(clock, [0.03]), clock, Budget(warmup_s=0.02, measure_s=0.1, min_sample_s=0.0, min_rounds=6), wall=clock)
     assert (p.warmup_calls, p.stop, p.rounds) == (1, "min_rounds", 6)  # 30 ms calls: 0.1 s holds 3, no pilot, and the floor is 6

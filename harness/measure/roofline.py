@@ -29,10 +29,11 @@ PEAKS = "peaks.json"
 CPU_SIZES = (512, 1024, 2048)
 CPU_TARGET_CALL_S = 0.02
 #: Short on purpose: the whole CPU measurement should cost about a second per dtype at most.
-CPU_BUDGET = Budget(warmup_s=0.03, measure_s=0.2, min_sample_s=0.0, min_rounds=3, max_rounds=50)
+CPU_BUDGET = Budget(warmup_s=0.03, measure_s=0.2, min_sample_s=0.0, min_rounds=3, max_rounds=50, precision=0.0)
 CPU_COPY_BYTES = 64 * 2**20
 CUDA_MATMUL_N = 8192
-CUDA_BUDGET = Budget(warmup_s=0.1, measure_s=0.3, min_sample_s=0.0, min_rounds=10, max_rounds=200)
+#: Peaks are the best sample: every sample the budget holds is a chance at it, so neither budget stops early.
+CUDA_BUDGET = Budget(warmup_s=0.1, measure_s=0.3, min_sample_s=0.0, min_rounds=10, max_rounds=200, precision=0.0)
 CUDA_COPY_BYTES = 2**30
 #: A percentage of a measured peak above this is impossible (the peak, or the FLOP count, is wrong).
 IMPOSSIBLE_PCT = 100.0

@@ -16,10 +16,10 @@ from harness.report.writer import Csv, Section, Table
 PHASE_WORDS = {
     "inputs": "seeded inputs and their fingerprints",
     "prepare": "the backend's untimed preparation (layouts, masks, compilation)",
-    "check": "the first call and the float64 reference",
-    "warmup": "warm-up and calibration",
+    "check": "the float64 reference (once per case) and the comparison with it",
+    "warmup": "warm-up (the pair's first call) and calibration",
     "timed": "the timed samples",
-    "memory": "the peak-memory call",
+    "memory": "resetting and reading the peak-memory counters",
     "profile": "the profiled pass",
 }
 
@@ -54,6 +54,30 @@ def overhead_share(table: pd.DataFrame) -> float | None:
     return 1.0 - measured / total
 
 
+#: What set a row's number of samples (harness.measure.timing.Plan.stop), in words.
+STOP_WORDS = {
+    "precision": "where the warm-up predicted the median's 95 % interval within ±1 %",
+    "budget": "at the time budget",
+    "min_rounds": "at the minimum of samples (the budget held fewer)",
+    "max_rounds": "at the maximum of samples",
+}
+
+
+def sampling_summary(frame: pd.DataFrame) -> str | None:
+    """One sentence: what stopped the sampling of the ok rows, and how many of their medians are known to ±1 %."""
+    if "stopped_by" not in frame.columns:
+        return None
+    ok = frame[(frame["status"].astype(str) == "ok") & frame["stopped_by"].notna()]
+    if ok.empty:
+        return None
+    counts = ok["stopped_by"].value_counts()
+    parts = [f"{int(counts[k])} {STOP_WORDS.get(k, k)}" for k in STOP_WORDS if k in counts]
+    low, high, median = (pd.to_numeric(ok[c], errors="coerce") for c in ("latency_ms_ci95_low", "latency_ms_ci95_high", "latency_ms_median"))
+    tight = int(((median - low <= 0.01 * median) & (high - median <= 0.01 * median)).sum())
+    return (f"Sampling of the {len(ok)} ok rows stopped: {'; '.join(parts)}. "
+            f"{tight} of them have their median's 95 % interval within ±1 %; each row carries its own (latency_ms_ci95_low/high).")
+
+
 def runtime_section(data: analysis.RunData) -> Section:
     """The Run time section."""
     table = run_time_table(data)
@@ -63,6 +87,9 @@ def runtime_section(data: analysis.RunData) -> Section:
     if share is not None:
         body.append(f"<p><b>Overhead: {share:.0%} of {table['seconds'].sum():.0f} s</b> "
                     f"(timed samples {float(table.loc[table['where'] == 'timed', 'seconds'].sum()):.0f} s).</p>")
+    summary = sampling_summary(data.frame)
+    if summary:
+        body.append(f"<p>{summary}</p>")
     body.append(Csv(table, "run_time.csv"))
     body.append(Table(table, headers=["where", "what", "seconds", "share of the wall time"], scroll=False,
                       formats={"share": lambda v, r: (f"{v:.1%}" if v == v and v is not None else "", "")}))
