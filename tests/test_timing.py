@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from harness.measure.contention import CpuProbe, run_queue_wait_s
-from harness.measure.timing import Budget, FakeClock, Stats, direct_loop, measure, plan
+from harness.measure.stats import Stats
+from harness.measure.timing import Budget, FakeClock, direct_loop, measure, plan
 
 
 def test_stats_from_known_samples_are_exact():
@@ -267,7 +268,7 @@ def test_a_steady_warm_up_stops_sampling_once_the_precision_is_predicted():
 
 
 def test_the_predicted_rounds_give_the_precision_they_were_planned_for():
-    from harness.measure.timing import PRECISION_MARGIN, rounds_for_precision
+    from harness.measure.stats import PRECISION_MARGIN, rounds_for_precision
 
     # A long pilot of uniform ±30 % samples: the median's standard error is 0.3/√n, so the 95 % half-width 1.96·0.3/√n.
     pilot = list(1 + 0.3 * np.random.default_rng(2).uniform(-1, 1, size=4000))
@@ -285,7 +286,7 @@ def test_the_predicted_rounds_give_the_precision_they_were_planned_for():
 
 
 def test_a_warm_up_too_short_for_a_pilot_plans_by_the_budget():
-    from harness.measure.timing import MIN_PILOT, rounds_for_precision
+    from harness.measure.stats import MIN_PILOT, rounds_for_precision
 
     assert rounds_for_precision([1.0] * (MIN_PILOT - 1), 0.01, 1000) is None
     clock = FakeClock()

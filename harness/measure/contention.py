@@ -14,15 +14,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from harness.measure.stats import NOISY_IQR
+
 #: Seconds, as a clock returns them (the same type as `timing.Clock`).
 Clock = Callable[[], float]
 
-#: IQR / median at which a measurement is noisy (the same tolerance `timing` flags); kept here to avoid an import cycle.
-_NOISY_IQR = 0.10
-
 #: Thread-seconds waiting for a CPU per wall second at or above which a measurement is contended:
 #: a waiting thread can stretch the call by about that fraction, as much as the noise flag tolerates.
-CONTENDED_RUN_WAIT = _NOISY_IQR
+CONTENDED_RUN_WAIT = NOISY_IQR
 #: Involuntary context switches per wall second that mark contention where run-queue waits are not
 #: reported (two runnable tasks sharing a core are switched every few ms: hundreds a second).
 CONTENDED_SWITCH_RATE = 100.0

@@ -20,7 +20,8 @@ from typing import Callable
 from harness.errors import Unsupported
 from harness.measure.profile import profile_step
 from harness.measure.cuda_clock import CudaEventClock, L2Flusher
-from harness.measure.timing import Clock, Measurement, Stats
+from harness.measure.stats import Stats
+from harness.measure.timing import Clock, Measurement
 from harness.suite.cases import Case
 
 TIMERS = ("events", "kernels", "graph")

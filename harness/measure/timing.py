@@ -1,31 +1,25 @@
-"""Timers and statistics: the harness's one measurement path.
+"""Timers and sampling plans: the harness's one measurement path.
 
 `measure()` warms a callable up by time, calibrates how many calls make one sample, then hands
 the rounds to a loop: pytest-benchmark's `pedantic` in the suites, a plain loop elsewhere. Either
-way the same clock reads the time and the same `Stats` summarise the same samples. The clock is
-injected, so tests drive everything with a fake clock and get exact answers.
+way the same clock reads the time and the same `Stats` (harness.measure.stats) summarise the same
+samples. The clock is injected, so tests drive everything with a fake clock and get exact answers.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import time
-from fractions import Fraction
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from harness.measure.contention import CpuProbe, contention
+from harness.measure.stats import Stats, rounds_for_precision
 
 #: A clock returns seconds as a float; only differences between two readings matter.
 Clock = Callable[[], float]
-
-#: IQR / median at or above which a measurement is noisy, and suspect (torch.utils.benchmark, pyperf).
-NOISY_IQR = 0.10
-SUSPECT_IQR = 0.25
-
 
 class Loop(Protocol):
     """Runs `rounds` samples of `iterations` calls each and returns per-call seconds, one per round.
@@ -68,88 +62,6 @@ class Budget:
 #: timed samples' (quick, 20 rows stopped for ±1 % reached ±2.1 % at the median), the noise is not stationary.
 QUICK_BUDGET = Budget(warmup_s=0.02, measure_s=0.1, min_rounds=6, max_rounds=200, precision=0.0)
 CUDA_BUDGET = Budget(warmup_s=0.025, measure_s=0.1, min_sample_s=0.0, min_rounds=10, max_rounds=1000)
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Summary of per-call latencies in seconds (percentiles by linear interpolation, numpy's default)."""
-
-    samples: tuple[float, ...]
-    iterations: int
-    median: float
-    p20: float
-    p80: float
-    p25: float
-    p75: float
-    min: float
-    max: float
-    mean: float
-    stdev: float
-
-    @classmethod
-    def from_samples(cls, samples: Sequence[float], iterations: int = 1) -> "Stats":
-        """Statistics of per-call samples (each the mean of `iterations` calls)."""
-        if not samples:
-            raise ValueError("no samples to summarise")
-        a = np.asarray(samples, dtype=np.float64)
-        p20, p25, p50, p75, p80 = np.percentile(a, [20, 25, 50, 75, 80])
-        return cls(
-            samples=tuple(float(x) for x in a), iterations=iterations,
-            median=float(p50), p20=float(p20), p80=float(p80), p25=float(p25), p75=float(p75),
-            min=float(a.min()), max=float(a.max()), mean=float(a.mean()),
-            stdev=float(a.std(ddof=1)) if a.size > 1 else 0.0,
-        )
-
-    @property
-    def n(self) -> int:
-        """Number of samples."""
-        return len(self.samples)
-
-    @property
-    def iqr_ratio(self) -> float:
-        """Interquartile range over median: the noise measure the flags use."""
-        return (self.p75 - self.p25) / self.median if self.median > 0 else math.inf
-
-    @property
-    def noisy(self) -> bool:
-        """IQR/median ≥ 10 %."""
-        return self.iqr_ratio >= NOISY_IQR
-
-    @property
-    def suspect(self) -> bool:
-        """IQR/median ≥ 25 %: the median should not be trusted."""
-        return self.iqr_ratio >= SUSPECT_IQR
-
-    def median_interval(self, level: float = 0.95) -> tuple[float, float] | None:
-        """A distribution-free `level` confidence interval of the median: order statistics x(j), x(n+1-j) (`median_interval_rank`).
-
-        None with too few samples (at 95 % that is n < 6): the record then says nothing rather than overstate its precision.
-        """
-        j = median_interval_rank(self.n, level)
-        if j is None:
-            return None
-        ordered = sorted(self.samples)
-        return ordered[j - 1], ordered[self.n - j]
-
-
-@functools.lru_cache(maxsize=4096)
-def median_interval_rank(n: int, level: float = 0.95) -> int | None:
-    """The j of the narrowest symmetric order-statistics interval x(j), x(n+1−j) that holds the median with probability ≥ `level`.
-
-    The median lies below x(j) with probability P(Binomial(n, ½) < j), so the coverage is 1 − 2·P(Bin < j);
-    None when even (x(1), x(n)) falls short. Exact integer arithmetic, O(n).
-    """
-    best = None
-    below, term, total = 0, 1, 2**n  # Σ_{i<j} C(n, i) and C(n, j − 1)
-    wanted = Fraction(level).limit_denominator(10**6)
-    for j in range(1, n // 2 + 1):
-        below += term
-        term = term * (n - j + 1) // j
-        if (total - 2 * below) * wanted.denominator >= wanted.numerator * total:
-            best = j
-        else:
-            break
-    return best
 
 
 #: What set a plan's number of samples (`Plan.stop`).
@@ -248,45 +160,6 @@ def direct_loop(clock: Clock) -> Loop:
         return samples
 
     return loop
-
-
-#: Fewest pilot samples (sample-sized groups of settled warm-up calls) a precision prediction is made from.
-MIN_PILOT = 8
-#: The share of the precision target the prediction aims at: the pilot is short and its spread rough,
-#: so it plans for ±0.8 % to reach ±1 %.
-PRECISION_MARGIN = 0.8
-
-
-def rounds_for_precision(pilot: Sequence[float], precision: float, most: int) -> int | None:
-    """The fewest rounds, up to `most`, whose median interval the pilot predicts within ±`precision` of the median; else None.
-
-    Distribution-free, as the interval itself: n samples give the interval x(j), x(n+1−j), whose ends
-    sit near the j/(n+1) and (n+1−j)/(n+1) quantiles, read here from the pilot's own samples (so a
-    heavy tail or a handful of rounds is priced in, where a normal approximation would not be). It
-    is a prediction only: the interval the samples really give is computed from them and recorded.
-    """
-    values = np.asarray(pilot, dtype=np.float64)
-    if precision <= 0 or values.size < MIN_PILOT or most < 1:
-        return None
-    median = float(np.median(values))
-    if median <= 0:
-        return None
-    target = PRECISION_MARGIN * precision * median
-
-    def half_width(n: int) -> float:
-        j = median_interval_rank(n)
-        if j is None:
-            return math.inf
-        low, high = np.quantile(values, [j / (n + 1), (n + 1 - j) / (n + 1)])
-        return max(high - median, median - low)
-
-    if half_width(most) > target:
-        return None
-    low, high = 1, most
-    while low < high:  # the half-width shrinks with n (up to the ranks' steps): the first n that meets the target
-        middle = (low + high) // 2
-        low, high = (low, middle) if half_width(middle) <= target else (middle + 1, high)
-    return low
 
 
 def pilot_samples(durations: Sequence[float], iterations: int) -> list[float]:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from harness import analysis
 from harness.measure.execute import PHASE_NAMES
+from harness.measure.timing import STOP_BUDGET, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS, STOP_PRECISION
 from harness.report.writer import Csv, Section, Table
 
 #: What each phase is, in words, for the table.
@@ -56,10 +57,10 @@ def overhead_share(table: pd.DataFrame) -> float | None:
 
 #: What set a row's number of samples (harness.measure.timing.Plan.stop), in words.
 STOP_WORDS = {
-    "precision": "where the warm-up predicted the median's 95 % interval within ±1 %",
-    "budget": "at the time budget",
-    "min_rounds": "at the minimum of samples (the budget held fewer)",
-    "max_rounds": "at the maximum of samples",
+    STOP_PRECISION: "where the warm-up predicted the median's 95 % interval within ±1 %",
+    STOP_BUDGET: "at the time budget",
+    STOP_MIN_ROUNDS: "at the minimum of samples (the budget held fewer)",
+    STOP_MAX_ROUNDS: "at the maximum of samples",
 }
 
 
