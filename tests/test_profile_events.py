@@ -10,12 +10,10 @@ as it would there.
 
 from __future__ import annotations
 
-import bisect
 import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest

@@ -42,6 +42,8 @@ def event_kind(e: Any) -> str:
             return DEVICE_ANNOTATION
         return STEP if e.name.startswith(STEP_MARKER) else SETUP if e.name == SETUP_MARKER else OTHER
     if e.device_type != DeviceType.CPU:
+        # Without an activity type every other device event is work: Kineto's only other ones (CUDA_SYNC,
+        # profiler ranges) are recorded only when an experimental config asks, which the harness never does.
         return DEVICE_WORK if activity is None or activity in _DEVICE_ACTIVITIES else OTHER
     if e.name in _NOT_OPERATORS or (activity != "cpu_op" if activity is not None else _CUDA_API.match(e.name)):
         return OTHER
