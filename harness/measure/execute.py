@@ -28,7 +28,7 @@ from harness.measure.numerics import Agreement, check_backward, check_forward, w
 from harness.measure.reference import ReferenceCache
 from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error, one_line
 from harness.measure.shared_inputs import InputsCache, modified_inputs
-from harness.measure.timers import device_clock, graph_replay, kernel_measurement, timer_name
+from harness.measure.timers import between_sample_setup, device_clock, graph_replay, kernel_measurement, timer_name
 from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, Measurement, keep_last, measure
 from harness.results.record import Record, Status
 from harness.suite.cases import Case
@@ -271,7 +271,8 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
         if phases.profile:
             trace = phases.traces / f"{case.id}-{backend.name}.trace.json.gz" if phases.traces is not None else None
             with watch("profile"):
-                outcome.profile = profile_step(step, case.device, steps=phases.profile_steps, trace_path=trace)
+                outcome.profile = profile_step(step, case.device, steps=phases.profile_steps, trace_path=trace,
+                                               setup=between_sample_setup(case.device))  # flushed as the timed samples were
     if phases.weights and backend.returns_weights and case.mode == "fwd":
         problems = _weights_problems(case, backend)
         if problems:

@@ -14,22 +14,27 @@ Counting rules, so that nothing is counted twice:
   the multiply itself would be lost.
 * CUDA: device time of every kernel, memcpy and memset the steps launched. Kernels on
   concurrent streams overlap, so their sum can exceed the wall time; the harness's backends
-  use one stream.
+  use one stream. Kineto's GPU-side copies of the step markers are neither steps nor work.
+* Each step follows the between-sample setup its timed samples had (the L2 flush on CUDA), run
+  in its own annotation before the step's marker opens: its work is in no step.
+
+Which event is what: `harness.measure.profiler_events` (the same on torch 2.11 and 2.13).
 
 Nsight Compute (`ncu`) is a separate path: `harness.measure.ncu`.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from harness.measure.categories import CATEGORIES, categorize, column_name
+from harness.measure.kineto_log import quiet_kineto
+from harness.measure.profiler_events import DEVICE_WORK, HOST_OPERATOR, SETUP, STEP, SETUP_MARKER, STEP_MARKER, Windows, event_kind
 
-#: Name of the user annotation around each profiled step (`record_function`), followed by its index.
-STEP_MARKER = "attnbench::profile_step#"
 
 #: The record columns `ProfileSummary.record_columns` fills, always all of them, in this order.
 RECORD_COLUMNS = (
@@ -148,8 +153,15 @@ def profile_step(
     steps: int = 5,
     warmup: int = 2,
     trace_path: str | os.PathLike | None = None,
+    setup: Callable[[], object] | None = None,
+    memory: bool = True,
 ) -> ProfileSummary:
-    """Run `warmup` calls under the profiler (discarded: its own start-up is slow), then profile `steps` calls and summarise them."""
+    """Run `warmup` calls under the profiler (discarded: its own start-up is slow), then profile `steps` calls and summarise them.
+
+    `setup` runs before every call, as before every timed sample (the L2 flush on CUDA), inside its
+    own annotation and synchronized before the step's marker opens, so its work is never a step's.
+    `memory=False` leaves allocations unrecorded (no peak in the summary; the profiler costs less).
+    """
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
@@ -163,14 +175,22 @@ def profile_step(
         if cuda:
             torch.cuda.synchronize(device)
 
+    def prepare() -> None:
+        if setup is not None:
+            with record_function(SETUP_MARKER):
+                setup()
+                sync()
+
+    prepare()
     step()  # outside the profiler: a first call's compilation or allocation is not what a profile is asked about
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     # The first steps under a freshly started profiler run several times slower (its own start-up, measured:
     # 2-4x on CPU in a new process), so `warmup` steps run profiled and are discarded by the schedule.
     plan = schedule(wait=0, warmup=warmup, active=steps, repeat=1) if warmup else schedule(wait=0, warmup=0, active=steps, repeat=1)
-    with profile(activities=activities, profile_memory=True, record_shapes=False, schedule=plan) as prof:
+    with quiet_kineto(), profile(activities=activities, profile_memory=memory, record_shapes=False, schedule=plan) as prof:
         for i in range(warmup + steps):
+            prepare()
             marker = f"{STEP_MARKER}{i - warmup}" if i >= warmup else "attnbench::profile_warmup"
             with record_function(marker):
                 step()  # the result is dropped inside the marker, so its free is inside the step too
@@ -180,61 +200,38 @@ def profile_step(
     if trace_path is not None:
         written = _trace_file(trace_path)
         prof.export_chrome_trace(written)  # torch gzips when the name ends with .gz
-    return summarize(prof, device, steps, trace_path=written)
+    return summarize(prof, device, steps, trace_path=written, memory=memory)
 
 
-#: Kineto activity types of device work: what the CUDA kernel time sums (not the GPU-side copies of annotations).
-_DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
-_NOT_OPERATORS = ("[memory]", "[OutOfMemory]")
+def summarize(prof: Any, device: str, steps: int, *, trace_path: str | None = None, memory: bool = True) -> ProfileSummary:
+    """Summarise a finished `torch.profiler.profile` whose steps were marked with STEP_MARKER (reads `prof.events()`).
 
-
-def _is_cpu_op(e: Any) -> bool:
-    """An operator on the host: not a step marker, annotation, allocation record or CUDA runtime call."""
-    if e.activity_type is not None:
-        return e.activity_type == "cpu_op" and not e.name.startswith(STEP_MARKER)
-    from torch.autograd import DeviceType
-
-    return (e.device_type == DeviceType.CPU and not e.is_user_annotation and not e.name.startswith(STEP_MARKER)
-            and e.name not in _NOT_OPERATORS)
-
-
-def _is_device_work(e: Any) -> bool:
-    """A kernel, memcpy or memset on the device (not a user annotation mirrored onto the GPU timeline)."""
-    if e.activity_type is not None:
-        return e.activity_type in _DEVICE_ACTIVITIES
-    from torch.autograd import DeviceType
-
-    return e.device_type == DeviceType.CUDA and not e.is_user_annotation and not e.name.startswith(STEP_MARKER)
-
-
-def summarize(prof: Any, device: str, steps: int, *, trace_path: str | None = None) -> ProfileSummary:
-    """Summarise a finished `torch.profiler.profile` whose steps were marked with STEP_MARKER."""
+    `memory=False`: the profile recorded no allocations on purpose, so no peak is looked for.
+    """
     cuda = _is_cuda(device)
     events = list(prof.events())
-    markers = sorted((e for e in events if e.name.startswith(STEP_MARKER)), key=lambda e: e.time_range.start)
+    kinds = [event_kind(e) for e in events]
+    markers = sorted((e for e, kind in zip(events, kinds) if kind == STEP), key=lambda e: e.time_range.start)
     if len(markers) != steps:
         raise RuntimeError(f"the profile holds {len(markers)} step markers for {steps} steps")
     windows = [(m.time_range.start, m.time_range.end) for m in markers]
+    step_windows = Windows(windows)
+    setup_windows = Windows([(e.time_range.start, e.time_range.end) for e, kind in zip(events, kinds) if kind == SETUP])
     notes: list[str] = []
 
-    def step_of(t_us: float) -> int | None:
-        for i, (start, end) in enumerate(windows):
-            if start <= t_us <= end:
-                return i
-        return None
-
-    cpu_ops = [e for e in events if _is_cpu_op(e)]
+    cpu_ops = [e for e, kind in zip(events, kinds) if kind == HOST_OPERATOR]
     per_step = [0.0] * steps
     totals: dict[str, list[float]] = {}  # name -> [calls, seconds] over all steps
     outside = 0
     if cuda:
-        counted = [(e, (e.time_range.end - e.time_range.start) / 1e6) for e in events if _is_device_work(e)]
+        counted = [(e, (e.time_range.end - e.time_range.start) / 1e6) for e, kind in zip(events, kinds) if kind == DEVICE_WORK]
     else:
         counted = [(e, e.self_cpu_time_total / 1e6) for e in cpu_ops]
     for e, seconds in counted:
-        i = step_of(e.time_range.start)
+        i = step_windows.index(e.time_range.start)
         if i is None:
-            outside += 1
+            if setup_windows.index(e.time_range.start) is None:
+                outside += 1  # the setup's own work (the flush) is expected outside the steps
             continue
         per_step[i] += seconds
         entry = totals.setdefault(e.name, [0, 0.0])
@@ -253,7 +250,7 @@ def summarize(prof: Any, device: str, steps: int, *, trace_path: str | None = No
         category_time[k.category] += k.time_s_per_step
     if not kernels:
         notes.append(f"no {'kernels' if cuda else 'operators'} were recorded inside the profiled steps")
-    peak, peak_op, why = _memory_peak(prof, windows, cpu_ops, cuda)
+    peak, peak_op, why = _memory_peak(prof, step_windows, cpu_ops, cuda) if memory else (None, None, None)
     if why:
         notes.append(why)
     return ProfileSummary(
@@ -266,13 +263,15 @@ def summarize(prof: Any, device: str, steps: int, *, trace_path: str | None = No
 
 
 def _memory_peak(
-    prof: Any, windows: Sequence[tuple[float, float]], cpu_ops: Sequence[Any], cuda: bool,
+    prof: Any, windows: Windows, cpu_ops: Sequence[Any], cuda: bool,
 ) -> tuple[int | None, str | None, str | None]:
     """(peak bytes above a step's start, the operator whose allocation reached it, why either is None).
 
     From the profiler's raw allocation records: a running total per step, starting at zero at the
     step's start (so memory held before it, the inputs, is not counted), and the innermost operator
-    on the allocating thread whose time span holds the allocation that set the highest total.
+    on the allocating thread whose time span holds the allocation that set the highest total. One
+    pass over the records sorted by time, each step's own found by binary search: a thousand steps
+    of ten thousand records cost their sum, not their product.
     """
     from torch.autograd import DeviceType
 
@@ -287,14 +286,14 @@ def _memory_peak(
     )
     if not records:
         return None, None, "memory peak: the profiler recorded no allocations in the profiled steps"
+    times = [t for t, _, _ in records]
     best: tuple[int, float, int] | None = None  # (bytes, time, thread)
-    for start, end in windows:
+    for start, end in windows.spans:
         running = 0
-        for t, nbytes, thread in records:
-            if start <= t <= end:
-                running += nbytes
-                if best is None or running > best[0]:
-                    best = (running, t, thread)
+        for t, nbytes, thread in records[bisect.bisect_left(times, start):bisect.bisect_right(times, end)]:
+            running += nbytes
+            if best is None or running > best[0]:
+                best = (running, t, thread)
     if best is None:
         return None, None, "memory peak: no allocation fell inside a profiled step"
     peak, t, thread = best

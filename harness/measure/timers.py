@@ -3,9 +3,10 @@ kernel time per call, or the replay of a captured CUDA graph.
 
 - `events` (default): CUDA events around each call (device time between them, the host's launch time
   kept out by a spin), `time.perf_counter` on the CPU.
-- `kernels`: after the event samples, the same number of calls under torch.profiler; each sample is
-  one call's summed kernel time (CUDA) or operator self time (CPU), as FlashInfer's CUPTI timing
-  reports. Gaps between kernels are not in it: for µs-scale decoding kernels that is the difference.
+- `kernels`: after the event samples, as many calls under torch.profiler (at least 10, at most
+  KERNEL_TIMER_MAX_STEPS), each after the same L2 flush; each sample is one call's summed kernel
+  time (CUDA) or operator self time (CPU), as FlashInfer's CUPTI timing reports. Gaps between
+  kernels are not in it: for µs-scale decoding kernels that is the difference.
 - `graph`: the forward step captured once in a CUDA graph and each sample one replay, as production
   decoding runs (FlashAttention's decode benchmarks time it so). CUDA and forward only.
 """
@@ -25,6 +26,11 @@ from harness.measure.timing import Clock, Measurement
 from harness.suite.cases import Case
 
 TIMERS = ("events", "kernels", "graph")
+#: Bounds on the calls `--timer kernels` profiles (the row's `samples`). Every profiled call pays the
+#: profiler's overhead and its own flush, and 200 already put the median's 95 % interval between the
+#: 86th and 115th order statistics; profiling all of a CUDA row's up to 1,000 samples took seconds a pair.
+KERNEL_TIMER_MIN_STEPS = 10
+KERNEL_TIMER_MAX_STEPS = 200
 #: Captures the graph is warmed up with on a side stream before capture (allocations settle there).
 GRAPH_WARMUP_CALLS = 3
 
@@ -48,10 +54,15 @@ def _cuda_flusher() -> L2Flusher:
     return flusher
 
 
+def between_sample_setup(device: str) -> Callable[[], None] | None:
+    """What runs before every timed sample and every profiled step: the L2 flush on CUDA, nothing on the CPU."""
+    return _cuda_flusher() if device.startswith("cuda") else None
+
+
 def device_clock(device: str) -> tuple[Clock, Callable[[], None] | None, str]:
     """The clock, the between-sample setup (L2 flush on CUDA) and the timer's name for a device."""
     if device.startswith("cuda"):
-        return CudaEventClock(), _cuda_flusher(), "cuda-event"
+        return CudaEventClock(), between_sample_setup(device), "cuda-event"
     return time.perf_counter, None, "perf_counter"
 
 
@@ -86,8 +97,13 @@ def graph_replay(step: Callable[[], object], case: Case) -> Callable[[], object]
 
 
 def kernel_measurement(measured: Measurement, step: Callable[[], object], device: str) -> Measurement:
-    """The event measurement with its samples replaced by the profiler's per-call kernel (or operator) times."""
-    summary = profile_step(step, device, steps=max(measured.stats.n, 10))
+    """The event measurement with its samples replaced by the profiler's per-call kernel (or operator) times.
+
+    Each profiled call follows the flush the event samples had, so both timers see the same cold L2.
+    No allocations are recorded: the row's peak is measured around the event samples (PeakMeter).
+    """
+    steps = min(max(measured.stats.n, KERNEL_TIMER_MIN_STEPS), KERNEL_TIMER_MAX_STEPS)
+    summary = profile_step(step, device, steps=steps, setup=between_sample_setup(device), memory=False)
     samples = summary.step_kernel_time_s
     if not samples or not all(s > 0 for s in samples):
         raise Unsupported("--timer kernels: the profiler recorded no kernel time for this step")
