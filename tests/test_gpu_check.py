@@ -166,7 +166,7 @@ def test_gpu_check_runs_compilers_first_bounds_each_child_and_reports_what_it_sk
     def child(name, device, timeout_s):
         ran.append((name, round(timeout_s, 1)))
         now[0] += min(50.0, timeout_s)  # each child takes 50 s, or is killed at its timeout
-        return [gc.Row(name, "c", Status.OK, True, 1.0, None)]
+        return [gc.Row(name, "c", Status.OK, True, 1.0, None, overhead_ms=0.004 if name == "naive" else 0.0042, overhead_spread_ms=5e-5)]
 
     monkeypatch.setattr(gc, "_child", child)
     monkeypatch.setattr(gc.time, "monotonic", lambda: now[0])
@@ -175,6 +175,10 @@ def test_gpu_check_runs_compilers_first_bounds_each_child_and_reports_what_it_sk
     assert gc.main(["--cpu", "--backends", "naive,sdpa,flex"]) == 0
     assert ran == [("flex", round(100.0 - 28.0, 1)), ("naive", 36.0), ("sdpa", 14.0)]
     assert flex_s <= 72.0
+    out = capsys.readouterr().out
+    assert "flex: each case compiles, so run first, on 3 of the 8 cases" in out
+    assert "naive: 1 ok, 0 unsupported in 36 s; fixed overhead 4.00 ± 0.05 µs a sample" in out
+    assert "fixed overhead a sample between events, as the children measured it: 4.00–4.20 µs" in out
     monkeypatch.setattr(gc, "TOTAL_BUDGET_S", 40.0)
     ran.clear()
     assert gc.main(["--cpu", "--backends", "naive,sdpa,flex"]) == 1

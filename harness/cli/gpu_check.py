@@ -300,7 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"gpu-check on {where}, torch {torch.__version__}: {len(check_cases(device))} cases × {len(names)} backends", flush=True)
     compiling = [n for n in names if compiles(families[n])]
     if compiling:
-        print(f"  {', '.join(compiling)} compile each case: run first, on {len(COMPILING_CASES)} of the cases", flush=True)
+        print(f"  {', '.join(compiling)}: each case compiles, so run first, on {len(COMPILING_CASES)} of the {len(check_cases(device))} cases",
+              flush=True)
     started = time.monotonic()
     left_out = [_skip(name, reason) for name, reason in schedule.skipped]
     rows: list[Row] = []
@@ -316,6 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report_child(slot.name, mine, time.monotonic() - t0)
     rows += left_out
     print(f"\n{len(rows)} pairs in {time.monotonic() - started:.0f} s")
+    measured = sorted({r.overhead_ms for r in rows if r.overhead_ms is not None})
+    if measured:
+        print(f"fixed overhead a sample between events, as the children measured it: {measured[0] * 1e3:.2f}–{measured[-1] * 1e3:.2f} µs")
     print(format_table(rows))
     failed = [r for r in rows if r.failed]
     return 1 if failed else 0
