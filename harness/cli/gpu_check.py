@@ -7,20 +7,26 @@ CUDA torch, and whatever attention libraries the box has): it runs from the chec
 Each backend runs in its own child process (a kernel that kills its process, or leaves a sticky
 CUDA error, costs that backend only) over: fwd and bwd, causal and not, GQA at S = 1024, d_k 128,
 bf16; MHA at d_k 64; a padded batch (varlen); decoding against a 4 Ki cache; DeepSeek's absorbed MLA.
-Every output and gradient is checked against the float64 reference; a short table comes last.
+Backends that compile each case (flex, naive-compiled) run COMPILING_CASES, 3 of them, first, so
+that every backend's estimate fits the budget (gpu_check_plan). Every output and gradient is
+checked against the float64 reference; a short table comes last. Each child also measures the
+clock's fixed overhead per sample (an almost empty kernel), which single-kernel pairs are judged with.
 Exit 0 when every pair that ran agrees, 1 when one disagrees or fails (or a backend was skipped because
-the 270 s budget was spent), 2 when there is no CUDA device.
+the 270 s budget could not hold it), 2 when there is no CUDA device.
 `--cpu` runs the same on the CPU with tiny shapes, for testing the command itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from harness.cli.gpu_check_plan import MIN_CHILD_S, compiles, estimate_s, plan_schedule
+from harness.measure.cuda_clock import FixedOverhead
 from harness.measure.timing import Budget
 from harness.results.record import NOT_FAILURES, Record, Status
 from harness.run.children import emit, python_command, run_child
@@ -28,17 +34,17 @@ from harness.suite.cases import Case
 
 #: Short measurements: this is a check that kernels run and agree, with a rough time beside it.
 CHECK_BUDGET = Budget(warmup_s=0.01, measure_s=0.03, min_sample_s=0.0, min_rounds=3, max_rounds=50)
-#: Seconds one backend's child may take (flex compiles each case, about 10–20 s on a GPU).
-CHILD_TIMEOUT_S = 180.0
-#: The whole check's budget: `make gpu-check` must finish within 5 minutes. Backends that compile
-#: (torch.compile, FlexAttention) run last; a backend reached after the budget is spent is reported
-#: `skipped` (counted as a failure: it was not checked), never silently passed.
+#: The whole check's budget: `make gpu-check` must finish within 5 minutes. A backend the budget
+#: cannot hold is reported `skipped` (counted as a failure: it was not checked), never silently passed.
 TOTAL_BUDGET_S = 270.0
-#: A child is not started with less than this left (python, torch and CUDA start-up alone take seconds).
-MIN_CHILD_S = 15.0
-COMPILING_FAMILIES = ("flex", "compiled")
-#: How far a single-kernel pair's harness median may be from the profiler's kernel time (3 %).
+#: How far a single-kernel pair's harness median, less the fixed overhead, may be from the profiler's kernel time (3 %).
 TIMER_TOLERANCE = 0.03
+#: Which of check_cases a compiling backend runs: a forward (MHA), a backward (GQA), a padded batch (GQA).
+COMPILING_CASES = (4, 3, 5)
+#: Profiled calls of the empty kernel whose kernel time is subtracted from its between-readings time.
+OVERHEAD_PROFILE_STEPS = 20
+#: The key of the object a child prints when its fixed overhead could not be measured.
+OVERHEAD_ERROR = "fixed_overhead_error"
 
 
 def check_cases(device: str) -> list[Case]:
@@ -60,29 +66,70 @@ def check_cases(device: str) -> list[Case]:
     return cases
 
 
+def cases_for(family: str, device: str) -> list[Case]:
+    """The cases a backend of `family` runs: all of check_cases, or COMPILING_CASES when each case compiles for seconds."""
+    cases = check_cases(device)
+    return [cases[i] for i in COMPILING_CASES] if compiles(family) else cases
+
+
 def run_backend(name: str, device: str) -> list[Record]:
-    """Run every check case on one backend in this process, through one runner (the cases share nothing but its budget)."""
+    """Run a backend's check cases in this process, through one runner (the cases share nothing but its budget)."""
     from harness.backends.registry import load_registry
     from harness.measure.execute import PairRunner, Phases, execute
 
     backend = load_registry().get(name)
     # The profiled pass gives each pair's kernel time, the reference the harness's median is held to.
     runner = PairRunner(budget=CHECK_BUDGET, phases=Phases(profile=True, profile_steps=10))
-    return [execute(case, backend, runner, run_id="gpu-check") for case in check_cases(device)]
+    return [execute(case, backend, runner, run_id="gpu-check") for case in cases_for(backend.family, device)]
+
+
+def measure_box_overhead(device: str) -> FixedOverhead:
+    """This device's fixed overhead per sample: a one-element add through the pairs' clock and flush, less its profiled kernel time."""
+    import torch
+
+    from harness.measure.cuda_clock import measure_fixed_overhead
+    from harness.measure.profile import profile_step
+    from harness.measure.timers import device_clock
+
+    clock, flush, _ = device_clock(device)
+    one = torch.zeros(1, device=device)
+
+    def empty_step() -> None:
+        one.add_(1.0)  # one launch of the cheapest real kernel: an elementwise op on one element
+
+    def kernel_time_s(step) -> float:
+        return profile_step(step, device, steps=OVERHEAD_PROFILE_STEPS).kernel_time_s
+
+    return measure_fixed_overhead(empty_step, clock, kernel_time_s, setup=flush)
 
 
 def _whole_backend(name: str, status: Status, reason: str) -> Row:
     return Row(name, "*", status, None, None, reason)
 
 
-def _child(name: str, device: str, timeout_s: float = CHILD_TIMEOUT_S) -> list[Row]:
+def _child(name: str, device: str, timeout_s: float) -> list[Row]:
     """One backend in a child process; a crash or a hang becomes a row that says so."""
     done = run_child(python_command("harness", "gpu-check", "--one", name, *(["--cpu"] if device == "cpu" else [])), timeout_s)
     if done.timed_out:
         return [_whole_backend(name, Status.TIMEOUT, f"over {timeout_s:.0f} s")]
     if not done.ok:
         return [_whole_backend(name, Status.CRASHED, done.describe())]
-    return [Row.of(Record.from_dict(obj, where=f"gpu-check child of {name}")) for obj in done.objects]
+    for obj in done.objects:
+        if OVERHEAD_ERROR in obj:
+            print(f"  {name}: the fixed overhead could not be measured ({obj[OVERHEAD_ERROR]}); its timers are not judged", flush=True)
+    return rows_of(name, done.objects)
+
+
+def rows_of(name: str, objects: Sequence[dict]) -> list[Row]:
+    """A child's printed objects as rows: its records, each carrying the fixed overhead the child measured (if it printed one)."""
+    overheads = [FixedOverhead.from_dict(obj["fixed_overhead"]) for obj in objects if "fixed_overhead" in obj]
+    records = [Record.from_dict(obj, where=f"gpu-check child of {name}") for obj in objects
+               if "fixed_overhead" not in obj and OVERHEAD_ERROR not in obj]
+    rows = [Row.of(record) for record in records]
+    if not overheads:
+        return rows
+    ms, spread_ms = overheads[-1].seconds * 1e3, overheads[-1].spread_s * 1e3
+    return [dataclasses.replace(row, overhead_ms=ms, overhead_spread_ms=spread_ms) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -99,6 +146,9 @@ class Row:
     kernel_ms: float | None = None
     kernels: float | None = None
     device: str = "cuda"
+    #: The clock's fixed overhead per sample, measured by this pair's child, and half its 95 % interval.
+    overhead_ms: float | None = None
+    overhead_spread_ms: float = 0.0
 
     @classmethod
     def of(cls, record: Record) -> "Row":
@@ -114,15 +164,31 @@ class Row:
         return self.ms / self.kernel_ms
 
     @property
-    def timer_off(self) -> bool:
-        """On CUDA, a single-kernel pair whose median is more than TIMER_TOLERANCE from its kernel time.
+    def net_ratio(self) -> float | None:
+        """(Harness median − fixed overhead) ÷ profiled kernel time: 1.0 when the timer adds nothing but the box's fixed cost."""
+        if self.ms is None or not self.kernel_ms or self.overhead_ms is None:
+            return None
+        return (self.ms - self.overhead_ms) / self.kernel_ms
 
-        Only single-kernel pairs are held to it: with several kernels the gaps between them are real
-        time the harness rightly counts. On the CPU operators are not kernels: the ratio is shown only.
+    @property
+    def timer_off(self) -> bool:
+        """On CUDA, a single-kernel pair whose median is off its kernel time plus the fixed overhead by more than TIMER_TOLERANCE.
+
+        Every sample between events carries the box's fixed overhead (about 4 µs on the H200: a
+        healthy 12.7 µs decode kernel reads 16.5 µs), so the median is held to kernel + overhead,
+        within 3 % of the kernel time plus the overhead's own uncertainty (half its 95 % interval),
+        which a residual cannot be told apart from. Without a measured overhead the pair cannot be
+        judged and counts as off. Only single-kernel pairs are held to it: with several kernels the
+        gaps between them are real time the harness rightly counts. On the CPU operators are not
+        kernels: the ratios are shown only.
         """
-        ratio = self.timer_ratio
         single = self.kernels is not None and self.kernels <= 1.0
-        return self.device == "cuda" and single and ratio is not None and abs(ratio - 1.0) > TIMER_TOLERANCE
+        if self.device != "cuda" or not single or self.ms is None or not self.kernel_ms:
+            return False
+        if self.overhead_ms is None:
+            return True
+        residual = self.ms - self.kernel_ms - self.overhead_ms
+        return abs(residual) > TIMER_TOLERANCE * self.kernel_ms + self.overhead_spread_ms
 
     @property
     def failed(self) -> bool:
@@ -130,9 +196,24 @@ class Row:
         return self.status not in NOT_FAILURES or self.agree is False or self.timer_off
 
 
+def _timer_note(off: Sequence[Row]) -> str:
+    """Why the worst of a backend's timer-off pairs is off: its net ratio, or no overhead to judge it with."""
+    unjudged = [r for r in off if r.overhead_ms is None]
+    if unjudged:
+        return f"timer not judged on {unjudged[0].case}: its child measured no fixed overhead"
+    worst = max(off, key=lambda r: abs(r.net_ratio - 1))
+    return (f"timer {worst.net_ratio:.3f}x the kernel time on {worst.case} after the {worst.overhead_ms * 1e3:.1f} µs fixed overhead "
+            f"(more than {TIMER_TOLERANCE:.0%} off)")
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def format_table(rows: Sequence[Row]) -> str:
-    """Per backend: pairs ok / agreeing / unsupported / failed, the median time of the first ok case, and the first problem."""
-    out = [f"{'backend':<16} {'ok':>3} {'agree':>5} {'unsup':>5} {'fail':>4}  {'first ok case':<44} {'ms':>9} {'kernel ms':>9} {'ratio':>6}  note"]
+    """Per backend: pairs ok / agreeing / unsupported / failed, the first ok case's times and ratios, and the first problem."""
+    out = [f"{'backend':<16} {'ok':>3} {'agree':>5} {'unsup':>5} {'fail':>4}  {'first ok case':<44} {'ms':>9} {'kernel ms':>9} "
+           f"{'ratio':>6} {'net':>6}  note"]
     for name in dict.fromkeys(r.backend for r in rows):
         mine = [r for r in rows if r.backend == name]
         ok = [r for r in mine if r.status is Status.OK]
@@ -144,19 +225,54 @@ def format_table(rows: Sequence[Row]) -> str:
         problem = (failed or bad or [None])[0]
         off = [r for r in ok if r.timer_off]
         if problem is None and off:
-            worst = max(off, key=lambda r: abs(r.timer_ratio - 1))
-            note = f"timer {worst.timer_ratio:.3f}x the kernel time on {worst.case} (more than {TIMER_TOLERANCE:.0%} off)"
+            note = _timer_note(off)
         elif problem is not None:
-            note = f"{problem.status}{' (disagrees)' if problem in bad else ''} on {problem.case}: {(problem.reason or 'no reason given')[:80]}"
+            note = f"{problem.status}{' (disagrees)' if problem in bad else ''} on {problem.case}: {(problem.reason or 'no reason given')[:110]}"
         elif not ok and mine:
             note = f"unsupported: {(mine[0].reason or '')[:90]}"
         else:
             note = ""
-        ms = f"{first.ms:.3f}" if first and first.ms is not None else "-"
-        kernel = f"{first.kernel_ms:.3f}" if first and first.kernel_ms is not None else "-"
-        ratio = f"{first.timer_ratio:.3f}" if first and first.timer_ratio is not None else "-"
-        out.append(f"{name:<16} {len(ok):>3} {agree:>5} {unsup:>5} {len(failed):>4}  {(first.case if first else '-'):<44} {ms:>9} {kernel:>9} {ratio:>6}  {note}")
+        times = [_number(first and first.ms, 3), _number(first and first.kernel_ms, 3)]
+        ratios = [_number(first and first.timer_ratio, 3), _number(first and first.net_ratio, 3)]
+        out.append(f"{name:<16} {len(ok):>3} {agree:>5} {unsup:>5} {len(failed):>4}  {(first.case if first else '-'):<44} "
+                   f"{times[0]:>9} {times[1]:>9} {ratios[0]:>6} {ratios[1]:>6}  {note}")
     return "\n".join(out)
+
+
+def _run_child_of(name: str, device: str) -> int:
+    """In a child: one backend's records, then the fixed overhead its pairs are judged with (CUDA, when one ran).
+
+    Not on the CPU: there the profiler's operator time carries the profiler's own cost per operator,
+    more than a one-element add takes, so the difference says nothing (and CPU pairs are not judged).
+    """
+    records = run_backend(name, device)
+    for record in records:
+        emit(record.to_dict())
+    if device == "cuda" and any(record.status is Status.OK for record in records):
+        try:
+            emit({"fixed_overhead": measure_box_overhead(device).to_dict()})
+        except Exception as exc:  # noqa: BLE001 - the pairs' verdicts stand; their timers go unjudged, and the parent says why
+            emit({OVERHEAD_ERROR: f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"})
+    return 0
+
+
+def _report_child(name: str, mine: Sequence[Row], seconds: float) -> None:
+    """The progress lines of one finished child: counts, its fixed overhead, and each problem pair."""
+    ok = sum(1 for r in mine if r.status is Status.OK)
+    unsupported = sum(1 for r in mine if r.status is Status.UNSUPPORTED)
+    measured = next((r for r in mine if r.overhead_ms is not None), None)
+    overhead = f"; fixed overhead {measured.overhead_ms * 1e3:.2f} ± {measured.overhead_spread_ms * 1e3:.2f} µs a sample" if measured else ""
+    print(f"  {name}: {ok} ok, {unsupported} unsupported in {seconds:.0f} s{overhead}", flush=True)
+    for r in mine:
+        if r.timer_off and r.status is Status.OK and r.agree is not False:
+            print(f"    {r.case}: {_timer_note([r])}: median {r.ms:.4f} ms, kernel {r.kernel_ms:.4f} ms", flush=True)
+        elif r.failed:
+            print(f"    {r.case}: {r.status}{' disagrees' if r.agree is False else ''}: {r.reason or 'no reason given'}", flush=True)
+
+
+def _skip(name: str, reason: str) -> Row:
+    print(f"  {name}: skipped ({reason})", flush=True)
+    return _whole_backend(name, Status.SKIPPED, reason)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,37 +289,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"attnbench gpu-check: no CUDA device is present (torch {torch.__version__} sees none); nothing to check", file=sys.stderr)
         return 2
     if args.one:
-        for record in run_backend(args.one, device):
-            emit(record.to_dict())
-        return 0
+        return _run_child_of(args.one, device)
     from harness.backends.registry import load_registry
 
     registry = load_registry()
     names = args.backends.split(",") if args.backends else registry.names()
-    compiling = {name for name in names if registry.get(name).family in COMPILING_FAMILIES}
-    names = [n for n in names if n not in compiling] + [n for n in names if n in compiling]
+    families = {name: registry.get(name).family for name in names}
+    schedule = plan_schedule([(n, families[n], estimate_s(families[n], cases_for(families[n], device))) for n in names], TOTAL_BUDGET_S)
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (--cpu)"
     print(f"gpu-check on {where}, torch {torch.__version__}: {len(check_cases(device))} cases × {len(names)} backends", flush=True)
+    compiling = [n for n in names if compiles(families[n])]
+    if compiling:
+        print(f"  {', '.join(compiling)}: each case compiles, so run first, on {len(COMPILING_CASES)} of the {len(check_cases(device))} cases",
+              flush=True)
     started = time.monotonic()
+    left_out = [_skip(name, reason) for name, reason in schedule.skipped]
     rows: list[Row] = []
-    for name in names:
+    for index, slot in enumerate(schedule.slots):
         t0 = time.monotonic()
-        left = TOTAL_BUDGET_S - (t0 - started)
-        if left < MIN_CHILD_S:
-            reason = f"not run: gpu-check's {TOTAL_BUDGET_S:.0f} s budget was spent; check it alone with --backends {name}"
-            rows.append(_whole_backend(name, Status.SKIPPED, reason))
-            print(f"  {name}: skipped ({reason})", flush=True)
+        timeout_s = schedule.timeout_s(index, t0 - started)
+        if timeout_s < MIN_CHILD_S:
+            rows.append(_skip(slot.name, f"not run: {timeout_s:.0f} s was left for it, under the {MIN_CHILD_S:.0f} s a child needs; "
+                                         f"check it alone with --backends {slot.name}"))
             continue
-        mine = _child(name, device, min(CHILD_TIMEOUT_S, left))
+        mine = _child(slot.name, device, timeout_s)
         rows += mine
-        ok = sum(1 for r in mine if r.status is Status.OK)
-        print(f"  {name}: {ok} ok, {sum(1 for r in mine if r.status is Status.UNSUPPORTED)} unsupported in {time.monotonic() - t0:.0f} s", flush=True)
-        for r in mine:
-            if r.timer_off and r.status is Status.OK and r.agree is not False:
-                print(f"    {r.case}: harness median {r.ms:.4f} ms is {r.timer_ratio:.3f}x the profiled kernel time {r.kernel_ms:.4f} ms", flush=True)
-            elif r.failed:
-                print(f"    {r.case}: {r.status}{' disagrees' if r.agree is False else ''}: {r.reason or 'no reason given'}", flush=True)
+        _report_child(slot.name, mine, time.monotonic() - t0)
+    rows += left_out
     print(f"\n{len(rows)} pairs in {time.monotonic() - started:.0f} s")
+    measured = sorted({r.overhead_ms for r in rows if r.overhead_ms is not None})
+    if measured:
+        print(f"fixed overhead a sample between events, as the children measured it: {measured[0] * 1e3:.2f}–{measured[-1] * 1e3:.2f} µs")
     print(format_table(rows))
     failed = [r for r in rows if r.failed]
     return 1 if failed else 0

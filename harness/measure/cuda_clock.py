@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
-from harness.measure.timing import Clock
+from harness.measure.timing import Budget, Clock, measure
 
 #: Bounds of the spin the CUDA clock queues after each reading (seconds), and its multiple of the host gap.
 SPIN_MIN_S = 20e-6
@@ -133,3 +133,50 @@ class L2Flusher:
 
     def __call__(self) -> None:
         self._buffer.zero_()
+
+
+#: How the fixed overhead is sampled: a floor of microseconds, so a short run of one-call samples does.
+OVERHEAD_BUDGET = Budget(warmup_s=0.05, measure_s=0.05, min_sample_s=0.0, min_rounds=30, max_rounds=300, precision=0.0)
+
+
+@dataclass(frozen=True)
+class FixedOverhead:
+    """What a clock reads per sample beyond the kernels: an almost empty kernel's between-readings median minus its own kernel time.
+
+    The empty kernel's own work is subtracted, not ignored: a one-element kernel still runs about
+    a microsecond, which is 3 % of a 35 µs kernel, the tolerance a pair is judged by.
+    """
+
+    #: Median time between the clock's readings around the empty kernel, and that kernel's profiled time.
+    between_s: float
+    kernel_s: float
+    #: Half the width of the median's 95 % interval: how precisely `seconds` is known.
+    spread_s: float
+    samples: int
+
+    @property
+    def seconds(self) -> float:
+        """The fixed overhead per sample (as measured: negative would mean the profiler saw more than the clock)."""
+        return self.between_s - self.kernel_s
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain numbers, for a child to print and its parent to read back (`from_dict`)."""
+        return {"between_s": self.between_s, "kernel_s": self.kernel_s, "spread_s": self.spread_s, "samples": self.samples}
+
+    @classmethod
+    def from_dict(cls, obj: dict) -> "FixedOverhead":
+        """The overhead `to_dict` wrote."""
+        return cls(float(obj["between_s"]), float(obj["kernel_s"]), float(obj["spread_s"]), int(obj["samples"]))
+
+
+def measure_fixed_overhead(empty_step: Callable[[], object], clock: Clock, kernel_time_s: Callable[[Callable[[], object]], float], *,
+                           setup: Callable[[], object] | None = None, budget: Budget = OVERHEAD_BUDGET) -> FixedOverhead:
+    """Time `empty_step` as pairs are timed (same clock, same `setup`: the L2 flush) and subtract its own kernel time.
+
+    `kernel_time_s(step)` is the profiler's kernel time of one call. The spread is half the
+    median's 95 % interval, or half the p20–p80 range with too few samples for one.
+    """
+    stats = measure(empty_step, clock, budget, setup=setup).stats
+    interval = stats.median_interval()
+    low, high = interval if interval is not None else (stats.p20, stats.p80)
+    return FixedOverhead(stats.median, float(kernel_time_s(empty_step)), (high - low) / 2, stats.n)

@@ -1,0 +1,188 @@
+"""gpu-check's timer gate against the box's measured fixed overhead, and its schedule, on the H200's real numbers.
+
+The numbers are from /work/shared/data/h200-2026-11-29: probe3 (decode 16.5 µs between events over
+a 12.7 µs kernel, cuDNN 410.7 over 405.5 µs: a fixed ~4 µs a sample) and gpu-check-run1.txt (the
+seconds each backend's child took; flex reached last with 82 s left, and timed out).
+"""
+
+import pytest
+
+from harness.cli import gpu_check as gc
+from harness.cli.gpu_check_plan import MIN_CHILD_S, estimate_s, plan_schedule
+from harness.measure.cuda_clock import CudaEventClock, FixedOverhead, measure_fixed_overhead
+from harness.results.record import Status
+from tests.gpu_timeline import Timeline
+
+US = 1e-3  # one microsecond in milliseconds, the rows' unit
+
+
+def pair(ms, kernel_ms, overhead_us, spread_us=0.05, name="sdpa", case="c"):
+    """A single-kernel CUDA row as a gpu-check child reports it, times in microseconds where named so."""
+    return gc.Row(name, case, Status.OK, True, ms, None, kernel_ms=kernel_ms, kernels=1.0,
+                  overhead_ms=None if overhead_us is None else overhead_us * US, overhead_spread_ms=spread_us * US)
+
+
+@pytest.mark.parametrize("ms,kernel_ms,overhead_us,off", [
+    (16.5 * US, 12.7 * US, 4.0, False),  # probe3's decode: healthy, 1.30x its kernel time only by the fixed overhead
+    (16.5 * US, 12.7 * US, 0.5, True),   # the same reading on a box whose overhead is 0.5 µs: 3.3 µs are unexplained
+    (410.7 * US, 405.5 * US, 4.0, False),  # probe3's cuDNN
+    (35 * 1.12 * US, 35 * US, 4.0, False),  # gpu-check's ~35 µs kernels read 1.10–1.15 on the H200
+    ((35 * 1.10 + 4.0) * US, 35 * US, 4.0, True),  # 10 % off beyond the overhead
+    ((35 * 0.90 + 4.0) * US, 35 * US, 4.0, True),  # 10 % under: a timer that misses kernel time is as wrong
+])
+def test_a_single_kernel_pair_is_judged_against_its_kernel_time_plus_the_measured_overhead(ms, kernel_ms, overhead_us, off):
+    row = pair(ms, kernel_ms, overhead_us)
+    assert row.timer_off is off and row.failed is off
+
+
+def test_a_residual_within_the_overheads_own_interval_is_not_called_off():
+    # 16.5 µs over 12.7 µs with 3.0 µs measured: 0.8 µs left, over 3 % (0.38 µs) but inside a ±1 µs overhead.
+    assert not pair(16.5 * US, 12.7 * US, 3.0, spread_us=1.0).timer_off
+    assert pair(16.5 * US, 12.7 * US, 3.0, spread_us=0.1).timer_off
+
+
+def test_a_pair_without_a_measured_overhead_is_not_passed_and_the_table_says_why():
+    row = pair(16.5 * US, 12.7 * US, None)
+    assert row.failed
+    assert "timer not judged on c: its child measured no fixed overhead" in gc.format_table([row])
+
+
+def test_the_table_shows_the_overhead_corrected_ratio_and_names_the_overhead_of_an_off_pair():
+    healthy = pair(16.5 * US, 12.7 * US, 4.0, name="sdpa")
+    off = pair(16.5 * US, 12.7 * US, 0.5, name="sdpa-cudnn")
+    table = gc.format_table([healthy, off]).splitlines()
+    assert table[0].split()[-3:] == ["ratio", "net", "note"]
+    assert table[1].split()[8:10] == ["1.299", "0.984"]  # (16.5 − 4.0) / 12.7
+    assert table[2].split()[9] == "1.260" and "after the 0.5 µs fixed overhead (more than 3% off)" in table[2]
+
+
+def test_a_childs_rows_carry_the_overhead_it_printed():
+    from harness.results.record import Record
+
+    case = gc.check_cases("cuda")[6]
+    record = Record(case_id=case.id, **case.fields(), backend="sdpa", latency_ms_median=0.0165)
+    overhead = FixedOverhead(between_s=5.1e-6, kernel_s=1.0e-6, spread_s=0.2e-6, samples=40)
+    (row,) = gc.rows_of("sdpa", [record.to_dict(), {"fixed_overhead": overhead.to_dict()}])
+    assert row.case == case.id and row.ms == 0.0165
+    assert row.overhead_ms == pytest.approx(4.1e-3) and row.overhead_spread_ms == pytest.approx(0.2e-3)
+    # A child whose overhead measurement failed keeps its records; their timers go unjudged.
+    (row,) = gc.rows_of("sdpa", [record.to_dict(), {gc.OVERHEAD_ERROR: "RuntimeError: no profiler"}])
+    assert row.overhead_ms is None and row.ms == 0.0165
+
+
+def test_the_fixed_overhead_is_the_empty_kernels_time_between_readings_less_its_own_kernel_time():
+    # A box where every kernel costs 4 µs of device time before its work (what the H200's events saw),
+    # timed behind 30 µs of Python, after a 50 µs flush: the clock keeps the Python out, not the 4 µs.
+    tl = Timeline(1.37e9, launch_s=4e-6)
+    clock = CudaEventClock(torch_module=tl, host_clock=tl.host_clock)
+    flushes = []
+
+    def flush():
+        flushes.append(tl.kernels)
+        tl.call(20e-6, 50e-6)
+
+    profiled = []
+
+    def kernel_time_s(step):
+        profiled.append(step)
+        return 0.8e-6  # what the profiler reports of the one-element kernel: its work, not the launch
+
+    def empty_step():
+        tl.call(30e-6, 0.8e-6)
+
+    overhead = measure_fixed_overhead(empty_step, clock, kernel_time_s, setup=flush)
+    assert overhead.between_s == pytest.approx(4.8e-6, rel=1e-6)
+    assert overhead.seconds == pytest.approx(4.0e-6, rel=1e-6)
+    assert overhead.spread_s == pytest.approx(0.0, abs=1e-12) and overhead.samples >= 30
+    assert profiled == [empty_step]
+    assert len(flushes) > overhead.samples  # a flush before every sample, warm-up included
+    assert FixedOverhead.from_dict(overhead.to_dict()) == overhead
+
+
+def test_the_box_overhead_runs_the_pairs_clock_and_profiler_on_a_real_step():
+    # On the CPU the number means nothing (the profiler's cost per operator is in it); what is held here
+    # is that the real clock, flush and profiler are wired: samples taken, an operator profiled.
+    overhead = gc.measure_box_overhead("cpu")
+    assert overhead.samples >= 30 and overhead.kernel_s > 0 and overhead.between_s > 0
+
+
+#: gpu-check-run1.txt: each backend's child, in seconds, in registry order (flex: timed out at 82 s).
+RUN1 = [("naive", "naive", 14), ("sdpa", "sdpa", 21), ("sdpa-math", "sdpa", 14), ("sdpa-flash", "sdpa", 12),
+        ("sdpa-efficient", "sdpa", 13), ("sdpa-cudnn", "sdpa", 14), ("projections", "projections", 8),
+        ("xformers", "xformers", 15), ("flash-attn2", "flash-attn", 6), ("flash-attn3", "flash-attn", 6),
+        ("flash-attn4", "flash-attn", 7), ("mla", "mla", 8), ("mha-layer", "layer", 8), ("naive-compiled", "compiled", 45),
+        ("flex", "flex", 82)]
+
+
+def simulate(schedule, took):
+    """Run a schedule with children that take `took[name]` seconds or are killed at their timeout: name → (timeout, finished)."""
+    elapsed, out = 0.0, {}
+    for index, slot in enumerate(schedule.slots):
+        timeout = schedule.timeout_s(index, elapsed)
+        out[slot.name] = (timeout, took[slot.name] <= timeout)
+        elapsed += min(took[slot.name], timeout)
+    return out, elapsed
+
+
+def test_on_the_h200s_numbers_flex_runs_first_with_time_for_its_compiles_and_every_backend_gets_a_verdict():
+    flex_s = estimate_s("flex", gc.cases_for("flex", "cuda"))  # 3 cases, two compiles each (run1: 82 s held fewer than 8)
+    assert 30 < flex_s < 50
+    estimates = [(n, f, flex_s if n == "flex" else s) for n, f, s in RUN1]
+    schedule = plan_schedule(estimates, gc.TOTAL_BUDGET_S)
+    assert not schedule.skipped
+    assert [s.name for s in schedule.slots][:2] == ["naive-compiled", "flex"]
+    # naive-compiled takes run1's 45 s for its fewer cases, flex half again its estimate, the rest their run1 seconds.
+    took = {n: s for n, _, s in RUN1} | {"flex": 1.5 * flex_s}
+    verdicts, elapsed = simulate(schedule, took)
+    assert all(finished for _, finished in verdicts.values()), verdicts
+    assert verdicts["flex"][0] >= 1.5 * flex_s and elapsed <= gc.TOTAL_BUDGET_S
+
+
+def test_the_cost_models_estimates_for_the_h200s_backends_fit_the_budget():
+    estimates = [(n, f, estimate_s(f, gc.cases_for(f, "cuda"))) for n, f, _ in RUN1]
+    schedule = plan_schedule(estimates, gc.TOTAL_BUDGET_S)
+    assert not schedule.skipped and sum(s.reserve_s for s in schedule.slots) <= gc.TOTAL_BUDGET_S
+    # The full grid would not: two compiles for each of flex's 8 cases.
+    assert estimate_s("flex", gc.check_cases("cuda")) > 75
+
+
+def test_a_hanging_backend_cannot_take_the_time_promised_to_those_after_it():
+    schedule = plan_schedule([("hangs", "sdpa", 14), ("a", "sdpa", 14), ("b", "sdpa", 14)], 60.0)
+    verdicts, _ = simulate(schedule, {"hangs": 1e9, "a": 14, "b": 14})
+    assert verdicts["hangs"] == (32.0, False) and verdicts["a"][1] and verdicts["b"][1]
+
+
+def test_backends_the_budget_cannot_hold_are_left_out_largest_first_with_why():
+    schedule = plan_schedule([("naive", "naive", 14), ("flex", "flex", 40), ("sdpa", "sdpa", 14)], 40.0)
+    assert [s.name for s in schedule.slots] == ["naive", "sdpa"]
+    ((name, reason),) = schedule.skipped
+    assert name == "flex" and "needs ~40 s, the others hold 28 of the 40 s budget" in reason and "--backends flex" in reason
+
+
+def test_gpu_check_runs_compilers_first_bounds_each_child_and_reports_what_it_skipped(capsys, monkeypatch):
+    now = [0.0]
+    ran = []
+
+    def child(name, device, timeout_s):
+        ran.append((name, round(timeout_s, 1)))
+        now[0] += min(50.0, timeout_s)  # each child takes 50 s, or is killed at its timeout
+        return [gc.Row(name, "c", Status.OK, True, 1.0, None, overhead_ms=0.004 if name == "naive" else 0.0042, overhead_spread_ms=5e-5)]
+
+    monkeypatch.setattr(gc, "_child", child)
+    monkeypatch.setattr(gc.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(gc, "TOTAL_BUDGET_S", 100.0)
+    flex_s = estimate_s("flex", gc.cases_for("flex", "cpu"))
+    assert gc.main(["--cpu", "--backends", "naive,sdpa,flex"]) == 0
+    assert ran == [("flex", round(100.0 - 28.0, 1)), ("naive", 36.0), ("sdpa", 14.0)]
+    assert flex_s <= 72.0
+    out = capsys.readouterr().out
+    assert "flex: each case compiles, so run first, on 3 of the 8 cases" in out
+    assert "naive: 1 ok, 0 unsupported in 36 s; fixed overhead 4.00 ± 0.05 µs a sample" in out
+    assert "fixed overhead a sample between events, as the children measured it: 4.00–4.20 µs" in out
+    monkeypatch.setattr(gc, "TOTAL_BUDGET_S", 40.0)
+    ran.clear()
+    assert gc.main(["--cpu", "--backends", "naive,sdpa,flex"]) == 1
+    assert [name for name, _ in ran] == ["naive", "sdpa"]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("flex") and "skipped" in lines[-1] and "--backends flex" in lines[-1]
+    assert MIN_CHILD_S <= 14.0
