@@ -168,15 +168,39 @@ def test_run_with_report_ends_with_the_report_path(tmp_path, monkeypatch, capsys
 
 
 def test_environment_shows_clocks_before_and_after_with_throttling_changes_marked():
-    from harness.report.sections import _telemetry
+    from harness.report.telemetry import telemetry_html
 
     before = [{"index": 0, "name": "GPU <i>", "sm_clock_mhz": 1980, "throttle_reasons_hex": "0x0"}]
     after = [{"index": 0, "name": "GPU <i>", "sm_clock_mhz": 1755, "throttle_reasons_hex": "0x4"}]
-    html = _telemetry(before, after)
+    html = telemetry_html(before, after)
     assert "GPU &lt;i&gt;" in html and "1,980" in html and "1,755" in html
-    assert '<td class="bad t">0x4</td>' in html
-    assert "not recorded" in _telemetry(None, None)
-    assert "pynvml) is not installed" in _telemetry({"unavailable": "nvidia-ml-py (pynvml) is not installed"}, None)
+    assert '<td class="bad t">0x4 (SW power cap)</td>' in html
+    assert "not recorded" in telemetry_html(None, None)
+    assert "pynvml) is not installed" in telemetry_html({"unavailable": "nvidia-ml-py (pynvml) is not installed"}, None)
+
+
+H200_ENV = Path("/work/shared/data/h200-2026-11-29/env.json")
+
+
+@pytest.mark.skipif(not H200_ENV.exists(), reason="the H200 measurements are not on this machine")
+def test_an_idle_gpu_before_the_sweep_is_not_called_throttled():
+    from harness.report.telemetry import telemetry_html
+
+    env = json.loads(H200_ENV.read_text())
+    assert env["telemetry_before"][0]["throttle_reasons_hex"] == "0x1" and env["telemetry_after"][0]["throttle_reasons_hex"] == "0x0"
+    html = telemetry_html(env["telemetry_before"], env["telemetry_after"])
+    assert "0x1 (GPU idle)" in html and "0x0 (none)" in html
+    assert 'class="bad' not in html
+
+
+def test_a_thermal_slowdown_is_called_throttled_whatever_else_is_set():
+    from harness.report.telemetry import telemetry_html
+
+    before = [{"index": 0, "throttle_reasons": 1, "throttle_reasons_hex": "0x1"}]
+    after = [{"index": 0, "throttle_reasons": 0x41, "throttle_reasons_hex": "0x41"}]
+    html = telemetry_html(before, after)
+    assert '<td class="bad t">0x41 (GPU idle, HW thermal slowdown)</td>' in html
+    assert html.count('class="bad') == 1  # the idle GPU before the run is not
 
 
 def test_the_report_says_when_the_run_was_contended(tmp_path):
