@@ -15,6 +15,7 @@ from harness.suite.cases import Case
 from harness.cli.main import main
 from harness.report import build_report
 from test_analysis import PEAKS, synthetic_record, write_run
+from tests.h200_data import H200, needs_h200
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -179,14 +180,11 @@ def test_environment_shows_clocks_before_and_after_with_throttling_changes_marke
     assert "pynvml) is not installed" in telemetry_html({"unavailable": "nvidia-ml-py (pynvml) is not installed"}, None)
 
 
-H200_ENV = Path("/work/shared/data/h200-2026-11-29/env.json")
-
-
-@pytest.mark.skipif(not H200_ENV.exists(), reason="the H200 measurements are not on this machine")
+@needs_h200
 def test_an_idle_gpu_before_the_sweep_is_not_called_throttled():
     from harness.report.telemetry import telemetry_html
 
-    env = json.loads(H200_ENV.read_text())
+    env = json.loads((H200 / "env.json").read_text())
     assert env["telemetry_before"][0]["throttle_reasons_hex"] == "0x1" and env["telemetry_after"][0]["throttle_reasons_hex"] == "0x0"
     html = telemetry_html(env["telemetry_before"], env["telemetry_after"])
     assert "0x1 (GPU idle)" in html and "0x0 (none)" in html
