@@ -20,7 +20,7 @@ from tests.h200_data import H200, needs_h200
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 EVIL = "<script>alert(1)</script>"
-SECTIONS = ("overview", "choose", "latency", "roofline", "crossover", "scaling", "memory", "profiling", "agreement", "failures", "runtime", "environment", "files")
+SECTIONS = ("overview", "choose", "latency", "flags", "roofline", "crossover", "scaling", "memory", "profiling", "agreement", "failures", "runtime", "environment", "files")
 
 
 def _records() -> list[dict]:
@@ -210,6 +210,27 @@ def test_the_report_says_when_the_run_was_contended(tmp_path):
     assert "the run was contended: 1 of 2 measured rows" in html
     calm = build_report([write_run(tmp_path / "results" / "calm", quiet, peaks=PEAKS)], out_root=tmp_path / "reports")
     assert "contended" not in calm.read_text().split('<section id="choose">')[0]
+
+
+def test_rows_flagged_too_short_or_launch_leaked_are_listed_with_what_the_flags_mean(tmp_path):
+    decode = Case(B=1, S_q=1, S_kv=4096, H=32, H_kv=8, d_k=128, d_v=128, dtype="bf16", device="cuda")
+    short = synthetic_record(decode, "sdpa-flash", 0.004)
+    short.too_short, short.launch_leaked, short.latency_ms_min, short.samples, short.clock_resolution_s = True, 0, 0.0039, 200, 5e-7
+    leaky = synthetic_record(decode, "sdpa-cudnn", 0.0165)
+    leaky.too_short, leaky.launch_leaked, leaky.samples, leaky.clock_resolution_s = False, 37, 200, 3.2e-8
+    clean = synthetic_record(decode, "sdpa", 0.0127)
+    clean.too_short, clean.launch_leaked = False, 0
+    page = build_report([write_run(tmp_path / "results" / "flags", [short, leaky, clean], peaks=PEAKS)], out_root=tmp_path / "reports")
+    html = page.read_text()
+    section = html.split('<section id="flags">')[1].split("</section>")[0]
+    assert "quantisation alone may move a sample by more than 1 %" in section and "may hold host launch time" in section
+    assert "2 of 3 measured rows carry a flag" in section and "sdpa-flash" in section and "sdpa-cudnn" in section
+    assert ">sdpa<" not in section  # the row with neither flag is not listed
+    assert "2 of 3 measured rows carry a sample flag (1 too short for the clock&#x27;s tick, 1 with launch-leaked samples)" in html
+    flagged = pd.read_csv(page.parent / "sample_flags.csv")
+    assert flagged[["backend", "too_short", "launch_leaked"]].values.tolist() == [["sdpa-flash", True, 0], ["sdpa-cudnn", False, 37]]
+    calm = build_report([write_run(tmp_path / "results" / "calm", [clean], peaks=PEAKS)], out_root=tmp_path / "reports")
+    assert "No measured row carries either flag (1 checked)" in calm.read_text() and not (calm.parent / "sample_flags.csv").exists()
 
 
 def test_the_run_time_section_counts_what_stopped_each_rows_sampling():

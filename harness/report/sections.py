@@ -16,6 +16,7 @@ import pandas as pd
 from harness import analysis
 from harness.measure import roofline
 from harness.report import figures as figs
+from harness.report.flags import flag_summary, flags_section
 from harness.report.page import esc, fmt
 from harness.report.profiling import profiling_section
 from harness.report.runtime import runtime_section
@@ -62,6 +63,9 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
         warnings.append(f"the run was contended: {len(contended)} of {len(ok)} measured rows ran while another process took the CPU "
                         "(run-queue waits or preemptions during their samples; see the contended column): their medians may be inflated. "
                         "Measure on a quiet machine, or compare such rows with care.")
+    flagged = flag_summary(frame)
+    if flagged:
+        warnings.append(flagged)
     if len(data.dirs) > 1:
         from harness.analysis.compare import environment_differences
 
@@ -309,6 +313,7 @@ def sections(data: analysis.RunData, baseline: str) -> list[Section]:
         _overview(data, ok, wins, baseline),
         _choose(frame, wins, speed, baseline, colors),
         _latency(frame, ok, colors),
+        flags_section(frame),
         _roofline(data, ok, colors),
         _crossover(frame, analysis.crossovers(frame), colors),
         _scaling(frame, fits),
