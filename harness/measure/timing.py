@@ -87,7 +87,9 @@ class Measurement:
     """A plan, the statistics of the samples it produced, and what may have distorted them.
 
     `clock_resolution_s`: the clock's tick as far as it is known (`tick_bound`); `too_short`: the
-    shortest sample lasts under MIN_SAMPLE_TICKS of those ticks. `launch_leaked`: samples whose interval may hold host time, because the host took longer to
+    shortest sample lasts under MIN_SAMPLE_TICKS of those ticks.
+
+    `launch_leaked`: samples whose interval may hold host time, because the host took longer to
     reach the timed call than the GPU spin queued before it lasted (device clocks only; None for
     clocks that cannot tell). `contended`: the process' threads waited for a CPU for at least
     CONTENDED_RUN_WAIT of the timed phase's wall time (or, where the kernel does not report run-queue

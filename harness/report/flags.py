@@ -28,8 +28,9 @@ FLAG_COLUMNS = ["case_id", "backend", "too_short", "launch_leaked", "latency_ms_
 def flagged_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Measured rows with `too_short` set or at least one launch-leaked sample, in FLAG_COLUMNS (empty without either column)."""
     ok = frame[frame["status"] == "ok"]
-    short = ok["too_short"].map(lambda v: v is True) if "too_short" in ok.columns else pd.Series(False, index=ok.index)
-    leaked = pd.to_numeric(ok["launch_leaked"], errors="coerce").fillna(0) > 0 if "launch_leaked" in ok.columns else pd.Series(False, index=ok.index)
+    none = pd.Series(False, index=ok.index)
+    short = ok["too_short"].map(lambda v: v is True) if "too_short" in ok.columns else none
+    leaked = pd.to_numeric(ok["launch_leaked"], errors="coerce").fillna(0) > 0 if "launch_leaked" in ok.columns else none
     rows = ok[short | leaked]
     return rows.reindex(columns=FLAG_COLUMNS)
 
@@ -56,5 +57,6 @@ def flags_section(frame: pd.DataFrame) -> Section:
     else:
         body.append(f"<p>{len(rows)} of {measured} measured rows carry a flag:</p>")
         body.append(Csv(rows, "sample_flags.csv"))
-        body.append(Table(rows, headers=["case", "backend", "too short", "launch-leaked samples", "min (ms)", "median (ms)", "samples", "tick (s)"]))
+        headers = ["case", "backend", "too short", "launch-leaked samples", "min (ms)", "median (ms)", "samples", "tick (s)"]
+        body.append(Table(rows, headers=headers))
     return Section("flags", "Sample flags", body, nav="Flags")

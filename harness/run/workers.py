@@ -35,7 +35,7 @@ class Slot:
 
 
 def visible_gpus(environ: Mapping[str, str]) -> list[str] | None:
-    """The GPUs an inherited CUDA_VISIBLE_DEVICES leaves this process, in CUDA's order (indices, GPU-… UUIDs or MIG ids); None if unset."""
+    """The GPUs an inherited CUDA_VISIBLE_DEVICES leaves this process, in order (indices, GPU-… UUIDs, MIG ids); None if unset."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return None
