@@ -9,8 +9,9 @@ every sample that still holds launch time.
 import pytest
 
 from harness.measure.cuda_clock import SPIN_MAX_S, CudaEventClock
-from harness.measure.timing import Budget, measure
+from harness.measure.timing import Budget, FakeClock, clock_resolution, measure, sample_grid, tick_bound, too_short
 from tests.gpu_timeline import Timeline
+from tests.h200_data import h200_records, needs_h200
 
 COLD = 1.38e8  # spin cycles per second, GPU idling at 345 MHz
 HOT = 1.37e9  # after two seconds of matmuls
@@ -93,3 +94,59 @@ def test_measure_through_a_cold_calibrated_clock_gives_the_kernel_time():
 def test_a_host_clock_has_no_leak_count():
     m = measure(lambda: None, budget=Budget(warmup_s=0.0, measure_s=0.0, min_sample_s=0.0, min_rounds=3, max_rounds=3))
     assert m.launch_leaked is None
+
+
+# -- too_short: the event clock's tick, not the spin between two readings ---------------------------------------------
+
+
+def _seconds(record: dict) -> list[float]:
+    return [ms / 1e3 for ms in record["sample_ms"]]
+
+
+@needs_h200
+def test_the_h200_rows_flagged_too_short_were_healthy_and_the_event_tick_flags_none():
+    from harness.measure.timers import CUDA_EVENT_RESOLUTION_S
+
+    ok = [r for r in h200_records() if r["status"] == "ok"]
+    assert len(ok) == 84
+    # What the old rule did: the "resolution" read back to back is the spin between readings (1.3-10 µs).
+    old = [r for r in ok if too_short(_seconds(r), r["iterations"], r["clock_resolution_s"])]
+    assert len(old) == 25 and old == [r for r in ok if r["too_short"]]
+    assert min(r["clock_resolution_s"] for r in ok) > 1.2e-6
+    # The samples themselves say what the tick is: 66 of the 84 rows lie on a 32 ns grid (the rest have
+    # too few distinct samples to show it, and are bounded by the 0.5 µs CUDA documents).
+    grids = [sample_grid(_seconds(r)) for r in ok]
+    assert sum(g == pytest.approx(32e-9, rel=1e-3) for g in grids) == 66 and min(grids) == pytest.approx(32e-9, rel=1e-3)
+    new = [r for r in ok if too_short(_seconds(r), 1, tick_bound(CUDA_EVENT_RESOLUTION_S, _seconds(r)))]
+    assert new == []  # the shortest sample of the slice, 14.9 µs, is 466 ticks of 32 ns
+
+
+def test_a_clock_that_declares_its_tick_is_not_read_back_to_back_for_it():
+    class DeclaredTick:
+        resolution_s = 0.5e-6
+
+        def __call__(self) -> float:
+            raise AssertionError("read back to back, this clock would measure its spin, not its tick")
+
+    assert clock_resolution(DeclaredTick()) == 0.5e-6
+
+
+def test_a_sample_is_too_short_only_under_a_hundred_ticks_of_what_is_known_of_the_tick():
+    assert sample_grid([15.008e-6, 15.040e-6, 15.040e-6, 15.104e-6]) == pytest.approx(32e-9)
+    assert sample_grid([15.04e-6 * (1 + 3e-8), 15.04e-6]) is None  # float32 rounding of one reading is no tick
+    assert sample_grid([1e-3] * 5) is None
+    assert tick_bound(0.5e-6, [1e-3] * 5) == 0.5e-6  # nothing finer shown: the declared tick stands
+    assert tick_bound(0.5e-6, [20e-6, 20.032e-6]) == pytest.approx(32e-9)
+    assert too_short([40e-6, 41e-6], 1, 0.5e-6) and not too_short([50e-6, 51e-6], 1, 0.5e-6)
+    assert not too_short([1e-9], 1, 0.0)  # a clock that never moved claims nothing
+
+
+def test_measure_flags_a_short_sample_by_the_declared_tick():
+    def timed(call_s: float, tick: float):
+        clock = FakeClock()
+        clock.resolution_s = tick
+        return measure(lambda: clock.advance(call_s), clock, Budget(warmup_s=1e-3, measure_s=1e-3, min_sample_s=0.0, min_rounds=6))
+
+    short = timed(40e-6, 1e-6)
+    assert short.too_short and short.clock_resolution_s == 1e-6
+    assert not timed(200e-6, 1e-6).too_short

@@ -31,3 +31,44 @@ def test_a_known_allocation_is_seen():
 def test_nothing_allocated_reads_near_zero():
     peak = cpu_peak(lambda: None)
     assert peak.peak_bytes < 2 * 2**20
+
+
+def test_a_cuda_graph_is_captured_inside_the_peak_memory_window(monkeypatch):
+    """A replay allocates nothing: the graph's memory is what its capture puts in the graph pool, so the capture must be metered."""
+    from harness.measure import execute
+    from harness.measure.execute import Phases, run_pair
+    from harness.measure.memory import MemoryPeak
+    from harness.measure.timing import QUICK_BUDGET
+    from harness.results.record import Status
+
+    events: list[str] = []
+
+    class OrderedMeter:
+        def __init__(self, device: str) -> None:
+            self.device = device
+
+        def start(self) -> None:
+            events.append("meter start")
+
+        def stop(self) -> MemoryPeak:
+            events.append("meter stop")
+            return MemoryPeak(123, None, method="cuda-allocator")
+
+    def capture(step, case):
+        # What the CPU cannot do (graph_replay refuses CPU cases): stand in for torch.cuda.graph's capture.
+        events.append("capture")
+
+        def replay():
+            if events[-1] != "replay":
+                events.append("replay")
+            return step()
+
+        return replay
+
+    monkeypatch.setattr(execute, "PeakMeter", OrderedMeter)
+    monkeypatch.setattr(execute, "graph_replay", capture)
+    case = Case(B=1, S_q=8, S_kv=8, H=2, H_kv=2, d_k=16, d_v=16)
+    outcome = run_pair(case, load_registry().get("naive"), Phases(timer="graph", check=True), budget=QUICK_BUDGET)
+    assert outcome.status is Status.OK, outcome.reason
+    assert events == ["meter start", "capture", "replay", "meter stop"]
+    assert outcome.peak.peak_bytes == 123 and outcome.agreement.agree  # the replay's output is what was checked

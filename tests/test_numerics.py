@@ -456,3 +456,45 @@ def test_nan_in_fully_masked_rows_never_agrees():
 def test_a_masked_rows_value_reaches_the_record():
     record = execute(PADDED, _EmptyRowsBackend(0.25), PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.0, min_rounds=1, max_rounds=1, max_iterations=1)))
     assert record.agree is True and record.masked_rows_max_abs == pytest.approx(0.25)
+
+
+class _DeviceTensor:
+    """Shaped like a CUDA tensor where the cache looks (device, shape, dtype, detach, cpu, to): its contents live on the host."""
+
+    device = torch.device("cuda")
+
+    def __init__(self, host: torch.Tensor) -> None:
+        self.host, self.shape, self.dtype = host, host.shape, host.dtype
+
+    def detach(self) -> "_DeviceTensor":
+        return self
+
+    def cpu(self) -> torch.Tensor:
+        return self.host
+
+    def to(self, device: str, copy: bool = False) -> torch.Tensor:
+        assert device == "cpu", "the cache keeps its copies of CUDA inputs in host memory"
+        return self.host.clone() if copy else self.host
+
+
+def test_a_cuda_cases_reference_is_reused_by_its_next_backend_and_recomputed_for_other_inputs():
+    from types import SimpleNamespace
+
+    from harness.measure.reference import ReferenceCache
+
+    case = small_case().replace(device="cuda")
+    inputs = SimpleNamespace(**{name: _DeviceTensor(torch.randn(2, 3, generator=torch.Generator().manual_seed(i)))
+                                for i, name in enumerate(("q", "k", "v"))}, grad_out=None)
+    computed = []
+
+    def compute():
+        computed.append(len(computed))
+        return f"reference {len(computed)}"
+
+    cache = ReferenceCache()
+    assert cache.get(("fwd", case), inputs, compute) == "reference 1"
+    assert cache.get(("fwd", case), inputs, compute) == "reference 1"  # the next backend of the case: no second float64 pass
+    assert computed == [0]
+    inputs.k.host[0, 0] += 1.0  # a backend wrote into its inputs on the device
+    assert cache.get(("fwd", case), inputs, compute) == "reference 2"
+    assert cache.get(("bwd", case), inputs, compute) == "reference 3"  # another key is another reference

@@ -301,6 +301,33 @@ def test_parse_ncu_details_csv():
     assert launches[1].metrics["dram__throughput.avg.pct_of_peak_sustained_elapsed"] == 1234.5  # thousands separator
 
 
+# A Hopper kernel that issues wgmma (cuDNN's fused attention): the HMMA pipe reads ~0, the gmma pipe is the busy one.
+NCU_HOPPER = (
+    '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC",'
+    '"Section Name","Metric Name","Metric Unit","Metric Value"\n'
+    + "".join(f'"0","4242","python3.12","127.0.0.1","cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wg_128x128x128_4x1x1_kernel0",'
+              f'"1","7","(384, 1, 1)","(32, 32, 1)","0","9.0","Command line profiler metrics","{name}","%","{value}"\n'
+              for name, value in [("dram__throughput.avg.pct_of_peak_sustained_elapsed", "22.10"),
+                                  ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active", "61.73"),
+                                  ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "0.02"),
+                                  ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "58.40"),
+                                  ("sm__warps_active.avg.pct_of_peak_sustained_active", "18.75")])
+)
+
+
+def test_ncu_on_hopper_asks_for_the_wgmma_pipe_and_reads_the_busier_tensor_pipe():
+    from harness.measure.ncu import GMMA_TENSOR_METRIC, HMMA_TENSOR_METRIC, ncu_metrics, ncu_readings
+
+    assert GMMA_TENSOR_METRIC in ncu_metrics((9, 0)) and HMMA_TENSOR_METRIC in ncu_metrics((9, 0))
+    assert GMMA_TENSOR_METRIC not in ncu_metrics((8, 0)) and GMMA_TENSOR_METRIC not in ncu_metrics(None)  # ncu refuses unknown metrics
+    hopper = ncu_command(["python"], metrics=ncu_metrics((9, 0)))
+    assert GMMA_TENSOR_METRIC in hopper[hopper.index("--metrics") + 1].split(",")
+    [kernel] = parse_ncu_csv(NCU_HOPPER)
+    assert ncu_readings(kernel) == {"SM throughput": 58.40, "DRAM throughput": 22.10, "tensor pipes": 61.73, "achieved occupancy": 18.75}
+    [ampere] = parse_ncu_csv(NCU_DETAILS)[:1]
+    assert ncu_readings(ampere)["tensor pipes"] is None  # n/a, and no wgmma metric asked: nothing to report, not 0
+
+
 def test_parse_ncu_raw_csv_and_nothing():
     [launch] = parse_ncu_csv(NCU_RAW)
     assert launch.launch_id == 0 and launch.kernel == "ampere_sgemm_128x64_tn"

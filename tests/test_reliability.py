@@ -344,6 +344,23 @@ def test_bad_run_options_are_refused(tmp_path, capsys, args, message):
     assert not (tmp_path / "one").exists()
 
 
+def test_gpus_index_the_gpus_an_inherited_cuda_visible_devices_leaves(monkeypatch):
+    from harness.run.workers import worker_slots
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # a shared node: GPUs 0 and 1 are someone else's
+    slots = worker_slots("cuda", 1, [0, 1], None)
+    assert [(s.name, s.env["CUDA_VISIBLE_DEVICES"]) for s in slots] == [("gpu0", "2"), ("gpu1", "3")]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in worker_slots("cuda", 1, [1], None)] == ["3"]
+    with pytest.raises(UserError, match=r"--gpus 2: CUDA_VISIBLE_DEVICES=2,3 leaves this run 2 GPU\(s\)") as refused:
+        worker_slots("cuda", 1, [0, 2], None)
+    assert "\n" not in str(refused.value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5e0a1b2c-0000-1111-2222-333344445555, MIG-7f3d9c1e-aaaa-bbbb-cccc-ddddeeeeffff")
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in worker_slots("cuda", 1, [1, 0], None)] == [
+        "MIG-7f3d9c1e-aaaa-bbbb-cccc-ddddeeeeffff", "GPU-5e0a1b2c-0000-1111-2222-333344445555"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in worker_slots("cuda", 1, [0, 1], None)] == ["0", "1"]
+
+
 def test_parse_size():
     assert protocol.parse_size("2GiB") == 2 * 2**30
     assert protocol.parse_size("512M") == 512 * 2**20

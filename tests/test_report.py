@@ -15,11 +15,12 @@ from harness.suite.cases import Case
 from harness.cli.main import main
 from harness.report import build_report
 from test_analysis import PEAKS, synthetic_record, write_run
+from tests.h200_data import H200, needs_h200
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 EVIL = "<script>alert(1)</script>"
-SECTIONS = ("overview", "choose", "latency", "roofline", "crossover", "scaling", "memory", "profiling", "agreement", "failures", "runtime", "environment", "files")
+SECTIONS = ("overview", "choose", "latency", "flags", "roofline", "crossover", "scaling", "memory", "profiling", "agreement", "failures", "runtime", "environment", "files")
 
 
 def _records() -> list[dict]:
@@ -168,15 +169,36 @@ def test_run_with_report_ends_with_the_report_path(tmp_path, monkeypatch, capsys
 
 
 def test_environment_shows_clocks_before_and_after_with_throttling_changes_marked():
-    from harness.report.sections import _telemetry
+    from harness.report.telemetry import telemetry_html
 
     before = [{"index": 0, "name": "GPU <i>", "sm_clock_mhz": 1980, "throttle_reasons_hex": "0x0"}]
     after = [{"index": 0, "name": "GPU <i>", "sm_clock_mhz": 1755, "throttle_reasons_hex": "0x4"}]
-    html = _telemetry(before, after)
+    html = telemetry_html(before, after)
     assert "GPU &lt;i&gt;" in html and "1,980" in html and "1,755" in html
-    assert '<td class="bad t">0x4</td>' in html
-    assert "not recorded" in _telemetry(None, None)
-    assert "pynvml) is not installed" in _telemetry({"unavailable": "nvidia-ml-py (pynvml) is not installed"}, None)
+    assert '<td class="bad t">0x4 (SW power cap)</td>' in html
+    assert "not recorded" in telemetry_html(None, None)
+    assert "pynvml) is not installed" in telemetry_html({"unavailable": "nvidia-ml-py (pynvml) is not installed"}, None)
+
+
+@needs_h200
+def test_an_idle_gpu_before_the_sweep_is_not_called_throttled():
+    from harness.report.telemetry import telemetry_html
+
+    env = json.loads((H200 / "env.json").read_text())
+    assert env["telemetry_before"][0]["throttle_reasons_hex"] == "0x1" and env["telemetry_after"][0]["throttle_reasons_hex"] == "0x0"
+    html = telemetry_html(env["telemetry_before"], env["telemetry_after"])
+    assert "0x1 (GPU idle)" in html and "0x0 (none)" in html
+    assert 'class="bad' not in html
+
+
+def test_a_thermal_slowdown_is_called_throttled_whatever_else_is_set():
+    from harness.report.telemetry import telemetry_html
+
+    before = [{"index": 0, "throttle_reasons": 1, "throttle_reasons_hex": "0x1"}]
+    after = [{"index": 0, "throttle_reasons": 0x41, "throttle_reasons_hex": "0x41"}]
+    html = telemetry_html(before, after)
+    assert '<td class="bad t">0x41 (GPU idle, HW thermal slowdown)</td>' in html
+    assert html.count('class="bad') == 1  # the idle GPU before the run is not
 
 
 def test_the_report_says_when_the_run_was_contended(tmp_path):
@@ -188,6 +210,27 @@ def test_the_report_says_when_the_run_was_contended(tmp_path):
     assert "the run was contended: 1 of 2 measured rows" in html
     calm = build_report([write_run(tmp_path / "results" / "calm", quiet, peaks=PEAKS)], out_root=tmp_path / "reports")
     assert "contended" not in calm.read_text().split('<section id="choose">')[0]
+
+
+def test_rows_flagged_too_short_or_launch_leaked_are_listed_with_what_the_flags_mean(tmp_path):
+    decode = Case(B=1, S_q=1, S_kv=4096, H=32, H_kv=8, d_k=128, d_v=128, dtype="bf16", device="cuda")
+    short = synthetic_record(decode, "sdpa-flash", 0.004)
+    short.too_short, short.launch_leaked, short.latency_ms_min, short.samples, short.clock_resolution_s = True, 0, 0.0039, 200, 5e-7
+    leaky = synthetic_record(decode, "sdpa-cudnn", 0.0165)
+    leaky.too_short, leaky.launch_leaked, leaky.samples, leaky.clock_resolution_s = False, 37, 200, 3.2e-8
+    clean = synthetic_record(decode, "sdpa", 0.0127)
+    clean.too_short, clean.launch_leaked = False, 0
+    page = build_report([write_run(tmp_path / "results" / "flags", [short, leaky, clean], peaks=PEAKS)], out_root=tmp_path / "reports")
+    html = page.read_text()
+    section = html.split('<section id="flags">')[1].split("</section>")[0]
+    assert "quantisation alone may move a sample by more than 1 %" in section and "may hold host launch time" in section
+    assert "2 of 3 measured rows carry a flag" in section and "sdpa-flash" in section and "sdpa-cudnn" in section
+    assert ">sdpa<" not in section  # the row with neither flag is not listed
+    assert "2 of 3 measured rows carry a sample flag (1 too short for the clock&#x27;s tick, 1 with launch-leaked samples)" in html
+    flagged = pd.read_csv(page.parent / "sample_flags.csv")
+    assert flagged[["backend", "too_short", "launch_leaked"]].values.tolist() == [["sdpa-flash", True, 0], ["sdpa-cudnn", False, 37]]
+    calm = build_report([write_run(tmp_path / "results" / "calm", [clean], peaks=PEAKS)], out_root=tmp_path / "reports")
+    assert "No measured row carries either flag (1 checked)" in calm.read_text() and not (calm.parent / "sample_flags.csv").exists()
 
 
 def test_the_run_time_section_counts_what_stopped_each_rows_sampling():

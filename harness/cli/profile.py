@@ -74,7 +74,7 @@ def run_profile(case: Case, backend_name: str, steps: int, out: Path, ncu: bool)
 
 def _ncu_lines(case: Case, backend_name: str) -> str:
     """The pair's kernels under ncu (a child process), one line per kernel; or one line saying why not."""
-    from harness.measure.ncu import ncu_available, ncu_command, parse_ncu_csv
+    from harness.measure.ncu import NCU_READINGS, ncu_available, ncu_command, ncu_readings, parse_ncu_csv
     from harness.run.children import python_command, run_child
 
     reason = ncu_available() if case.device == "cuda" else "Nsight Compute profiles CUDA kernels: this is a CPU case"
@@ -87,9 +87,10 @@ def _ncu_lines(case: Case, backend_name: str) -> str:
         return f"ncu: failed ({done.describe()})"
     if not kernels:
         return "ncu: ran, but its output held no kernel table"
-    out = ["ncu metrics (% of peak): kernel, SM throughput, DRAM throughput, tensor pipes, achieved occupancy"]
+    out = [f"ncu metrics (% of peak): kernel, {', '.join(NCU_READINGS)}"]
     for k in kernels:
-        values = "  ".join("-" if v is None else f"{v:5.1f}" for v in k.metrics.values())
+        # By name: ncu's details page lists a kernel's metrics alphabetically, not in the order asked.
+        values = "  ".join("-" if v is None else f"{v:5.1f}" for v in ncu_readings(k).values())
         out.append(f"  {k.kernel[:70]:<70}  {values}")
     return "\n".join(out)
 

@@ -209,12 +209,15 @@ def _agreement(case: Case, backend: Backend, prepared: Prepared, inputs: Attenti
 
 
 def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Budget, loop_factory: Callable[[Clock], Loop] | None,
-                 watch: _Stopwatch, outcome: PairOutcome) -> Any:
-    """Warm-up and timed samples (peak memory read over them) into `outcome`; returns the last timed call's result."""
+                 watch: _Stopwatch, outcome: PairOutcome) -> tuple[Any, Callable[[], Any]]:
+    """Warm-up and timed samples (peak memory read over them) into `outcome`.
+
+    Returns the last timed call's result and the step that was timed (with --timer graph the replay,
+    which the profile pass then runs too).
+    """
     clock, setup, events_name = device_clock(case.device)
     outcome.timer = timer_name(phases.timer, case.device, events_name)
     loop = loop_factory(clock) if loop_factory else None
-    timed, held = keep_last(step)
     # The peak of one call, read over warm-up and samples (calls run one after another and free
     # their temporaries): no call of its own. Started before the warm-up, whose first call pays
     # the page faults (or cudaMalloc), so the samples do not.
@@ -222,6 +225,11 @@ def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Bu
     with watch("memory"):
         if meter is not None:
             meter.start()
+    if phases.timer == "graph":
+        with watch("prepare"):
+            # Captured inside the window: a replay allocates nothing, its memory is the graph pool the capture fills.
+            step = graph_replay(step, case)
+    timed, held = keep_last(step)
     with watch("warmup"):
         outcome.measurement = measure(timed, clock, budget, setup=setup, loop=loop)
     with watch("memory"):
@@ -233,7 +241,7 @@ def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Bu
     if phases.timer == "kernels":
         with watch("timed"):
             outcome.measurement = kernel_measurement(outcome.measurement, step, case.device)
-    return held[0]
+    return held[0], step
 
 
 def _weights_problems(case: Case, backend: Backend) -> list[str]:
@@ -254,11 +262,9 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
             outcome.compile_s, outcome.notes = prepared.compile_s, prepared.notes
             step = build_step(case, prepared, inputs)
         if phases.time:
-            if phases.timer == "graph":
-                with watch("prepare"):
-                    step = graph_replay(step, case)  # what is timed, checked and profiled is the replay
-            # The pair's first call is the warm-up's; the output checked is the last timed call's.
-            result = _time_phases(case, step, phases, budget, loop_factory, watch, outcome)
+            # The pair's first call is the warm-up's; the output checked is the last timed call's, and
+            # with --timer graph what is timed, checked and profiled is the replay.
+            result, step = _time_phases(case, step, phases, budget, loop_factory, watch, outcome)
         else:
             with watch("check"):
                 result = step()

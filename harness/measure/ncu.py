@@ -1,7 +1,8 @@
 """Nsight Compute: the command line that runs a pair under `ncu` with a small metric set, and a reader of its CSV.
 
 Never run here (no GPU on the CI machines): `ncu_command` and `parse_ncu_csv` are tested on the
-documented CSV format only.
+documented CSV format only, and the wgmma metric's name (`sm__pipe_tensor_op_gmma_cycles_active`) has not
+been asked of an ncu on a Hopper GPU by this harness yet.
 """
 
 from __future__ import annotations
@@ -12,13 +13,42 @@ import shutil
 from dataclasses import dataclass
 from typing import Sequence
 
-#: The small metric set `--ncu` collects: SM and DRAM throughput, tensor-pipe utilisation, achieved occupancy.
+#: Tensor-pipe utilisation of mma.sync (HMMA), the only tensor instructions before Hopper.
+HMMA_TENSOR_METRIC = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+#: Hopper's warpgroup MMA (wgmma, what cuDNN's and FlashAttention 3's kernels issue) has its own pipe, which the HMMA metric misses.
+GMMA_TENSOR_METRIC = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
+#: The small metric set `--ncu` collects everywhere: SM and DRAM throughput, HMMA tensor-pipe utilisation, achieved occupancy.
 NCU_METRICS = (
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    HMMA_TENSOR_METRIC,
     "sm__warps_active.avg.pct_of_peak_sustained_active",
 )
+#: What `ncu_readings` reports per kernel, in order, and the metrics each reading is taken from.
+NCU_READINGS = {
+    "SM throughput": (NCU_METRICS[0],),
+    "DRAM throughput": (NCU_METRICS[1],),
+    "tensor pipes": (HMMA_TENSOR_METRIC, GMMA_TENSOR_METRIC),
+    "achieved occupancy": (NCU_METRICS[3],),
+}
+
+
+def ncu_metrics(capability: tuple[int, int] | None) -> tuple[str, ...]:
+    """The metric set for a device of compute `capability`: on Hopper (9.x) the wgmma pipe's metric too.
+
+    Asked only where the pipe exists, since ncu refuses a metric the device does not have. Blackwell's
+    tcgen05 pipe is not covered (its metric is unverified): there the tensor reading is HMMA's alone.
+    """
+    if capability is not None and capability[0] == 9:
+        return (*NCU_METRICS, GMMA_TENSOR_METRIC)
+    return NCU_METRICS
+
+
+def current_capability() -> tuple[int, int] | None:
+    """The compute capability of the current CUDA device, or None without one."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
 
 
 def ncu_available() -> str | None:
@@ -30,7 +60,7 @@ def ncu_available() -> str | None:
 
 def ncu_command(
     argv: Sequence[str],
-    metrics: Sequence[str] = NCU_METRICS,
+    metrics: Sequence[str] | None = None,
     *,
     ncu: str = "ncu",
     kernel_regex: str | None = None,
@@ -38,7 +68,7 @@ def ncu_command(
     launch_count: int | None = None,
     profile_from_start: bool = True,
 ) -> list[str]:
-    """The command line that runs `argv` (a python command) under ncu with `metrics`, CSV on stdout.
+    """The command line that runs `argv` (a python command) under ncu with `metrics` (default: the current device's set), CSV on stdout.
 
     ncu replays every kernel once per metric pass, so a whole run is slow: limit it with
     `launch_skip`/`launch_count`, a kernel-name regex, or `profile_from_start=False`, which profiles
@@ -46,6 +76,8 @@ def ncu_command(
     """
     if not argv:
         raise ValueError("ncu_command needs the command to profile")
+    if metrics is None:
+        metrics = ncu_metrics(current_capability())
     cmd = [ncu, "--csv", "--page", "details", "--target-processes", "all", "--metrics", ",".join(metrics)]
     if kernel_regex:
         cmd += ["--kernel-name", f"regex:{kernel_regex}"]
@@ -127,3 +159,12 @@ def parse_ncu_csv(text: str) -> list[NcuKernel]:
                                 {m: _ncu_number(row[col[m]]) for m in metric_cols}, dict(units)))
     return result
 
+
+
+def ncu_readings(kernel: NcuKernel) -> dict[str, float | None]:
+    """A kernel's readings by name (NCU_READINGS order); the tensor pipes' is the busier of HMMA and wgmma where both were read."""
+    readings = {}
+    for name, metrics in NCU_READINGS.items():
+        values = [kernel.metrics[m] for m in metrics if kernel.metrics.get(m) is not None]
+        readings[name] = max(values) if values else None
+    return readings

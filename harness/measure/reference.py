@@ -138,12 +138,15 @@ def gradients(
 
 
 class ReferenceCache:
-    """The most recent CPU reference, reused by the next check when its inputs are equal (the next backend on the same case).
+    """The most recent reference, reused by the next check when its inputs are equal (the next backend on the same case).
 
     Owned and passed by the loop that checks pairs: it pays off when that loop runs cases outer and
     backends inner, and costs one comparison otherwise. Equality is verified element by element
-    against a copy, so a reused reference is always the one those very inputs give; CUDA references
-    are not kept (the copies would hold device memory).
+    against a copy, so a reused reference is always the one those very inputs give. The copies are
+    kept in host memory whatever the inputs' device, so a CUDA case's next backend runs with no
+    extra input-sized tensors on the GPU. The reference itself stays on the device it was computed
+    on until the next one replaces it: that costs capacity, not measurement (peaks are read above
+    what is held when their window opens), and saves a float64 pass per backend of a CUDA case.
     """
 
     def __init__(self) -> None:
@@ -155,18 +158,21 @@ class ReferenceCache:
     def _tensors(inputs: AttentionInputs) -> list[torch.Tensor]:
         return [t for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out) if t is not None]
 
-    def get(self, key: tuple, inputs: AttentionInputs, compute: Callable[[], object]) -> object:
-        """The value for `key` and these inputs, computed (and kept, on the CPU) when not the last one."""
-        tensors = self._tensors(inputs)
-        if (
+    def _holds(self, key: tuple, tensors: list[torch.Tensor]) -> bool:
+        return (
             self._key == key and len(tensors) == len(self._inputs)
-            and all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.detach(), b) for a, b in zip(tensors, self._inputs))
-        ):
+            and all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.detach().cpu(), b) for a, b in zip(tensors, self._inputs))
+        )
+
+    def get(self, key: tuple, inputs: AttentionInputs, compute: Callable[[], object]) -> object:
+        """The value for `key` and these inputs, computed (and kept) when not the last one."""
+        tensors = self._tensors(inputs)
+        if self._holds(key, tensors):
             return self._value
         self._key, self._inputs, self._value = None, [], None
         value = compute()
-        if all(t.device.type == "cpu" for t in tensors):
-            self._key, self._inputs, self._value = key, [t.detach().clone() for t in tensors], value
+        # `.to(copy=True)`: a CPU tensor's `.cpu()` is itself, and a later in-place write would pass the comparison.
+        self._key, self._inputs, self._value = key, [t.detach().to("cpu", copy=True) for t in tensors], value
         return value
 
 

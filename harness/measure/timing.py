@@ -86,6 +86,9 @@ class Plan:
 class Measurement:
     """A plan, the statistics of the samples it produced, and what may have distorted them.
 
+    `clock_resolution_s`: the clock's tick as far as it is known (`tick_bound`); `too_short`: the
+    shortest sample lasts under MIN_SAMPLE_TICKS of those ticks.
+
     `launch_leaked`: samples whose interval may hold host time, because the host took longer to
     reach the timed call than the GPU spin queued before it lasted (device clocks only; None for
     clocks that cannot tell). `contended`: the process' threads waited for a CPU for at least
@@ -115,7 +118,15 @@ class Measurement:
 
 
 def clock_resolution(clock: Clock, trials: int = 20) -> float:
-    """The smallest non-zero difference between successive readings (or 0 for a clock that never moves)."""
+    """The clock's tick: its declared `resolution_s` if it has one, else the smallest non-zero difference between successive readings.
+
+    A clock that cannot be read back to back without work in between (the CUDA event clock queues a
+    GPU spin per reading, so its successive readings differ by the spin, not by a tick) declares its
+    tick instead. 0 for a clock that never moves.
+    """
+    declared = getattr(clock, "resolution_s", None)
+    if declared is not None:
+        return float(declared)
     deltas = []
     for _ in range(trials):
         a = clock()
@@ -127,6 +138,35 @@ def clock_resolution(clock: Clock, trials: int = 20) -> float:
             deltas.append(b - a)
     positive = [d for d in deltas if d > 0]
     return min(positive) if positive else 0.0
+
+
+#: Sample steps below this are float rounding (event times arrive as float32 milliseconds), not a clock tick.
+GRID_FLOOR_S = 1e-9
+#: A sample shorter than this many ticks may be off by more than 1 % from quantisation alone (pyperf's warning, in spirit).
+MIN_SAMPLE_TICKS = 100
+
+
+def sample_grid(samples: Sequence[float], iterations: int = 1) -> float | None:
+    """The smallest step between distinct sample readings (per-call samples × `iterations`): a bound on the clock's tick.
+
+    A clock that counts ticks of q seconds gives readings that differ by whole ticks, so no step is
+    shorter than q: the H200's event samples lie on a 32 ns grid, well under the 0.5 µs CUDA
+    documents. None with fewer than two distinct readings.
+    """
+    ticks = np.unique(np.round(np.asarray(samples, dtype=float) * iterations / GRID_FLOOR_S))
+    steps = np.diff(ticks)
+    return float(steps.min()) * GRID_FLOOR_S if steps.size else None
+
+
+def tick_bound(resolution: float, samples: Sequence[float], iterations: int = 1) -> float:
+    """The clock's tick as far as it is known: the smaller of its resolution and the samples' own grid (both bound it from above)."""
+    grid = sample_grid(samples, iterations)
+    return resolution if grid is None or resolution <= 0 else min(resolution, grid)
+
+
+def too_short(samples: Sequence[float], iterations: int, tick: float) -> bool:
+    """Whether the shortest sample lasts under MIN_SAMPLE_TICKS ticks, so quantisation alone may move it by more than 1 %."""
+    return tick > 0 and bool(samples) and min(samples) * iterations < MIN_SAMPLE_TICKS * tick
 
 
 def keep_last(fn: Callable[[], object]) -> tuple[Callable[[], None], list]:
@@ -243,10 +283,9 @@ def measure(
     if readings_before is not None:
         leaked = leaked_samples(clock.leaked, readings_before, clock.readings, p.rounds)  # type: ignore[attr-defined]
     stats = Stats.from_samples(samples, p.iterations)
-    # A sample shorter than ~100 clock ticks is mostly quantisation (pyperf's warning, in spirit).
-    too_short = resolution > 0 and stats.min * p.iterations < 100 * resolution
-    return Measurement(stats=stats, plan=p, clock_resolution_s=resolution, too_short=too_short, launch_leaked=leaked, loop_s=loop_s,
-                       **contention(cpu_before, cpu_after, probe.threads()))
+    tick = tick_bound(resolution, samples, p.iterations)
+    return Measurement(stats=stats, plan=p, clock_resolution_s=tick, too_short=too_short(samples, p.iterations, tick), launch_leaked=leaked,
+                       loop_s=loop_s, **contention(cpu_before, cpu_after, probe.threads()))
 
 
 class FakeClock:

@@ -16,10 +16,12 @@ import pandas as pd
 from harness import analysis
 from harness.measure import roofline
 from harness.report import figures as figs
+from harness.report.flags import flag_summary, flags_section
 from harness.report.page import esc, fmt
 from harness.report.profiling import profiling_section
 from harness.report.runtime import runtime_section
-from harness.report.writer import Csv, Section, Table, render_table
+from harness.report.telemetry import telemetry_html
+from harness.report.writer import Csv, Section, Table
 
 
 def _pct(value: Any, row: Any) -> tuple[str, str]:
@@ -61,6 +63,9 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
         warnings.append(f"the run was contended: {len(contended)} of {len(ok)} measured rows ran while another process took the CPU "
                         "(run-queue waits or preemptions during their samples; see the contended column): their medians may be inflated. "
                         "Measure on a quiet machine, or compare such rows with care.")
+    flagged = flag_summary(frame)
+    if flagged:
+        warnings.append(flagged)
     if len(data.dirs) > 1:
         from harness.analysis.compare import environment_differences
 
@@ -288,36 +293,12 @@ def _environment(data: analysis.RunData) -> Section:
                               **({"after": after.get(k)} if after else {})} for k in keys])
         body.append(f"<h3>{esc(rid)}</h3>")
         body.append(Table(rows, scroll=False) if not rows.empty else '<p class="muted">no env.json in this run</p>')
-        body.append(_telemetry(env.get("telemetry_before"), env.get("telemetry_after")))
+        body.append(telemetry_html(env.get("telemetry_before"), env.get("telemetry_after")))
         manifest = data.manifests.get(rid) or {}
         if manifest:
             body.append(f'<p class="muted">suite {esc(manifest.get("suite"))}, {esc(len(manifest.get("pairs", [])))} pairs, created {esc(manifest.get("created_utc"))}, '
                         f'backends {esc(", ".join(manifest.get("backends", [])))}</p>')
     return Section("environment", "Environment", body, nav="Environment")
-
-
-def _telemetry(before: Any, after: Any) -> str:
-    """GPU clocks, temperature, power and throttle reasons, before and after the run side by side."""
-    if not before and not after:
-        return "<p><b>Clocks and throttling</b>: not recorded (a CPU run has no GPU clocks to read).</p>"
-    out = ["<p><b>Clocks and throttling, before and after the run</b></p>"]
-    for label, tele in (("before", before), ("after", after)):
-        if isinstance(tele, dict):  # NVML could not be read: say why
-            out.append(f"<p class=\"muted\">{esc(label)}: {esc(tele.get('unavailable', json.dumps(tele)))}</p>")
-    gpus_before = {g.get("index"): g for g in before} if isinstance(before, list) else {}
-    gpus_after = {g.get("index"): g for g in after} if isinstance(after, list) else {}
-    rows = []
-    for index in sorted(set(gpus_before) | set(gpus_after), key=str):
-        b, a = gpus_before.get(index, {}), gpus_after.get(index, {})
-        for key in dict.fromkeys([*b, *a]):
-            if key == "index":
-                continue
-            rows.append({"gpu": index, "field": key, "before": b.get(key), "after": a.get(key)})
-    if rows:
-        frame = pd.DataFrame(rows).astype({"before": object, "after": object})
-        changed = lambda v, r: (fmt(v), "bad" if r["field"].startswith("throttle") and r["before"] != r["after"] else "")  # noqa: E731
-        out.append(render_table(Table(frame, scroll=False, formats={"after": changed})))
-    return "".join(out)
 
 
 def sections(data: analysis.RunData, baseline: str) -> list[Section]:
@@ -332,6 +313,7 @@ def sections(data: analysis.RunData, baseline: str) -> list[Section]:
         _overview(data, ok, wins, baseline),
         _choose(frame, wins, speed, baseline, colors),
         _latency(frame, ok, colors),
+        flags_section(frame),
         _roofline(data, ok, colors),
         _crossover(frame, analysis.crossovers(frame), colors),
         _scaling(frame, fits),

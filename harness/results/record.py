@@ -96,8 +96,10 @@ class Record:
     stopped_by: str | None = None
     noisy: bool | None = None
     suspect: bool | None = None
+    #: The shortest sample lasts under 100 clock ticks: quantisation alone may move it by more than 1 %.
     too_short: bool | None = None
     warmup_s: float | None = None
+    #: The clock's tick as far as it is known: its resolution, or the samples' own grid where that is finer.
     clock_resolution_s: float | None = None
     #: Timed samples whose interval may hold host launch time (CUDA: the host outran the spin); None on host clocks.
     launch_leaked: int | None = None

@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Mapping, TextIO
 
 from harness.errors import UserError
 from harness.run import protocol
@@ -34,8 +34,22 @@ class Slot:
     env: dict[str, str]
 
 
-def worker_slots(device: str, workers: int, gpus: list[int] | None, memory_limit: int | None) -> list[Slot]:
-    """The workers a run gets: one per GPU with --gpus, else `workers` CPU workers sharing the cores."""
+def visible_gpus(environ: Mapping[str, str]) -> list[str] | None:
+    """The GPUs an inherited CUDA_VISIBLE_DEVICES leaves this process, in order (indices, GPU-… UUIDs, MIG ids); None if unset."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return [entry.strip() for entry in visible.split(",") if entry.strip()]
+
+
+def worker_slots(device: str, workers: int, gpus: list[int] | None, memory_limit: int | None,
+                 environ: Mapping[str, str] | None = None) -> list[Slot]:
+    """The workers a run gets: one per GPU with --gpus, else `workers` CPU workers sharing the cores.
+
+    --gpus indexes the GPUs this process may use, as torch numbers them: under an inherited
+    CUDA_VISIBLE_DEVICES (a shared node, a SLURM allocation) index i is its i-th entry, never the
+    machine's GPU i, which may be someone else's.
+    """
     if workers < 1:
         raise UserError(f"--workers must be at least 1, got {workers}")
     if gpus is not None:
@@ -43,7 +57,14 @@ def worker_slots(device: str, workers: int, gpus: list[int] | None, memory_limit
             raise UserError("--gpus needs --device cuda (on the CPU, use --workers N)")
         if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
             raise UserError(f"--gpus lists each GPU once, by index: got {','.join(map(str, gpus))}")
-        return [Slot(f"gpu{g}", {"CUDA_VISIBLE_DEVICES": str(g)}) for g in gpus]
+        visible = visible_gpus(os.environ if environ is None else environ)
+        if visible is None:
+            return [Slot(f"gpu{g}", {"CUDA_VISIBLE_DEVICES": str(g)}) for g in gpus]
+        beyond = [g for g in gpus if g >= len(visible)]
+        if beyond:
+            raise UserError(f"--gpus {','.join(map(str, beyond))}: CUDA_VISIBLE_DEVICES={','.join(visible)} leaves this run "
+                            f"{len(visible)} GPU(s), indexed from 0")
+        return [Slot(f"gpu{g}", {"CUDA_VISIBLE_DEVICES": visible[g]}) for g in gpus]
     if device == "cuda" and workers > 1:
         raise UserError("--workers > 1 on CUDA would share one GPU between workers and disturb their timings: use --gpus all")
     if device == "cuda" and memory_limit is not None:
