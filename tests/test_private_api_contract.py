@@ -1,0 +1,100 @@
+"""The private torch and xFormers APIs the harness relies on, pinned: each test fails the day one moves.
+
+Each API has a checker in the harness (`*_problem`), shared by these tests and the run-time path:
+the first test of each pair calls the API on the CPU the way the harness does and asserts the
+checker finds nothing; the second removes or changes the API and asserts the checker says so in
+one line, naming the API and the version; the third runs the harness's own path without the API
+(run_pair, a backend's prepare, or the function that calls the API) and asserts its one-line outcome. Where the API only annotates a row (the kernel
+SDPA or xFormers picked), the row is still measured and says why the kernel has no name; where the
+harness cannot measure without it (`torch.cuda._sleep` under the CUDA clock), the pair is
+`unsupported` with that reason.
+"""
+
+import pytest
+import torch
+
+import harness.measure.execute as execute
+from harness.backends.sdpa import (
+    FUSED_SDP_CHOICE_ARGUMENTS, SdpaBackend, causal_bias_materialize_problem, dispatched_kernel, fused_sdp_choice_problem,
+)
+from harness.measure.timing import Budget
+from harness.results.record import Status
+from harness.suite.cases import Case
+from harness.suite.inputs import make_inputs, visible_mask
+
+TINY = Budget(warmup_s=0.0, measure_s=0.001, min_sample_s=0.0, min_rounds=1, max_rounds=2)
+SQUARE = Case(B=1, S_q=8, S_kv=8, H=2, H_kv=2, d_k=16, d_v=16)
+#: Lower-right causal with S_q ≠ S_kv: SDPA gets a CausalBias, which the CPU serves through its materialised mask.
+LOWER_RIGHT = Case(B=1, S_q=3, S_kv=5, H=2, H_kv=2, d_k=16, d_v=16, causal=True)
+
+
+def _one_line_naming(text: str | None, api: str, version: str) -> None:
+    assert text and "\n" not in text and api in text and version in text, text
+
+
+# -- torch._fused_sdp_choice: names the kernel `sdpa` dispatched to ---------------------------------
+
+
+def test_fused_sdp_choice_returns_an_sdp_backend_that_serves_the_call():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    assert fused_sdp_choice_problem() is None
+    q, k, v = (make_inputs(SQUARE).q,) * 3
+    index = torch._fused_sdp_choice(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True, enable_gqa=False)
+    assert isinstance(index, int)
+    chosen = SDPBackend(index)
+    with sdpa_kernel(chosen):  # the kernel named is one torch runs for these arguments
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert dispatched_kernel(q, k, v, {"is_causal": True}) == (chosen.name, None)
+
+
+def test_fused_sdp_choice_problem_names_a_missing_or_changed_function(monkeypatch):
+    with monkeypatch.context() as m:
+        m.delattr(torch, "_fused_sdp_choice")
+        _one_line_naming(fused_sdp_choice_problem(), "torch._fused_sdp_choice", torch.__version__)
+    # A schema without an argument the harness passes (as if torch renamed one).
+    monkeypatch.setattr("harness.backends.sdpa.FUSED_SDP_CHOICE_ARGUMENTS", (*FUSED_SDP_CHOICE_ARGUMENTS, "window_size"))
+    _one_line_naming(fused_sdp_choice_problem(), "torch._fused_sdp_choice", torch.__version__)
+
+
+def test_sdpa_row_is_measured_and_says_why_its_kernel_is_unnamed_without_fused_sdp_choice(monkeypatch):
+    monkeypatch.delattr(torch, "_fused_sdp_choice")
+    outcome = execute.run_pair(SQUARE, SdpaBackend(), budget=TINY)
+    assert outcome.status is Status.OK and outcome.measurement is not None
+    assert outcome.notes["sdpa_kernel"] is None  # never a made-up name in the kernel column
+    _one_line_naming(outcome.notes["sdpa_kernel_unknown"], "torch._fused_sdp_choice", torch.__version__)
+
+
+# -- CausalBias._materialize: the lower-right mask SDPA falls back to -------------------------------
+
+
+def test_causal_bias_materializes_the_bottom_right_mask_the_harness_means():
+    from torch.nn.attention.bias import causal_lower_right
+
+    assert causal_bias_materialize_problem() is None
+    mask = causal_lower_right(LOWER_RIGHT.S_q, LOWER_RIGHT.S_kv)._materialize(torch.device("cpu"))
+    assert torch.equal(mask, visible_mask(LOWER_RIGHT)[0, 0])
+
+
+def test_causal_bias_materialize_problem_names_a_missing_or_changed_method(monkeypatch):
+    from torch.nn.attention.bias import CausalBias
+
+    with monkeypatch.context() as m:
+        m.delattr(CausalBias, "_materialize")
+        _one_line_naming(causal_bias_materialize_problem(), "CausalBias._materialize", torch.__version__)
+    monkeypatch.setattr(CausalBias, "_materialize", lambda self: None)  # no device argument any more
+    _one_line_naming(causal_bias_materialize_problem(), "CausalBias._materialize", torch.__version__)
+
+
+def test_lower_right_kernel_is_unnamed_with_the_reason_without_materialize(monkeypatch):
+    # torch's own CPU dispatch of a CausalBias calls _materialize too, so without it the SDPA call
+    # itself fails (an `error` row with torch's AttributeError); what the harness owns is the name.
+    from torch.nn.attention.bias import CausalBias, causal_lower_right
+
+    inputs = make_inputs(LOWER_RIGHT)
+    bias = causal_lower_right(LOWER_RIGHT.S_q, LOWER_RIGHT.S_kv)
+    assert dispatched_kernel(inputs.q, inputs.k, inputs.v, {"attn_mask": bias})[0] is not None
+    monkeypatch.delattr(CausalBias, "_materialize")
+    kernel, unnamed = dispatched_kernel(inputs.q, inputs.k, inputs.v, {"attn_mask": bias})
+    assert kernel is None
+    _one_line_naming(unnamed, "CausalBias._materialize", torch.__version__)
