@@ -10,6 +10,8 @@ harness cannot measure without it (`torch.cuda._sleep` under the CUDA clock), th
 `unsupported` with that reason.
 """
 
+import inspect
+
 import pytest
 import torch
 
@@ -17,6 +19,9 @@ import harness.measure.execute as execute
 from harness.backends.sdpa import (
     FUSED_SDP_CHOICE_ARGUMENTS, SdpaBackend, causal_bias_materialize_problem, dispatched_kernel, fused_sdp_choice_problem,
 )
+from harness.errors import Unsupported
+from harness.measure.cuda_clock import CudaEventClock, spin_problem
+from harness.measure.timers import device_clock
 from harness.measure.timing import Budget
 from harness.results.record import Status
 from harness.suite.cases import Case
@@ -98,3 +103,45 @@ def test_lower_right_kernel_is_unnamed_with_the_reason_without_materialize(monke
     kernel, unnamed = dispatched_kernel(inputs.q, inputs.k, inputs.v, {"attn_mask": bias})
     assert kernel is None
     _one_line_naming(unnamed, "CausalBias._materialize", torch.__version__)
+
+
+# -- torch.cuda._sleep: the spin under every CUDA sample --------------------------------------------
+
+
+def test_cuda_sleep_takes_a_cycle_count():
+    assert spin_problem(torch) is None
+    assert list(inspect.signature(torch.cuda._sleep).parameters) == ["cycles"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch.cuda._sleep spins a GPU: CUDA only")
+def test_cuda_sleep_spins_the_device_for_longer_the_more_cycles():
+    def spun_ms(cycles: int) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    spun_ms(1_000_000)  # the first launch pays for the module load
+    assert spun_ms(10_000_000) > 3 * spun_ms(1_000_000) > 0
+
+
+def test_spin_problem_names_a_missing_or_changed_sleep(monkeypatch):
+    with monkeypatch.context() as m:
+        m.delattr(torch.cuda, "_sleep")
+        _one_line_naming(spin_problem(torch), "torch.cuda._sleep", torch.__version__)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda: None)  # no cycle count any more
+    _one_line_naming(spin_problem(torch), "torch.cuda._sleep", torch.__version__)
+
+
+def test_cuda_pairs_are_unsupported_with_the_reason_when_sleep_is_missing(monkeypatch):
+    monkeypatch.delattr(torch.cuda, "_sleep")
+    with pytest.raises(Unsupported, match=r"torch\.cuda\._sleep") as refused:
+        CudaEventClock()
+    _one_line_naming(str(refused.value), "torch.cuda._sleep", torch.__version__)
+    # Through run_pair, with the pair's clock the CUDA one (the CPU case's tensors are all this machine has).
+    monkeypatch.setattr(execute, "device_clock", lambda device: device_clock("cuda"))
+    outcome = execute.run_pair(SQUARE, SdpaBackend(), budget=TINY)
+    assert outcome.status is Status.UNSUPPORTED
+    _one_line_naming(outcome.reason, "torch.cuda._sleep", torch.__version__)
