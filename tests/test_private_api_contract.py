@@ -178,3 +178,86 @@ def test_compiled_backward_pairs_leave_donated_buffer_as_they_found_it(mode, one
         functorch_config.donated_buffer = own
     assert outcome.status is Status.OK, outcome.reason
     assert after is True
+
+
+# -- xFormers' fmha.dispatch._dispatch_fw: names the forward operator, and refuses as the call would --
+
+
+def _fmha():
+    pytest.importorskip("xformers")
+    from harness.backends.xformers import import_xformers
+
+    import_xformers()
+    from xformers.ops import fmha
+
+    return fmha
+
+
+def test_dispatch_fw_takes_inputs_and_refuses_what_no_operator_serves():
+    from harness.backends.xformers import dispatch_fw_problem
+
+    fmha = _fmha()
+    assert dispatch_fw_problem(fmha) is None
+    q = torch.zeros(1, 8, 2, 16)  # CPU float32: no xFormers operator serves it
+    with pytest.raises(NotImplementedError, match="No operator found for `memory_efficient_attention_forward`"):
+        fmha.dispatch._dispatch_fw(fmha.Inputs(query=q, key=q, value=q, attn_bias=None, scale=0.25), False)
+    assert isinstance(fmha.cutlass.FwOp.NAME, str) and isinstance(fmha.flash.FwOp.NAME, str)  # what the notes read
+
+
+def test_dispatch_fw_problem_names_a_missing_or_changed_function(monkeypatch):
+    from harness.backends.xformers import dispatch_fw_problem, xformers_version
+
+    fmha = _fmha()
+    with monkeypatch.context() as m:
+        m.delattr(fmha.dispatch, "_dispatch_fw")
+        _one_line_naming(dispatch_fw_problem(fmha), "_dispatch_fw", xformers_version())
+    monkeypatch.setattr(fmha.dispatch, "_dispatch_fw", lambda inp: None)  # no needs_gradient any more
+    _one_line_naming(dispatch_fw_problem(fmha), "_dispatch_fw", xformers_version())
+
+
+def _xformers_without_dispatcher(monkeypatch, forward):
+    import harness.backends.xformers as xf
+
+    fmha = _fmha()
+
+    class FakeXops:
+        memory_efficient_attention = staticmethod(forward)
+
+    monkeypatch.setattr(xf, "import_xformers", lambda: (FakeXops, None))
+    monkeypatch.delattr(fmha.dispatch, "_dispatch_fw")
+    return xf.XformersBackend()
+
+
+def test_xformers_row_says_why_its_operator_is_unnamed_without_dispatch_fw(monkeypatch):
+    from harness.backends.xformers import xformers_version
+
+    backend = _xformers_without_dispatcher(monkeypatch, lambda q, k, v, attn_bias=None, scale=None: q * 1.0)
+    prepared = backend.prepare(SQUARE, make_inputs(SQUARE))
+    assert prepared.notes["op_fw"] is None
+    _one_line_naming(prepared.notes["op_fw_unknown"], "_dispatch_fw", xformers_version())
+
+
+def test_xformers_forward_refusal_is_unsupported_without_dispatch_fw(monkeypatch):
+    def refuse(q, k, v, attn_bias=None, scale=None):
+        raise NotImplementedError("No operator found for `memory_efficient_attention_forward` with inputs: cpu")
+
+    backend = _xformers_without_dispatcher(monkeypatch, refuse)
+    with pytest.raises(Unsupported, match="xformers: No operator found"):
+        backend.prepare(SQUARE, make_inputs(SQUARE))
+
+
+# -- xformers._cpp_lib: why xFormers' extensions did not load; had it moved, xFormers is still there ---------
+
+
+def test_xformers_without_cpp_lib_is_not_reported_as_missing(monkeypatch):
+    import sys
+
+    import xformers
+
+    from harness.backends.xformers import import_xformers
+
+    _fmha()
+    monkeypatch.delattr(xformers, "_cpp_lib")
+    monkeypatch.setitem(sys.modules, "xformers._cpp_lib", None)  # importing it now raises ImportError
+    xops, broken = import_xformers()
+    assert broken is None and hasattr(xops, "memory_efficient_attention")
