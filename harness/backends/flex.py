@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -79,7 +80,7 @@ def fresh_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     Each case is compiled afresh: a worker that runs many shapes would otherwise hit dynamo's
     recompile limit and fall back to eager without saying so (fullgraph makes any break an error).
     """
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return torch.compile(fn, dynamic=False, fullgraph=True)
 
 
@@ -135,25 +136,76 @@ class FlexBackend(Backend):
             return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
         try:
-            compile_s = compile_timed(fn, case, (q, k, v))
+            compile_s = compile_timed(fn, case, (q, k, v), notes)
         except torch._dynamo.exc.Unsupported as exc:
             raise Unsupported(f"flex: torch.compile cannot trace this case: {' '.join(str(exc).split())[:200]}") from None
         return Prepared(fn=fn, leaves=(q, k, v), notes=notes, compile_s=compile_s)
 
 
-def compile_timed(fn: Callable[[], torch.Tensor], case: Case, leaves: tuple[torch.Tensor, ...]) -> float:
+def donated_buffer_problem() -> str | None:
+    """Why the private `torch._functorch.config.donated_buffer` cannot be turned off here, or None when it is the bool the harness sets."""
+    try:
+        import torch._functorch.config as functorch_config
+    except ImportError as exc:
+        return f"torch {torch.__version__} has no torch._functorch.config ({' '.join(str(exc).split())[:200]})"
+    value = getattr(functorch_config, "donated_buffer", None)
+    if not isinstance(value, bool):
+        return f"torch {torch.__version__} has no bool torch._functorch.config.donated_buffer (found {value!r})"
+    return None
+
+
+class DonatedBuffersOff:
+    """AOTAutograd's donated buffers off while any compiled `bwd` step lives; the process's own setting back after the last.
+
+    The `bwd` mode differentiates one saved forward many times (retain_graph), which donated
+    buffers forbid, and torch reads the flag again on every backward call, not only when it
+    compiles: a `config.patch` around the compile is not enough. Tying the setting to the timed
+    callable's lifetime keeps it from leaking into later pairs (a `fwd_bwd` pair would otherwise
+    be measured with more backward memory or not depending on whether a `bwd` pair ran before it).
+    """
+
+    def __init__(self) -> None:
+        self.holders = 0
+        self.saved: bool | None = None
+
+    def hold(self, owner: object) -> str | None:
+        """Turn donated buffers off until `owner` is garbage collected; why they cannot be, or None."""
+        problem = donated_buffer_problem()
+        if problem:
+            return problem
+        import torch._functorch.config as functorch_config
+
+        if self.holders == 0:
+            self.saved = functorch_config.donated_buffer
+            functorch_config.donated_buffer = False
+        self.holders += 1
+        weakref.finalize(owner, self._release)
+        return None
+
+    def _release(self) -> None:
+        import torch._functorch.config as functorch_config
+
+        self.holders -= 1
+        if self.holders == 0:
+            functorch_config.donated_buffer = self.saved
+
+
+#: The one holder of the process-wide flag, shared by every compiled backend.
+DONATED_BUFFERS_OFF = DonatedBuffersOff()
+
+
+def compile_timed(fn: Callable[[], torch.Tensor], case: Case, leaves: tuple[torch.Tensor, ...],
+                  notes: dict[str, Any] | None = None) -> float:
     """Call a freshly compiled `fn` twice; its compile time is the first call's time minus the second's.
 
     In backward modes each call also differentiates with respect to `leaves`, so the backward graph
-    is compiled here too and not on the first timed iteration.
+    is compiled here too and not on the first timed iteration. In `bwd` mode donated buffers are off
+    for as long as `fn` lives (DonatedBuffersOff); when they cannot be turned off, `notes` says why.
     """
-    if case.mode != "fwd":
-        # The bwd mode differentiates one saved forward many times (retain_graph), which AOTAutograd's
-        # donated buffers forbid. Turned off for the process (a patch around the compile is not
-        # enough: the flag is read again when the backward graph runs); it costs some backward memory.
-        import torch._functorch.config as functorch_config
-
-        functorch_config.donated_buffer = False
+    if case.mode == "bwd":
+        problem = DONATED_BUFFERS_OFF.hold(fn)
+        if problem and notes is not None:
+            notes["donated_buffer"] = f"left as torch has it: {problem}"
 
     def first_calls() -> None:
         out = fn()

@@ -20,6 +20,8 @@ from harness.backends.base import Backend, Prepared, expand_kv
 from harness.backends.registry import register
 from harness.suite.cases import Case
 from harness.errors import Unsupported
+from harness.measure.failures import one_line
+from harness.private_api import refused_signature
 from harness.suite.inputs import AttentionInputs, visible_mask
 
 #: enable_gqa arrived in torch 2.5; the builtin has no inspectable signature, so read its docstring.
@@ -40,13 +42,49 @@ def _mask_arguments(case: Case, device: torch.device) -> dict[str, Any]:
     return {}
 
 
-def dispatched_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict[str, Any]) -> str:
-    """The SDPA kernel torch's dispatcher picks for these arguments (`torch._fused_sdp_choice`), by its SDPBackend name.
+#: The arguments `dispatched_kernel` passes `torch._fused_sdp_choice`, by the names in its aten schema.
+FUSED_SDP_CHOICE_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "enable_gqa")
+
+
+def fused_sdp_choice_problem() -> str | None:
+    """Why the private `torch._fused_sdp_choice` cannot name SDPA's kernel in this torch, or None when its schema is the one called."""
+    if not callable(getattr(torch, "_fused_sdp_choice", None)):
+        return f"torch {torch.__version__} has no torch._fused_sdp_choice (the private function that names the kernel SDPA picks)"
+    try:
+        schema = torch.ops.aten._fused_sdp_choice.default._schema
+    except (AttributeError, RuntimeError) as exc:
+        return f"torch {torch.__version__}: torch._fused_sdp_choice has no aten schema to check ({one_line(exc)})"
+    names = {argument.name for argument in schema.arguments}
+    missing = [name for name in FUSED_SDP_CHOICE_ARGUMENTS if name not in names]
+    returns = [str(r.type) for r in schema.returns]
+    if missing or returns != ["int"]:
+        return (f"torch {torch.__version__}: torch._fused_sdp_choice is now `{schema}`; the harness passes "
+                f"{', '.join(FUSED_SDP_CHOICE_ARGUMENTS)} and reads one int")
+    return None
+
+
+def causal_bias_materialize_problem() -> str | None:
+    """Why the private `CausalBias._materialize(device)` cannot turn a lower-right bias into a mask here, or None."""
+    from torch.nn.attention.bias import CausalBias
+
+    materialize = getattr(CausalBias, "_materialize", None)
+    if not callable(materialize):
+        return f"torch {torch.__version__} has no CausalBias._materialize (the private method that turns a causal bias into a mask)"
+    signature = refused_signature(materialize, None, torch.device("cpu"))
+    if signature:
+        return f"torch {torch.__version__}: CausalBias._materialize{signature} no longer takes a device"
+    return None
+
+
+def dispatched_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The SDPA kernel torch's dispatcher picks for these arguments (`torch._fused_sdp_choice`) by its SDPBackend name, or None and why not.
 
     A lower-right CausalBias dispatches itself (torch.nn.attention.bias.CausalBias._dispatch): flash
     where `can_use_flash_attention` says yes, else efficient, else SDPA over the materialised mask;
-    that order is followed here.
+    that order is followed here. Naming the kernel only annotates the row: when torch's private
+    functions cannot be asked, the row is still measured and says why its kernel has no name.
     """
+    from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
     from torch.nn.attention import SDPBackend
     from torch.nn.attention.bias import CausalBias
 
@@ -54,21 +92,25 @@ def dispatched_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs:
     is_causal = bool(kwargs.get("is_causal", False))
     try:
         if isinstance(mask, CausalBias):
-            from torch.nn.attention.bias import SDPAParams, can_use_efficient_attention, can_use_flash_attention
-
             if mask.seq_len_q == mask.seq_len_kv:
                 mask, is_causal = None, True
             else:
                 params = SDPAParams(q, k, v, None, 0.0, False, gqa)
                 if can_use_flash_attention(params):
-                    return SDPBackend.FLASH_ATTENTION.name
+                    return SDPBackend.FLASH_ATTENTION.name, None
                 if can_use_efficient_attention(params):
-                    return SDPBackend.EFFICIENT_ATTENTION.name
+                    return SDPBackend.EFFICIENT_ATTENTION.name, None
+                problem = causal_bias_materialize_problem()
+                if problem:
+                    return None, problem
                 mask = mask._materialize(q.device)
+        problem = fused_sdp_choice_problem()
+        if problem:
+            return None, problem
         index = torch._fused_sdp_choice(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=is_causal, enable_gqa=gqa)
-        return SDPBackend(index).name
-    except Exception as exc:  # noqa: BLE001 - a private torch function: say it could not be asked, never guess
-        return f"unknown ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})"
+        return SDPBackend(index).name, None
+    except Exception as exc:  # noqa: BLE001 - torch's private dispatcher failed: say so, never guess
+        return None, f"torch {torch.__version__}'s dispatcher could not be asked: {one_line(exc)}"
 
 
 def _refusal_reason(exc: Exception, caught: list[warnings.WarningMessage]) -> str:
@@ -153,8 +195,12 @@ class _SdpaBase(Backend):
         else:
             raise Unsupported(f"{self.name}: {failure}")
         # torch's choice for the call that will be timed: the forced kernel, or what the dispatcher picks.
-        kernel = self.kernel or dispatched_kernel(q, *dispatched_on())
-        return Prepared(fn=fn, leaves=(q, k, v), notes={"kv_expanded": kv_expanded, "sdpa_kernel": kernel})
+        notes: dict[str, Any] = {"kv_expanded": kv_expanded, "sdpa_kernel": self.kernel}
+        if self.kernel is None:
+            notes["sdpa_kernel"], unnamed = dispatched_kernel(q, *dispatched_on())
+            if unnamed:
+                notes["sdpa_kernel_unknown"] = unnamed
+        return Prepared(fn=fn, leaves=(q, k, v), notes=notes)
 
 
 @register

@@ -21,6 +21,7 @@ from harness.backends.layouts import from_bshd, kv_to_bmghk, pack, to_bshd, unpa
 from harness.backends.registry import register
 from harness.suite.cases import Case
 from harness.errors import Unsupported
+from harness.private_api import refused_signature
 from harness.suite.inputs import AttentionInputs
 
 
@@ -35,12 +36,36 @@ def import_xformers() -> tuple[Any, str | None]:
     logger.setLevel(logging.ERROR)
     try:
         import xformers.ops as xops
-        from xformers import _cpp_lib
+
+        try:
+            # Private: where xFormers keeps why its extensions failed to load. Had it moved, that would
+            # not mean xFormers is missing (the ImportError available() reports), only that nothing is known.
+            from xformers import _cpp_lib
+        except ImportError:
+            _cpp_lib = None
     finally:
         logger.setLevel(level)
     exc = getattr(_cpp_lib, "_cpp_library_load_exception", None)
     reason = " ".join(str(exc).split("Please reinstall")[0].split()) if exc is not None else None
     return xops, reason
+
+
+def xformers_version() -> str:
+    """The installed xFormers version, from its package metadata."""
+    from importlib import metadata
+
+    return metadata.version("xformers")
+
+
+def dispatch_fw_problem(fmha: Any) -> str | None:
+    """Why xFormers' private `fmha.dispatch._dispatch_fw(inputs, needs_gradient)` cannot name the forward operator here, or None."""
+    dispatch_fw = getattr(getattr(fmha, "dispatch", None), "_dispatch_fw", None)
+    if not callable(dispatch_fw):
+        return f"xformers {xformers_version()} has no fmha.dispatch._dispatch_fw (the private function that names the forward operator)"
+    signature = refused_signature(dispatch_fw, None, False)
+    if signature:
+        return f"xformers {xformers_version()}: fmha.dispatch._dispatch_fw{signature} no longer takes (inputs, needs_gradient)"
+    return None
 
 
 @dataclass
@@ -135,9 +160,7 @@ class XformersBackend(Backend):
 
     def version(self) -> str:
         """The installed xFormers version."""
-        from importlib import metadata
-
-        return metadata.version("xformers")
+        return xformers_version()
 
     def available(self) -> str | None:
         """A CUDA device (xFormers has no CPU kernel), xFormers installed, and its compiled extensions loaded."""
@@ -164,13 +187,15 @@ class XformersBackend(Backend):
         notes = dict(call.notes)
         notes["attn_bias"] = type(bias).__name__ if bias is not None else None
         ql, kl, vl = call.view(call.q, call.k, call.v)
-        try:
-            inp = fmha.Inputs(query=ql, key=kl, value=vl, attn_bias=bias, scale=call.scale)
-            notes["op_fw"] = fmha.dispatch._dispatch_fw(inp, case.mode != "fwd").NAME
-        except NotImplementedError as exc:
-            raise Unsupported(f"xformers: {_first_reason(exc)}") from None
-        except AttributeError:  # a dispatcher that moved: the call below still tells the truth about support
-            notes["op_fw"] = "unknown (xformers dispatcher not introspectable)"
+        unnamed = dispatch_fw_problem(fmha)
+        if unnamed:
+            notes["op_fw"], notes["op_fw_unknown"] = None, unnamed
+        else:
+            try:
+                inp = fmha.Inputs(query=ql, key=kl, value=vl, attn_bias=bias, scale=call.scale)
+                notes["op_fw"] = fmha.dispatch._dispatch_fw(inp, case.mode != "fwd").NAME
+            except NotImplementedError as exc:
+                raise Unsupported(f"xformers: {_first_reason(exc)}") from None
         scale, q, k, v = call.scale, call.q, call.k, call.v
 
         def fn() -> torch.Tensor:
@@ -178,16 +203,19 @@ class XformersBackend(Backend):
             # 5-D [B, M, G, g, d] → [B, M, H, d]: a view, so the upstream gradient has the leaves' layout.
             return out.reshape(*out.shape[:2], case.H, case.d_v) if out.dim() == 5 else out
 
-        if case.mode != "fwd":
+        if case.mode != "fwd" or unnamed:
             # xFormers picks its backward operator only when backward runs, and none of its CUDA backward
-            # operators takes the 5-D GQA layout (flash/cutlass BwOp: SUPPORTS_BMGHK = False). One untimed
-            # forward and backward here turns that refusal into `unsupported` instead of an error mid-run.
+            # operators takes the 5-D GQA layout (flash/cutlass BwOp: SUPPORTS_BMGHK = False); without its
+            # dispatcher, the forward's refusal too is known only from a call. One untimed call here turns
+            # a refusal into `unsupported` instead of an error mid-run.
+            backward = case.mode != "fwd"
             try:
-                with torch.enable_grad():
+                with torch.set_grad_enabled(backward):
                     out = fn()
-                    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+                    if backward:
+                        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
             except NotImplementedError as exc:
-                raise Unsupported(f"xformers backward: {_first_reason(exc)}") from None
+                raise Unsupported(f"xformers{' backward' if backward else ''}: {_first_reason(exc)}") from None
             del out
 
         def check(result: Any) -> Any:

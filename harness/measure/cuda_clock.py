@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from harness.errors import Unsupported
 from harness.measure.timing import Budget, Clock, measure
+from harness.private_api import refused_signature
 
 #: Bounds of the spin the CUDA clock queues after each reading (seconds), and its multiple of the host gap.
 SPIN_MIN_S = 20e-6
@@ -22,6 +24,18 @@ SPIN_FACTOR = 2.0
 #: Cycles of the spin that gives a new clock its first rate estimate, and how many recent spins' rates it keeps.
 CALIBRATION_CYCLES = 1_000_000
 RECENT_SPINS = 16
+
+
+def spin_problem(torch_module: object) -> str | None:
+    """Why the private `torch.cuda._sleep(cycles)`, the spin under every CUDA sample, cannot be called here, or None."""
+    sleep = getattr(getattr(torch_module, "cuda", None), "_sleep", None)
+    version = getattr(torch_module, "__version__", "?")
+    if not callable(sleep):
+        return f"torch {version} has no torch.cuda._sleep (the private spin the CUDA clock is built on): CUDA pairs cannot be timed"
+    signature = refused_signature(sleep, CALIBRATION_CYCLES)
+    if signature:
+        return f"torch {version}: torch.cuda._sleep{signature} no longer takes a cycle count: CUDA pairs cannot be timed"
+    return None
 
 
 def spin_seconds(host_gaps: Sequence[float]) -> float:
@@ -64,6 +78,9 @@ class CudaEventClock:
     def __init__(self, device: object = None, *, torch_module: object = None, host_clock: Clock = time.perf_counter) -> None:
         if torch_module is None:
             import torch as torch_module
+        problem = spin_problem(torch_module)
+        if problem:
+            raise Unsupported(problem)
         self._torch = torch_module
         self._device = device
         self._host = host_clock
