@@ -105,7 +105,7 @@ def _seconds(record: dict) -> list[float]:
 
 @needs_h200
 def test_the_h200_rows_flagged_too_short_were_healthy_and_the_event_tick_flags_none():
-    from harness.measure.timers import CUDA_EVENT_RESOLUTION_S
+    from harness.measure.cuda_clock import CudaEventClock
 
     ok = [r for r in h200_records() if r["status"] == "ok"]
     assert len(ok) == 84
@@ -117,7 +117,7 @@ def test_the_h200_rows_flagged_too_short_were_healthy_and_the_event_tick_flags_n
     # too few distinct samples to show it, and are bounded by the 0.5 µs CUDA documents).
     grids = [sample_grid(_seconds(r)) for r in ok]
     assert sum(g == pytest.approx(32e-9, rel=1e-3) for g in grids) == 66 and min(grids) == pytest.approx(32e-9, rel=1e-3)
-    new = [r for r in ok if too_short(_seconds(r), 1, tick_bound(CUDA_EVENT_RESOLUTION_S, _seconds(r)))]
+    new = [r for r in ok if too_short(_seconds(r), 1, tick_bound(CudaEventClock.resolution_s, _seconds(r)))]
     assert new == []  # the shortest sample of the slice, 14.9 µs, is 466 ticks of 32 ns
 
 

@@ -31,8 +31,6 @@ TIMERS = ("events", "kernels", "graph")
 #: 86th and 115th order statistics; profiling all of a CUDA row's up to 1,000 samples took seconds a pair.
 KERNEL_TIMER_MIN_STEPS = 10
 KERNEL_TIMER_MAX_STEPS = 200
-#: The resolution CUDA documents for cudaEventElapsedTime ("around 0.5 microseconds"): the event clock's declared tick.
-CUDA_EVENT_RESOLUTION_S = 0.5e-6
 #: Captures the graph is warmed up with on a side stream before capture (allocations settle there).
 GRAPH_WARMUP_CALLS = 3
 
@@ -64,10 +62,7 @@ def between_sample_setup(device: str) -> Callable[[], None] | None:
 def device_clock(device: str) -> tuple[Clock, Callable[[], None] | None, str]:
     """The clock, the between-sample setup (L2 flush on CUDA) and the timer's name for a device."""
     if device.startswith("cuda"):
-        clock = CudaEventClock()
-        # Read back to back, this clock differs by the spin it queues per reading (1.3-10 µs on the H200), not by a tick.
-        clock.resolution_s = CUDA_EVENT_RESOLUTION_S
-        return clock, between_sample_setup(device), "cuda-event"
+        return CudaEventClock(), between_sample_setup(device), "cuda-event"
     return time.perf_counter, None, "perf_counter"
 
 
