@@ -335,3 +335,28 @@ def test_parse_ncu_raw_csv_and_nothing():
                               "sm__warps_active.avg.pct_of_peak_sustained_active": 45.25}
     assert launch.units["sm__warps_active.avg.pct_of_peak_sustained_active"] == "%"
     assert parse_ncu_csv("==PROF== No kernels were profiled.\n") == []
+
+
+def test_a_failing_profiler_costs_the_profile_columns_not_the_rows_timing(monkeypatch):
+    """Issue 18: a profiler that raises (a torch whose events moved) left every `run --profile` row an error, its timing lost."""
+    import pandas as pd
+
+    from harness.measure import execute
+    from harness.measure.execute import Phases, run_pair, to_record
+    from harness.report.profiling import profiling_section
+    from harness.report.writer import Table
+
+    def broken_profiler(*args, **kwargs):
+        raise AttributeError("'FunctionEvent' object has no attribute 'activity_type'")
+
+    monkeypatch.setattr(execute, "profile_step", broken_profiler)
+    case = parse_case_id("B1-Sq64-Skv64-H2-Hkv2-dk16-fp32")
+    backend = load_registry().get("naive")
+    outcome = run_pair(case, backend, Phases(profile=True), budget=Budget(warmup_s=0.001, measure_s=0.005, min_sample_s=0.0))
+    record = to_record(case, backend, outcome)
+    assert record.status == "ok" and record.latency_ms_median > 0 and record.agree is True
+    assert record.profile_kernel_ms_per_step is None
+    assert "activity_type" in record.notes["profile_failed"] and "AttributeError" in record.notes["profile_failed"]
+    section = profiling_section(pd.DataFrame([record.to_dict()]))
+    tables = [part for part in section.blocks if isinstance(part, Table)]
+    assert tables and "activity_type" in tables[-1].frame["profile_failed"].iloc[0]

@@ -158,8 +158,13 @@ def _failure(exc: BaseException) -> PairOutcome:
         return PairOutcome(Status.OOM, " ".join(str(exc).split())[:300])
     if is_sticky_cuda_error(exc):
         return PairOutcome(Status.CRASHED, STICKY_PREFIX + " ".join(str(exc).split())[:300])
+    return PairOutcome(Status.ERROR, _described(exc))
+
+
+def _described(exc: BaseException) -> str:
+    """The exception on one line with the file and line it was raised at."""
     where = traceback.extract_tb(exc.__traceback__)[-1]
-    return PairOutcome(Status.ERROR, f"{one_line(exc)} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})")
+    return f"{one_line(exc)} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
 
 
 def _release_memory(device: str) -> None:
@@ -244,6 +249,23 @@ def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Bu
     return held[0], step
 
 
+def _profile_phase(case: Case, backend: Backend, step: Callable[[], Any], phases: Phases, outcome: PairOutcome) -> None:
+    """Profile a few steps into `outcome.profile`; a profiler that fails costs the profile columns, not the row's timing.
+
+    The profile is diagnosis run after the measurement: its failure (a torch whose profiler moved, a
+    trace folder that filled up) is noted as `profile_failed` on a row whose latency stands. A sticky
+    CUDA error is the exception: the process cannot go on, so it still ends the pair as `crashed`.
+    """
+    trace = phases.traces / f"{case.id}-{backend.name}.trace.json.gz" if phases.traces is not None else None
+    try:
+        outcome.profile = profile_step(step, case.device, steps=phases.profile_steps, trace_path=trace,
+                                       setup=between_sample_setup(case.device))  # flushed as the timed samples were
+    except Exception as exc:  # noqa: BLE001 - the profile is diagnosis; the measured row stands without it
+        if is_sticky_cuda_error(exc):
+            raise
+        outcome.notes = {**outcome.notes, "profile_failed": _described(exc)}
+
+
 def _weights_problems(case: Case, backend: Backend) -> list[str]:
     """Row sums and masked zeros of the weights a backend exposes, on fresh inputs."""
     with torch.no_grad():
@@ -275,10 +297,8 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
             agreement = modified_inputs(drawn, inputs) or _agreement(case, backend, prepared, inputs, result, phases, references)
             del result
         if phases.profile:
-            trace = phases.traces / f"{case.id}-{backend.name}.trace.json.gz" if phases.traces is not None else None
             with watch("profile"):
-                outcome.profile = profile_step(step, case.device, steps=phases.profile_steps, trace_path=trace,
-                                               setup=between_sample_setup(case.device))  # flushed as the timed samples were
+                _profile_phase(case, backend, step, phases, outcome)
     if phases.weights and backend.returns_weights and case.mode == "fwd":
         problems = _weights_problems(case, backend)
         if problems:

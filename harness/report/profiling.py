@@ -80,15 +80,27 @@ def _figures(rows: pd.DataFrame) -> list[Figure]:
     return figures
 
 
+def failed_profiles(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measured rows whose profiled pass failed (their latency stands; `notes.profile_failed` says why)."""
+    if "notes" not in frame.columns:
+        return frame.iloc[0:0]
+    why = frame["notes"].map(lambda n: n.get("profile_failed") if isinstance(n, dict) else None)
+    return frame[why.notna()].assign(profile_failed=why[why.notna()])
+
+
 def profiling_section(frame: pd.DataFrame) -> Section:
     """The Profiling section, or a line saying how to get one."""
     rows = profiled_rows(frame)
+    failed = failed_profiles(frame)
+    failed_table = Table(failed[["case_id", "backend", "profile_failed"]], headers=["case", "backend", "why the profiled pass failed"])
     body: list = ["<p>One pass per pair under torch.profiler after its timed samples (never inside one): the kernels (CUDA) or "
                   "operators (CPU, each operator's self time, so nothing is counted twice) a step runs, summed by category "
                   "(matmul, softmax, elementwise, copy/expand, fused attention, other) and set against the measured median.</p>"]
     if rows.empty:
         body.append(f'<p class="muted">No profiled rows in {esc("these runs")}: run <code>attnbench run --profile</code> '
                     "(add <code>--traces</code> for a Chrome trace per pair), or <code>attnbench profile CASE --backend NAME</code> for one pair.</p>")
+        if not failed.empty:
+            body += [f"<p>The profiled pass failed on {len(failed)} row(s); their latencies stand:</p>", failed_table]
         return Section("profiling", "Profiling: where the time goes", body, nav="Profiling")
     rows = rows.assign(where=rows.apply(where_time_goes, axis=1))
     columns = ["case_id", "backend", "latency_ms_median", "profile_kernel_ms_per_step", "profile_kernels_per_step", "profile_gap_share",
@@ -97,4 +109,6 @@ def profiling_section(frame: pd.DataFrame) -> Section:
     body.extend(_figures(rows))
     body.append(Table(rows[columns], headers=["case", "backend", "median ms", "kernel ms/step", "kernels/step", "launch/gap share",
                                                "top kernel", "where the time goes"]))
+    if not failed.empty:
+        body += [f"<p>The profiled pass failed on {len(failed)} row(s); their latencies stand:</p>", failed_table]
     return Section("profiling", "Profiling: where the time goes", body, nav="Profiling")
