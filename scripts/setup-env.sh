@@ -30,7 +30,7 @@ case "$PURPOSE" in
 esac
 # Ray (the `ray` extra, for `attnbench run --executor ray`) is optional: `make bench` runs without it.
 # `make test` asks for it so tests/test_ray_executor.py runs; CI must have it.
-WITH_RAY=${ATTNBENCH_WITH_RAY:-0}
+WITH_RAY=0
 [ "$PURPOSE" = test ] && WITH_RAY=1
 case "${CI:-}" in "" | 0 | false) IN_CI=0 ;; *) IN_CI=1; WITH_RAY=1 ;; esac
 
@@ -38,6 +38,8 @@ pip_in_venv() {
     if [ -n "${ATTNBENCH_PIP:-}" ]; then
         $ATTNBENCH_PIP "$@"
     else
+        # A VENV built --without-pip uses PYTHON's pip; where PYTHON has none, the bundled one (offline).
+        "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip >/dev/null
         "$VENV/bin/python" -m pip "$@"
     fi
 }

@@ -136,10 +136,13 @@ def test_a_box_python_missing_one_test_package_gets_only_that_with_torch_held(tm
 
 @pytest.mark.slow
 def test_a_missing_package_that_cannot_be_fetched_stops_setup_with_one_line(tmp_path):
-    box_python = _box_python(tmp_path / "box", leave_out=("pytest_timeout",))
-    done = _setup(box_python, tmp_path / "venv", "test", _offline_env(tmp_path / "box"))
+    # Without pip either: the venv gets the pip bundled with Python (offline), which then finds no index.
+    box_python = _box_python(tmp_path / "box", leave_out=("pytest_timeout", "pip"))
+    venv = tmp_path / "venv"
+    done = _setup(box_python, venv, "test", _offline_env(tmp_path / "box"))
     assert done.returncode == 1
     assert "setup: could not install pytest-timeout>=2.1 (is a package index reachable?)" in done.stderr
+    assert (_purelib(venv / "bin" / "python") / "pip").is_dir()
 
 
 @pytest.mark.slow
