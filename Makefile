@@ -4,6 +4,8 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnbench-installed
 TEST_STAMP := $(VENV)/.attnbench-test-installed
+# `make bench SUITE=quick` (or a .toml file); ARGS holds the rest, e.g. ARGS="--backends naive,sdpa".
+SUITE ?= auto
 ARGS ?=
 
 .PHONY: bench test gpu-check setup clean
@@ -11,16 +13,17 @@ ARGS ?=
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup-env.sh
-	sh scripts/setup-env.sh "$(PYTHON)" "$(VENV)"
+	sh scripts/setup-env.sh "$(PYTHON)" "$(VENV)" bench
 	touch $(STAMP)
 
-## bench: run `quick` on CPU or `default` on CUDA, write results/<run-id>/ and reports/<run-id>/, print the report's path last
+## bench: run `quick` on CPU or `default` on CUDA (SUITE=...), write results/<run-id>/ and reports/<run-id>/, print the report's path last
+# `-m harness` from the checkout's root: attnbench runs from here whether or not it is pip-installed.
 bench: $(STAMP)
-	$(VPY) -m harness run --suite auto --report $(ARGS)
+	$(VPY) -m harness run --suite $(SUITE) --report $(ARGS)
 
-# The tests also exercise `--executor ray` on a local Ray cluster: make test installs Ray (make bench does not).
+# The tests also need pytest-timeout and exercise `--executor ray` on a local Ray cluster: make test installs them (make bench does not).
 $(TEST_STAMP): $(STAMP)
-	ATTNBENCH_WITH_RAY=1 sh scripts/setup-env.sh "$(PYTHON)" "$(VENV)"
+	sh scripts/setup-env.sh "$(PYTHON)" "$(VENV)" test
 	touch $(TEST_STAMP)
 
 ## test: the CPU test suite (what CI runs)

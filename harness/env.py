@@ -4,10 +4,39 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import sys
 from datetime import datetime, timezone
 from typing import Any
+
+
+# The oldest torch attnbench is tested with (the H200 box runs 2.11, CI 2.13); pyproject.toml says the same.
+OLDEST_TORCH = (2, 11)
+_NEEDS = f"attnbench needs torch >= {'.'.join(map(str, OLDEST_TORCH))}"
+
+
+def torch_version_problem(version: str) -> str | None:
+    """Why a torch of this version string cannot run attnbench (older than OLDEST_TORCH, or unreadable), or None."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        return f"cannot read the installed torch's version {version!r}; {_NEEDS}"
+    if (int(match[1]), int(match[2])) < OLDEST_TORCH:
+        return f"torch {version} is installed; {_NEEDS}"
+    return None
+
+
+def require_supported_torch() -> None:
+    """Raise a UserError naming the installed and the required torch when torch is missing or too old."""
+    from harness.errors import UserError
+
+    try:
+        import torch
+    except ImportError as exc:
+        raise UserError(f"torch does not import ({exc}); {_NEEDS}") from None
+    problem = torch_version_problem(str(torch.__version__))
+    if problem is not None:
+        raise UserError(problem)
 
 
 def cpu_model() -> str:

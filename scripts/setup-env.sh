@@ -1,45 +1,140 @@
 #!/bin/sh
-# Create the project's virtual environment and install attnbench into it.
-# A torch that the base Python already has (a CUDA build on a GPU box) is used as it is: the venv
-# sees it through --system-site-packages and pip leaves it alone. Without one, the CPU build is
-# installed by its exact version (TORCH_SPEC), because a plain `torch` requirement pulls a
-# multi-gigabyte CUDA build.
-# When everything attnbench needs is already importable (a GPU box without network, say), nothing is
-# downloaded: `make bench` and `make test` run attnbench from the checkout (`python -m harness`).
+# Create the project's virtual environment: sh scripts/setup-env.sh [PYTHON] [VENV] [bench|test]
+#
+# A PYTHON that already imports torch (a GPU box, where `python3` is often itself a virtual
+# environment holding the CUDA torch) is used as it is: VENV is built to see PYTHON's own packages
+# (a .pth file that adds PYTHON's site-packages, with their .pth files, the way PYTHON sees them;
+# `--system-site-packages` would show only the *base* interpreter's), torch is never installed
+# over it, and only what is missing is installed, by name, with torch held to its version. When
+# nothing is missing nothing is downloaded, and attnbench runs from the checkout (`python -m
+# harness`), so nothing needs building either. Without a torch anywhere (a CPU machine, CI), the
+# CPU build is installed by its exact version (TORCH_SPEC: a plain `torch` requirement pulls a
+# multi-gigabyte CUDA build), then attnbench itself with its test extra.
+#
+# ATTNBENCH_PIP: a command run instead of "$VENV/bin/python -m pip" (tests record with it what
+# would be installed, without installing anything).
 set -eu
 PYTHON=${1:-python3}
 VENV=${2:-.venv}
+PURPOSE=${3:-bench}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
-if "$PYTHON" -c "import torch" >/dev/null 2>&1; then
-    echo "setup: using the installed torch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
-    [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv --system-site-packages "$VENV"
+# module:requirement, as pyproject.toml's dependencies (tests/test_setup_offline.py holds them equal).
+RUNTIME_NEEDS="numpy:numpy>=1.24 pandas:pandas>=2.0 matplotlib:matplotlib>=3.7 pytest:pytest>=7.4 pytest_benchmark:pytest-benchmark>=4.0"
+TEST_NEEDS="pytest_timeout:pytest-timeout>=2.1"
+
+case "$PURPOSE" in
+    bench) NEEDS=$RUNTIME_NEEDS ;;
+    test) NEEDS="$RUNTIME_NEEDS $TEST_NEEDS" ;;
+    *) echo "setup: unknown purpose '$PURPOSE': expected bench or test" >&2; exit 2 ;;
+esac
+# Ray (the `ray` extra, for `attnbench run --executor ray`) is optional: `make bench` runs without it.
+# `make test` asks for it so tests/test_ray_executor.py runs; CI must have it.
+WITH_RAY=0
+[ "$PURPOSE" = test ] && WITH_RAY=1
+case "${CI:-}" in "" | 0 | false) IN_CI=0 ;; *) IN_CI=1; WITH_RAY=1 ;; esac
+
+pip_in_venv() {
+    if [ -n "${ATTNBENCH_PIP:-}" ]; then
+        $ATTNBENCH_PIP "$@"
+    else
+        # A VENV built --without-pip uses PYTHON's pip; where PYTHON has none, the bundled one (offline).
+        "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip >/dev/null
+        "$VENV/bin/python" -m pip "$@"
+    fi
+}
+
+# The requirements of NEEDS whose module does not import in VENV, space-separated.
+missing_requirements() {
+    "$VENV/bin/python" - $NEEDS <<'EOF'
+import importlib, sys
+missing = []
+for pair in sys.argv[1:]:
+    module, requirement = pair.split(":", 1)
+    try:
+        importlib.import_module(module)
+    except Exception:  # not installed, or installed but broken: either way it must be installed
+        missing.append(requirement)
+print(" ".join(missing))
+EOF
+}
+
+torch_of() {
+    "$1" -c 'import torch; print(torch.__version__, torch.__file__)' 2>/dev/null
+}
+
+# VENV sees PYTHON's packages: a .pth in VENV's site-packages adds each of PYTHON's site directories.
+see_packages_of_python() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        # No pip of its own: PYTHON's pip (seen through the .pth) installs into VENV when needed.
+        "$PYTHON" -m venv --without-pip "$VENV"
+    fi
+    purelib=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$PYTHON" - "$purelib/_attnbench_python_packages.pth" "$PYTHON" <<'EOF'
+import os, site, sys
+dirs = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+dirs = [d for d in dirs if os.path.isdir(d) and os.path.realpath(d) != os.path.realpath(os.path.dirname(sys.argv[1]))]
+with open(sys.argv[1], "w") as f:
+    f.write(f"# Written by scripts/setup-env.sh: this environment sees the packages of {sys.argv[2]} ({sys.executable}).\n")
+    # One statement list per line (site exec()s it; a comprehension there would not see `site`). A dir
+    # the environment already has is skipped, so its .pth files are not run twice.
+    for d in dirs:
+        f.write(f"import sys, site; {d!r} in sys.path or site.addsitedir({d!r})\n")
+EOF
+}
+
+python_torch=$(torch_of "$PYTHON") || python_torch=
+if [ -n "$python_torch" ]; then
+    torch_version=${python_torch%% *}
+    echo "setup: $PYTHON holds torch $python_torch; it is used as it is, never replaced"
+    see_packages_of_python
+    # A VENV left by an earlier set-up may hold a torch of its own (installed over the network),
+    # which would shadow PYTHON's: refused, never used.
+    venv_torch=$(torch_of "$VENV/bin/python") || venv_torch=""
+    if [ "$venv_torch" != "$python_torch" ]; then
+        echo "setup: $VENV sees torch '${venv_torch:-none}', not $PYTHON's: remove $VENV (make clean) and run again" >&2
+        exit 1
+    fi
+    # Held by a constraint, torch can only stay as it is, whatever a missing package asks for.
+    constraints="$VENV/attnbench-torch-constraint.txt"
+    echo "torch==$torch_version" >"$constraints"
+    pip_constraint="-c $constraints"
+    missing=$(missing_requirements)
+    if [ -z "$missing" ]; then
+        echo "setup: nothing to install: torch and every package $PURPOSE needs import from $PYTHON's packages"
+    else
+        echo "setup: installing only what is missing: $missing (torch held at $torch_version)"
+        # shellcheck disable=SC2086 # one word per requirement
+        if ! pip_in_venv install --quiet $pip_constraint $missing; then
+            echo "setup: could not install $missing (is a package index reachable?): install them into $PYTHON and run again" >&2
+            exit 1
+        fi
+    fi
 else
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
     if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
         echo "setup: installing $TORCH_SPEC (CPU build where one is offered)"
-        "$VENV/bin/python" -m pip install --quiet "$TORCH_SPEC"
+        pip_in_venv install --quiet "$TORCH_SPEC"
     fi
     # xFormers imports on a CPU (no CPU kernels): enough to list it honestly and to test its
     # adapter's argument translation with its own mask objects. --no-deps because its wheel pins
     # a CUDA torch; on a GPU box install the xFormers built for your torch yourself.
     "$VENV/bin/python" -c "import xformers" >/dev/null 2>&1 \
-        || "$VENV/bin/python" -m pip install --quiet --no-deps "xformers==0.0.35" || echo "setup: xformers not installed (its tests will skip)"
-fi
-# Ray (the `ray` extra, for `attnbench run --executor ray`) is optional: `make bench` runs without it.
-# `make test` asks for it (ATTNBENCH_WITH_RAY=1) so tests/test_ray_executor.py runs; CI must have it.
-WITH_RAY=${ATTNBENCH_WITH_RAY:-0}
-case "${CI:-}" in "" | 0 | false) ;; *) WITH_RAY=1 ;; esac
-NEEDED="torch, numpy, pandas, matplotlib, pytest, pytest_benchmark, pytest_timeout"
-if "$VENV/bin/python" -c "import $NEEDED" >/dev/null 2>&1; then
-    echo "setup: torch, numpy, pandas, matplotlib, pytest, pytest-benchmark and pytest-timeout are installed: nothing to download"
-else
-    "$VENV/bin/python" -m pip install --quiet -e ".[test]"
+        || pip_in_venv install --quiet --no-deps "xformers==0.0.35" || echo "setup: xformers not installed (its tests will skip)"
+    NEEDED="torch, numpy, pandas, matplotlib, pytest, pytest_benchmark, pytest_timeout"
+    if "$VENV/bin/python" -c "import $NEEDED" >/dev/null 2>&1; then
+        echo "setup: torch, numpy, pandas, matplotlib, pytest, pytest-benchmark and pytest-timeout are installed: nothing to download"
+    else
+        pip_in_venv install --quiet -e ".[test]"
+    fi
+    pip_constraint=""
 fi
 if [ "$WITH_RAY" = 1 ] && ! "$VENV/bin/python" -c "import ray" >/dev/null 2>&1; then
-    if ! "$VENV/bin/python" -m pip install --quiet "ray>=2.8"; then
-        case "${CI:-}" in "" | 0 | false) echo "setup: ray not installed (tests/test_ray_executor.py will skip)" ;; *) exit 1 ;; esac
+    # shellcheck disable=SC2086 # empty, or -c and its file
+    if ! pip_in_venv install --quiet $pip_constraint "ray>=2.8"; then
+        [ "$IN_CI" = 1 ] && exit 1
+        echo "setup: ray not installed (tests/test_ray_executor.py will skip)"
     fi
 fi
-"$VENV/bin/python" -c "import torch, harness; print('setup: attnbench', harness.__version__, 'with torch', torch.__version__)"
+"$VENV/bin/python" -c "import torch, harness; print('setup: attnbench', harness.__version__, 'with torch', torch.__version__, 'from', torch.__file__)"
 "$VENV/bin/python" -c "import ray; print('setup: ray', ray.__version__, '(for --executor ray)')" 2>/dev/null || true

@@ -221,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        from harness.env import require_supported_torch
+
+        require_supported_torch()
         if argv[:1] == ["gpu-check"]:  # its own options (harness.cli.gpu_check); listed in --help by the subparser below
             from harness.cli import gpu_check
 
