@@ -185,6 +185,7 @@ def test_a_cpu_pair_timed_with_fake_gpu_telemetry_carries_its_state_and_energy_t
     fake = FakeGpu(sm=[H200_MAX_MHZ, 1500], reasons=[0x0, 0x40],
                    energy_mj=lambda: int((time.perf_counter() - began) / 0.01) * 1000.0)  # 100 W in 10 ms steps
     monkeypatch.setattr(gpu_state, "telemetry_for", lambda device: Telemetry(fake))
+    monkeypatch.setattr(energy, "CPU_WINDOW", EnergyWindow(min_s=0.1, max_s=3.0))  # room for 5 batches on a loaded 2-core machine
     record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY))
     assert record.status.value == "ok" and record.throttled is True and record.gpu_state_readings >= 2
     assert record.gpu_sm_clock_mhz_min == 1500 and record.gpu_throttle_reasons == 0x40
@@ -208,3 +209,17 @@ def test_a_plain_cpu_pair_says_why_it_has_no_gpu_state_and_spends_nothing_on_ene
     assert record.gpu_state_reason == gpu_state.NO_GPU and record.throttled is None and record.gpu_sm_clock_mhz_min is None
     assert record.energy_reason == "no RAPL energy counters on this machine" and record.energy_mj_per_call is None
     assert record.energy_calls is None and record.time_energy_s < 0.01
+
+
+def test_env_records_whether_application_clocks_were_set_away_from_their_default():
+    from harness.env import CLOCKS_LOCKED_NOTE, application_clocks
+
+    def reader(clocks):
+        return lambda name, args=(): clocks.get(args) if name == "nvmlDeviceGetClock" else None
+
+    default = {("NVML_CLOCK_SM", "NVML_CLOCK_ID_APP_CLOCK_TARGET"): 1980, ("NVML_CLOCK_SM", "NVML_CLOCK_ID_APP_CLOCK_DEFAULT"): 1980,
+               ("NVML_CLOCK_MEM", "NVML_CLOCK_ID_APP_CLOCK_TARGET"): 3201, ("NVML_CLOCK_MEM", "NVML_CLOCK_ID_APP_CLOCK_DEFAULT"): 3201}
+    assert application_clocks(reader(default))["clocks_locked"] is False
+    locked = application_clocks(reader({**default, ("NVML_CLOCK_SM", "NVML_CLOCK_ID_APP_CLOCK_TARGET"): 1410}))
+    assert locked["clocks_locked"] is True and locked["app_sm_clock_target_mhz"] == 1410 and locked["clocks_locked_note"] == CLOCKS_LOCKED_NOTE
+    assert application_clocks(reader({}))["clocks_locked"] is None  # NVML would not say
