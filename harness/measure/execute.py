@@ -21,10 +21,8 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.errors import Unsupported
-from harness.measure import theory
+from harness.measure import gpu_state, theory
 from harness.measure.energy import EnergyResult, pair_energy
-from harness.measure import gpu_state
-from harness.measure.gpu_state import StateSampler, StateSummary
 from harness.measure.memory import MemoryPeak, PeakMeter, measure_peak
 from harness.measure.profile import ProfileSummary, profile_step
 from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
@@ -79,7 +77,7 @@ class PairOutcome:
     timer: str | None = None
     compile_s: float | None = None
     #: The GPU's clocks, power and throttling over the timed samples, and the energy phase's result.
-    state: StateSummary | None = None
+    state: gpu_state.StateSummary | None = None
     energy: EnergyResult | None = None
     notes: dict[str, Any] = field(default_factory=dict)
     #: Host seconds of each phase that ran (PHASE_NAMES), and of the whole pair ("pair", clean-up included).
@@ -243,7 +241,7 @@ def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Bu
             # Captured inside the window: a replay allocates nothing, its memory is the graph pool the capture fills.
             step = graph_replay(step, case)
     timed, held = keep_last(step)
-    sampler = StateSampler(gpu_state.telemetry_for(case.device))  # reads the GPU while the timed rounds run, not the warm-up
+    sampler = gpu_state.StateSampler(gpu_state.telemetry_for(case.device))  # reads the GPU while the timed rounds run, not the warm-up
     with watch("warmup"):
         outcome.measurement = measure(timed, clock, budget, setup=setup, loop=sampler.around(loop or direct_loop(clock)))
     outcome.state = sampler.summary

@@ -18,6 +18,7 @@ GPU is meant to run at). The idle bit (0x1) alone is not throttling; a clock sti
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import threading
 from dataclasses import dataclass, field
@@ -130,18 +131,27 @@ class NvmlTelemetry:
         return float(min(known)) if known else None
 
 
-def nvml_handle(pynvml: Any, uuid: str | None, cuda_index: int) -> Any:
-    """The NVML handle of the process's CUDA device: by its UUID where torch gives one.
+def nvml_handle(pynvml: Any, uuid: str | None, cuda_index: int, visible: list[str] | None = None) -> Any:
+    """The NVML handle of the process's CUDA device: by its UUID where torch gives one, else through CUDA_VISIBLE_DEVICES.
 
     NVML numbers every GPU of the machine, CUDA only those CUDA_VISIBLE_DEVICES leaves (by index or
-    UUID), so CUDA's device 0 may be NVML's GPU 3; the UUID is the one name both share.
+    UUID), so CUDA's device 0 may be NVML's GPU 3; the UUID is the one name both share. Raises
+    LookupError rather than read another process's GPU when neither says which it is.
     """
     if uuid:
         name = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
         handle = _call(pynvml, "nvmlDeviceGetHandleByUUID", name)
         if handle is not None:
             return handle
-    return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+    if visible is None:
+        return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+    entry = visible[cuda_index] if cuda_index < len(visible) else ""
+    if entry.isdigit():
+        return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+    handle = _call(pynvml, "nvmlDeviceGetHandleByUUID", entry) if entry else None
+    if handle is None:
+        raise LookupError(f"cannot tell which NVML device CUDA device {cuda_index} is (CUDA_VISIBLE_DEVICES={','.join(visible)})")
+    return handle
 
 
 @dataclass(frozen=True)
@@ -161,10 +171,13 @@ def open_nvml() -> Telemetry:
     try:
         import torch
 
+        from harness.run.workers import visible_gpus  # imported here: harness.run imports the measurement side
+
         pynvml.nvmlInit()  # left initialised for the worker's life: every pair reads it, shutdown would only re-init
         index = torch.cuda.current_device()
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-        return Telemetry(NvmlTelemetry(pynvml, nvml_handle(pynvml, str(uuid) if uuid is not None else None, index)))
+        handle = nvml_handle(pynvml, str(uuid) if uuid is not None else None, index, visible_gpus(os.environ))
+        return Telemetry(NvmlTelemetry(pynvml, handle))
     except Exception as exc:  # noqa: BLE001 - no driver, no device: the rows say so
         return Telemetry(None, f"NVML did not start: {' '.join(str(exc).split())[:200]}")
 
@@ -190,7 +203,6 @@ class StateSummary:
     throttled: bool | None = None
     throttle_reason: str | None = None
     unavailable: str | None = None
-
 
     def columns(self) -> dict[str, Any]:
         """The record's GPU state columns."""
