@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from harness.measure.gpu_state import GpuReading, NvmlTelemetry, StateSampler, T
 from harness.measure.timing import Budget
 from harness.results.store import RunWriter, load_run, write_csv
 from harness.suite.cases import Case
+from tests.h200_data import H200, needs_h200
 
 H200_MAX_MHZ = 1980  # the H200's SM clock under load (shared/data/h200-2026-11-29/env.json, after the sweep)
 
@@ -229,3 +231,17 @@ def test_env_records_whether_application_clocks_were_set_away_from_their_default
     locked = application_clocks(reader({**default, ("NVML_CLOCK_SM", "NVML_CLOCK_ID_APP_CLOCK_TARGET"): 1410}))
     assert locked["clocks_locked"] is True and locked["app_sm_clock_target_mhz"] == 1410 and locked["clocks_locked_note"] == CLOCKS_LOCKED_NOTE
     assert application_clocks(reader({}))["clocks_locked"] is None  # NVML would not say
+
+
+@needs_h200
+def test_the_h200s_own_readings_a_clock_still_at_idle_is_throttled_and_the_clock_after_the_sweep_is_not():
+    env = json.loads((H200 / "env.json").read_text())
+
+    def reading(gpu):
+        return GpuReading(gpu["sm_clock_mhz"], gpu["mem_clock_mhz"], gpu["temperature_c"], gpu["power_w"], gpu["throttle_reasons"])
+
+    before, after = env["telemetry_before"][0], env["telemetry_after"][0]
+    cold = summarize([reading(before)], before["max_sm_clock_mhz"])  # 345 MHz, GPU idle (0x1): what a first pair could meet
+    assert cold.throttled is True and cold.throttle_reason == "SM clock fell to 345 MHz, below the sustained 1980 MHz"
+    hot = summarize([reading(after)], after["max_sm_clock_mhz"])  # 1980 MHz, no reason
+    assert hot.throttled is False and hot.power_w_mean == pytest.approx(125.643)
