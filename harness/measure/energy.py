@@ -8,7 +8,8 @@ batch; it opens at the first change of the counter it sees and closes at the las
 `min_s` has passed with at least `min_updates` changes, so the window lies on the counter's own
 update grid. A counter that moves fewer times within `max_s` gives no figure, with the reason: a
 coarse counter over a short window is noise. The figure is the board's (or the CPU package's)
-whole energy per call, the static power included: what running this call in a loop costs.
+whole energy per call, the static power included: what running this call in a loop costs (RAPL's
+package counter also holds whatever else ran on the package meanwhile).
 """
 
 from __future__ import annotations
