@@ -100,6 +100,7 @@ def gpu_telemetry() -> list[dict[str, Any]] | dict[str, str]:
                 "power_limit_w": (lambda mw: mw / 1000 if mw is not None else None)(read("nvmlDeviceGetEnforcedPowerLimit")),
                 "throttle_reasons": throttle,
                 "throttle_reasons_hex": hex(throttle) if throttle is not None else None,
+                **application_clocks(read),
             })
         driver = pynvml.nvmlSystemGetDriverVersion()
         for gpu in gpus:
@@ -107,6 +108,24 @@ def gpu_telemetry() -> list[dict[str, Any]] | dict[str, str]:
     finally:
         pynvml.nvmlShutdown()
     return gpus
+
+
+#: What `clocks_locked` can and cannot see, stored beside it.
+CLOCKS_LOCKED_NOTE = ("true when an application clock target differs from its default (nvidia-smi -ac); NVML has no reader "
+                      "for locked GPU clocks (nvidia-smi -lgc), which show only as SM clocks held below the maximum")
+
+
+def application_clocks(read: Any) -> dict[str, Any]:
+    """The application clock targets and defaults (MHz) and whether they were set away from the default, from `read(name, args=...)`."""
+    out: dict[str, Any] = {}
+    for clock in ("SM", "MEM"):
+        for which in ("TARGET", "DEFAULT"):
+            out[f"app_{clock.lower()}_clock_{which.lower()}_mhz"] = read("nvmlDeviceGetClock", args=(f"NVML_CLOCK_{clock}", f"NVML_CLOCK_ID_APP_CLOCK_{which}"))
+    pairs = [(out[f"app_{c}_clock_target_mhz"], out[f"app_{c}_clock_default_mhz"]) for c in ("sm", "mem")]
+    known = [(t, d) for t, d in pairs if t is not None and d is not None]
+    out["clocks_locked"] = any(t != d for t, d in known) if known else None
+    out["clocks_locked_note"] = CLOCKS_LOCKED_NOTE
+    return out
 
 
 def fingerprint(device: str = "cpu") -> dict[str, Any]:

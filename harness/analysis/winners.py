@@ -19,26 +19,34 @@ def default_baseline(frame: pd.DataFrame) -> str | None:
     return str(declared.iloc[0]) if len(declared) else None
 
 
-def winners(frame: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
-    """Per case, the fastest agreeing backend, its margin over the runner-up and its speedup over `baseline`."""
+def winners(frame: pd.DataFrame, baseline: str | None = None, metric: str = "latency_ms_median") -> pd.DataFrame:
+    """Per case, the agreeing backend lowest in `metric` (the fastest by default), its margin over the runner-up and its ratio to `baseline`.
+
+    With another metric (energy per call) rows without it are left out, its columns are named after it
+    (`winner_<metric>`) and `within_noise` is None: only latency has a p20–p80 range to judge noise by.
+    """
     rows = agreeing_rows(frame)
+    by_latency = metric == "latency_ms_median"
+    if not by_latency:
+        rows = rows[pd.to_numeric(rows[metric], errors="coerce").notna()] if metric in rows.columns else rows.iloc[0:0]
+    unit = "ms" if by_latency else metric
     baseline = baseline or default_baseline(frame)
     out = []
     for case_id, sub in rows.groupby("case_id", sort=False):
-        sub = sub.sort_values("latency_ms_median")
+        sub = sub.sort_values(metric)
         best = sub.iloc[0]
         second = sub.iloc[1] if len(sub) > 1 else None
         base = sub[sub["backend"] == baseline]
-        base_ms = float(base["latency_ms_median"].iloc[0]) if not base.empty else None
+        base_value = float(base[metric].iloc[0]) if not base.empty else None
         out.append({
             "case_id": case_id, **{k: best[k] for k in ("B", "S_q", "S_kv", "S", "H", "H_kv", "d_k", "dtype", "causal", "mode")},
-            "winner": best["backend"], "winner_ms": float(best["latency_ms_median"]),
+            "winner": best["backend"], f"winner_{unit}": float(best[metric]),
             "runner_up": second["backend"] if second is not None else None,
-            "runner_up_ms": float(second["latency_ms_median"]) if second is not None else None,
-            "margin_pct": 100.0 * (float(second["latency_ms_median"]) / float(best["latency_ms_median"]) - 1.0) if second is not None else None,
-            "within_noise": bool(second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"])),
-            "candidates": len(sub), "baseline": baseline, "baseline_ms": base_ms,
-            "speedup_vs_baseline": base_ms / float(best["latency_ms_median"]) if base_ms else None,
+            f"runner_up_{unit}": float(second[metric]) if second is not None else None,
+            "margin_pct": 100.0 * (float(second[metric]) / float(best[metric]) - 1.0) if second is not None else None,
+            "within_noise": bool(second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"])) if by_latency else None,
+            "candidates": len(sub), "baseline": baseline, f"baseline_{unit}": base_value,
+            "speedup_vs_baseline": base_value / float(best[metric]) if base_value else None,
         })
     return pd.DataFrame(out)
 

@@ -58,7 +58,7 @@ def run_profile(case: Case, backend_name: str, steps: int, out: Path, ncu: bool)
         raise UserError(f"--steps must be at least 1, got {steps}")
     backend = load_registry().get(backend_name)
     folder = profile_folder(out, case, backend_name)
-    phases = Phases(check=True, time=True, memory=False, profile=True, profile_steps=steps, traces=folder)
+    phases = Phases(check=True, time=True, memory=False, energy=False, profile=True, profile_steps=steps, traces=folder)
     budget = CUDA_BUDGET if case.device == "cuda" else QUICK_BUDGET
     outcome = run_pair(case, backend, phases, budget=budget)
     if outcome.status is not Status.OK:

@@ -97,7 +97,7 @@ def _child(case_id: str, device: str, backend: str, measure_s: float) -> None:
     from harness.measure.timing import QUICK_BUDGET
 
     case = parse_case_id(case_id, device)
-    runner = PairRunner(budget=replace(QUICK_BUDGET, measure_s=measure_s, max_rounds=10_000), phases=Phases(check=False, memory=False))
+    runner = PairRunner(budget=replace(QUICK_BUDGET, measure_s=measure_s, max_rounds=10_000), phases=Phases(check=False, memory=False, energy=False))
     emit(execute(case, load_registry().get(backend), runner).to_dict())
 
 

@@ -21,7 +21,8 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.errors import Unsupported
-from harness.measure import theory
+from harness.measure import gpu_state, theory
+from harness.measure.energy import EnergyResult, pair_energy
 from harness.measure.memory import MemoryPeak, PeakMeter, measure_peak
 from harness.measure.profile import ProfileSummary, profile_step
 from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
@@ -29,7 +30,7 @@ from harness.measure.reference import ReferenceCache
 from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error, one_line
 from harness.measure.shared_inputs import InputsCache, modified_inputs
 from harness.measure.timers import between_sample_setup, device_clock, graph_replay, kernel_measurement, timer_name
-from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, Measurement, keep_last, measure
+from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, Measurement, direct_loop, keep_last, measure
 from harness.results.record import Record, Status
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, make_inputs
@@ -50,6 +51,8 @@ class Phases:
     #: What a sample is: `events` (device time between events; perf_counter on the CPU), `kernels`
     #: (the profiler's kernel time per call) or `graph` (a CUDA graph replay): harness.measure.timers.
     timer: str = "events"
+    #: With `time`: energy per call, calls back to back after the check, where the device has an energy counter.
+    energy: bool = True
     #: A few steps under torch.profiler after everything else (never inside a timed sample).
     profile: bool = False
     #: Profiled steps, and the folder a Chrome trace of each pair goes to (None: no trace file).
@@ -73,13 +76,16 @@ class PairOutcome:
     profile: ProfileSummary | None = None
     timer: str | None = None
     compile_s: float | None = None
+    #: The GPU's clocks, power and throttling over the timed samples, and the energy phase's result.
+    state: gpu_state.StateSummary | None = None
+    energy: EnergyResult | None = None
     notes: dict[str, Any] = field(default_factory=dict)
     #: Host seconds of each phase that ran (PHASE_NAMES), and of the whole pair ("pair", clean-up included).
     seconds: dict[str, float] = field(default_factory=dict)
 
 
 #: The phases whose seconds a record carries: where a sweep's wall time goes (issue: overhead is a measured number).
-PHASE_NAMES = ("inputs", "prepare", "check", "warmup", "timed", "memory", "profile")
+PHASE_NAMES = ("inputs", "prepare", "check", "warmup", "timed", "memory", "energy", "profile")
 
 
 class _Stopwatch:
@@ -235,8 +241,10 @@ def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Bu
             # Captured inside the window: a replay allocates nothing, its memory is the graph pool the capture fills.
             step = graph_replay(step, case)
     timed, held = keep_last(step)
+    sampler = gpu_state.StateSampler(gpu_state.telemetry_for(case.device))  # reads the GPU while the timed rounds run, not the warm-up
     with watch("warmup"):
-        outcome.measurement = measure(timed, clock, budget, setup=setup, loop=loop)
+        outcome.measurement = measure(timed, clock, budget, setup=setup, loop=sampler.around(loop or direct_loop(clock)))
+    outcome.state = sampler.summary
     with watch("memory"):
         if meter is not None:
             outcome.peak = meter.stop()
@@ -296,6 +304,9 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
         with watch("check"):
             agreement = modified_inputs(drawn, inputs) or _agreement(case, backend, prepared, inputs, result, phases, references)
             del result
+        if phases.time and phases.energy:
+            with watch("energy"):
+                outcome.energy = pair_energy(step, case.device, outcome.measurement.stats.median)
         if phases.profile:
             with watch("profile"):
                 _profile_phase(case, backend, step, phases, outcome)
@@ -352,6 +363,9 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
         record.run_queue_wait_ratio, record.involuntary_switches = m.run_queue_wait_ratio, m.involuntary_switches
         record.sample_ms = [s * 1e3 for s in stats.samples]
         record.tflops, record.gbps = record.flops / stats.median / 1e12, record.bytes / stats.median / 1e9
+    for name, value in {**(outcome.state.columns() if outcome.state else {}),
+                        **(outcome.energy.columns(record.flops) if outcome.energy else {})}.items():
+        setattr(record, name, value)
     if outcome.profile is not None:
         median_s = record.latency_ms_median / 1e3 if record.latency_ms_median is not None else None
         for name, value in outcome.profile.record_columns(median_s).items():

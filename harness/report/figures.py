@@ -125,6 +125,13 @@ def latency_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figu
     return _per_group_figures(rows, "latency_ms_median", "median latency (ms)", "Latency against S", "Median of the timed samples; log-log axes. The projections curve, where present, is the layer's Q/K/V/O term.", colors)
 
 
+def energy_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
+    """Energy per call against S per backend, log-log (rows with an energy figure only)."""
+    rows = analysis.ok_rows(frame)
+    return _per_group_figures(rows, "energy_mj_per_call", "energy per call (mJ)", "Energy per call against S",
+                              "The board's (or CPU package's) energy per call, static power included, from the energy phase after the timed samples; log-log axes.", colors)
+
+
 def tflops_figures(frame: pd.DataFrame, peaks: Mapping[str, Any], colors: Mapping[str, Any]) -> list[Figure]:
     """Achieved TFLOP/s against S per backend, with each run's measured matmul peak for the dtype drawn as a dashed line."""
     rows = analysis.ok_rows(frame)

@@ -21,6 +21,7 @@ PHASE_WORDS = {
     "warmup": "warm-up (the pair's first call) and calibration",
     "timed": "the timed samples",
     "memory": "resetting and reading the peak-memory counters",
+    "energy": "the energy phase (calls back to back on the energy counter; none without one)",
     "profile": "the profiled pass",
 }
 

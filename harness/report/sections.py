@@ -20,6 +20,7 @@ from harness.report.flags import flag_summary, flags_section
 from harness.report.page import esc, fmt
 from harness.report.profiling import profiling_section
 from harness.report.runtime import runtime_section
+from harness.report.state_energy import state_energy_section, state_summary
 from harness.report.telemetry import telemetry_html
 from harness.report.writer import Csv, Section, Table
 
@@ -66,6 +67,9 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
     flagged = flag_summary(frame)
     if flagged:
         warnings.append(flagged)
+    throttled = state_summary(frame)
+    if throttled:
+        warnings.append(throttled)
     if len(data.dirs) > 1:
         from harness.analysis.compare import environment_differences
 
@@ -314,6 +318,7 @@ def sections(data: analysis.RunData, baseline: str) -> list[Section]:
         _choose(frame, wins, speed, baseline, colors),
         _latency(frame, ok, colors),
         flags_section(frame),
+        state_energy_section(frame, baseline, colors),
         _roofline(data, ok, colors),
         _crossover(frame, analysis.crossovers(frame), colors),
         _scaling(frame, fits),

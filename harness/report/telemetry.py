@@ -12,25 +12,9 @@ from typing import Any
 
 import pandas as pd
 
+from harness.measure.gpu_state import SLOWDOWN_BITS, throttle_words
 from harness.report.page import esc, fmt
 from harness.report.writer import Table, render_table
-
-#: nvidia-ml-py's nvmlClocksThrottleReason* (alias nvmlClocksEventReason*) bits, named for a reader.
-THROTTLE_BITS = {
-    0x1: "GPU idle",
-    0x2: "applications clocks setting",
-    0x4: "SW power cap",
-    0x8: "HW slowdown",
-    0x10: "sync boost",
-    0x20: "SW thermal slowdown",
-    0x40: "HW thermal slowdown",
-    0x80: "HW power brake",
-    0x100: "display clock setting",
-    0x200: "board limit",
-    0x400: "reliability",
-}
-#: The bits that mean the GPU gave up performance it had (all but idle and the clock settings someone chose).
-SLOWDOWN_BITS = 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x200 | 0x400
 
 
 def throttle_mask(value: Any) -> int | None:
@@ -45,15 +29,6 @@ def throttle_mask(value: Any) -> int | None:
         except ValueError:
             return None
     return None
-
-
-def throttle_words(mask: int) -> str:
-    """The names of a mask's bits ("none" for 0), unknown bits in hex."""
-    if mask == 0:
-        return "none"
-    named = [name for bit, name in THROTTLE_BITS.items() if mask & bit]
-    unknown = mask & ~sum(THROTTLE_BITS)
-    return ", ".join(named + ([hex(unknown)] if unknown else []))
 
 
 def throttle_cell(value: Any, row: Any) -> tuple[str, str]:

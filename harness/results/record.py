@@ -151,6 +151,37 @@ class Record:
     time_memory_s: float | None = None
     time_profile_s: float | None = None
     time_pair_s: float | None = None
+    #: -- The machine's state and energy (harness.measure.gpu_state, harness.measure.energy). --
+    #: Host seconds of the energy phase (after the check; none where there is no energy counter).
+    time_energy_s: float | None = None
+    #: NVML readings over the timed samples (start, end, every 20 ms between): SM clock MHz (lowest, median),
+    #: memory clock MHz (median), temperature °C (highest), board power W (mean), throttle reason bits OR-ed,
+    #: how many readings, and the SM clock MHz the device is meant to sustain. None on a CPU row.
+    gpu_sm_clock_mhz_min: float | None = None
+    gpu_sm_clock_mhz_median: float | None = None
+    gpu_mem_clock_mhz_median: float | None = None
+    gpu_temperature_c_max: float | None = None
+    gpu_power_w_mean: float | None = None
+    gpu_throttle_reasons: int | None = None
+    gpu_state_readings: int | None = None
+    gpu_sustained_sm_clock_mhz: float | None = None
+    #: A power/thermal/hardware slowdown reason was set, or the SM clock fell below the sustained one, while the
+    #: samples ran (the row's latency is the slowed GPU's); `throttle_reason` says which. None: not read.
+    throttled: bool | None = None
+    throttle_reason: str | None = None
+    #: Why the GPU state columns are empty (a CPU row, NVML missing).
+    gpu_state_reason: str | None = None
+    #: The energy phase: mJ per call, mean W and GFLOP per joule between two changes of the counter, over
+    #: `energy_window_s` seconds and `energy_calls` back-to-back calls in which it changed `energy_counter_updates`
+    #: times; `energy_counter` names it (nvml-total-energy, rapl:…), `energy_reason` says why there is no figure.
+    energy_mj_per_call: float | None = None
+    avg_power_w: float | None = None
+    gflop_per_joule: float | None = None
+    energy_window_s: float | None = None
+    energy_calls: int | None = None
+    energy_counter_updates: int | None = None
+    energy_counter: str | None = None
+    energy_reason: str | None = None
     run_id: str = ""
     worker: str = "0"
     #: Where the pair ran when that is not this machine (`--executor ray`): the node's address and its device's model.

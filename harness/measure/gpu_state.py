@@ -1,0 +1,292 @@
+"""The GPU's state while a pair's timed samples ran: SM and memory clocks, temperature, power and throttle reasons.
+
+NVML (nvidia-ml-py) is reached through one small seam, `GpuTelemetry`, so tests inject a fake and
+the harness never needs a GPU to be tested. `StateSampler` brackets the timed samples the way the
+peak-memory meter does: one reading as they start, one as they end, and a background thread reading
+every SAMPLE_PERIOD_S in between (at most MAX_READINGS). The thread costs the timed samples little:
+ctypes releases the GIL for each NVML call, so the launching thread only waits for the thread's few
+lines of Python every 20 ms, and CUDA samples are device time between events (the host's gaps are
+covered by the clock's spin). It cannot be pinned off the launching core (the CPU's cores are shared
+and not ours to assign), which is why it is slow rather than pinned.
+
+A row is `throttled` when a power, thermal or hardware slowdown reason (SLOWDOWN_BITS) was set during the window, or when its lowest SM clock fell more than
+SUSTAINED_TOLERANCE below the device's sustained clock: the clock NVML reports as the device's
+maximum, or the application clock target where an administrator set it lower (then that is what the
+GPU is meant to run at). The idle bit (0x1) alone is not throttling; a clock still ramping from idle is.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+SAMPLE_PERIOD_S = 0.02
+MAX_READINGS = 500
+#: A lowest SM clock this far below the sustained clock marks the row throttled (clocks move in ~15 MHz steps).
+SUSTAINED_TOLERANCE = 0.03
+#: What a CPU row says instead of GPU state.
+NO_GPU = "no NVIDIA GPU: a CPU row has no GPU clocks, power or throttle reasons to read"
+
+#: nvidia-ml-py's nvmlClocksThrottleReason* (alias nvmlClocksEventReason*) bits, named for a reader.
+THROTTLE_BITS = {
+    0x1: "GPU idle",
+    0x2: "applications clocks setting",
+    0x4: "SW power cap",
+    0x8: "HW slowdown",
+    0x10: "sync boost",
+    0x20: "SW thermal slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake",
+    0x100: "display clock setting",
+    0x200: "board limit",
+    0x400: "reliability",
+}
+#: The bits that mean the GPU gave up performance it had (all but idle and the clock settings someone chose).
+SLOWDOWN_BITS = 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x200 | 0x400
+
+
+def throttle_words(mask: int) -> str:
+    """The names of a mask's bits ("none" for 0), unknown bits in hex."""
+    if mask == 0:
+        return "none"
+    named = [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+    unknown = mask & ~sum(THROTTLE_BITS)
+    return ", ".join(named + ([hex(unknown)] if unknown else []))
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One NVML reading: clocks in MHz, temperature in °C, power in W, and the throttle reason bits."""
+
+    sm_clock_mhz: float | None
+    mem_clock_mhz: float | None
+    temperature_c: float | None
+    power_w: float | None
+    throttle_reasons: int | None
+
+
+class GpuTelemetry(Protocol):
+    """What the harness reads of the GPU a process runs on."""
+
+    def read(self) -> GpuReading:
+        """The device's state now."""
+        ...
+
+    def sustained_sm_clock_mhz(self) -> float | None:
+        """The SM clock the device is meant to hold under load (None when NVML cannot say)."""
+        ...
+
+    def energy_mj(self) -> float | None:
+        """The device's total-energy counter in mJ (None where the GPU has none)."""
+        ...
+
+
+def _call(pynvml: Any, name: str, *args: Any) -> Any:
+    """An NVML function by name, None when this nvidia-ml-py lacks it or the device does not support it."""
+    fn = getattr(pynvml, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - NVML raises NVMLError_NotSupported per query: that query is one None
+        return None
+
+
+class NvmlTelemetry:
+    """GpuTelemetry over pynvml for one device handle."""
+
+    def __init__(self, pynvml: Any, handle: Any) -> None:
+        self.pynvml, self.handle = pynvml, handle
+
+    def read(self) -> GpuReading:
+        """Clocks, temperature, power and throttle reasons, each None where NVML refuses."""
+        nv, h = self.pynvml, self.handle
+        # Renamed over releases: "throttle" reasons became "event" reasons in nvidia-ml-py 12.x.
+        reasons = _call(nv, "nvmlDeviceGetCurrentClocksEventReasons", h)
+        if reasons is None:
+            reasons = _call(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        power_mw = _call(nv, "nvmlDeviceGetPowerUsage", h)
+        return GpuReading(
+            sm_clock_mhz=_call(nv, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM),
+            mem_clock_mhz=_call(nv, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_MEM),
+            temperature_c=_call(nv, "nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU),
+            power_w=power_mw / 1000 if power_mw is not None else None,
+            throttle_reasons=reasons,
+        )
+
+    def energy_mj(self) -> float | None:
+        """NVML's total energy since the driver loaded, in mJ (Volta and later)."""
+        return _call(self.pynvml, "nvmlDeviceGetTotalEnergyConsumption", self.handle)
+
+    def sustained_sm_clock_mhz(self) -> float | None:
+        """The device's maximum SM clock, or its application clock target where that is set lower."""
+        nv, h = self.pynvml, self.handle
+        top = _call(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_SM)
+        target = _call(nv, "nvmlDeviceGetClock", h, nv.NVML_CLOCK_SM, getattr(nv, "NVML_CLOCK_ID_APP_CLOCK_TARGET", 1))
+        known = [c for c in (top, target) if c]
+        return float(min(known)) if known else None
+
+
+def nvml_handle(pynvml: Any, uuid: str | None, cuda_index: int, visible: list[str] | None = None) -> Any:
+    """The NVML handle of the process's CUDA device: by its UUID where torch gives one, else through CUDA_VISIBLE_DEVICES.
+
+    NVML numbers every GPU of the machine, CUDA only those CUDA_VISIBLE_DEVICES leaves (by index or
+    UUID), so CUDA's device 0 may be NVML's GPU 3; the UUID is the one name both share. Raises
+    LookupError rather than read another process's GPU when neither says which it is.
+    """
+    if uuid:
+        name = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+        handle = _call(pynvml, "nvmlDeviceGetHandleByUUID", name)
+        if handle is not None:
+            return handle
+    if visible is None:
+        return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+    entry = visible[cuda_index] if cuda_index < len(visible) else ""
+    if entry.isdigit():
+        return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+    handle = _call(pynvml, "nvmlDeviceGetHandleByUUID", entry) if entry else None
+    if handle is None:
+        raise LookupError(f"cannot tell which NVML device CUDA device {cuda_index} is (CUDA_VISIBLE_DEVICES={','.join(visible)})")
+    return handle
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """This process's GPU telemetry, or why there is none."""
+
+    gpu: GpuTelemetry | None
+    reason: str | None = None
+
+
+def open_nvml() -> Telemetry:
+    """NVML for the current CUDA device, or the reason it cannot be read (no nvidia-ml-py, no driver)."""
+    try:
+        import pynvml
+    except ImportError:
+        return Telemetry(None, "nvidia-ml-py (pynvml) is not installed: no GPU clocks, power or energy per row")
+    try:
+        import torch
+
+        from harness.run.workers import visible_gpus  # imported here: harness.run imports the measurement side
+
+        pynvml.nvmlInit()  # left initialised for the worker's life: every pair reads it, shutdown would only re-init
+        index = torch.cuda.current_device()
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        handle = nvml_handle(pynvml, str(uuid) if uuid is not None else None, index, visible_gpus(os.environ))
+        return Telemetry(NvmlTelemetry(pynvml, handle))
+    except Exception as exc:  # noqa: BLE001 - no driver, no device: the rows say so
+        return Telemetry(None, f"NVML did not start: {' '.join(str(exc).split())[:200]}")
+
+
+@functools.lru_cache(maxsize=None)
+def telemetry_for(device: str) -> Telemetry:
+    """The telemetry of a device type, opened once per process: NVML on CUDA, none (with the reason) on the CPU."""
+    return open_nvml() if device.startswith("cuda") else Telemetry(None, NO_GPU)
+
+
+@dataclass(frozen=True)
+class StateSummary:
+    """The GPU's state over one window, as a row stores it (units in the names), or why it was not read."""
+
+    sm_clock_mhz_min: float | None = None
+    sm_clock_mhz_median: float | None = None
+    mem_clock_mhz_median: float | None = None
+    temperature_c_max: float | None = None
+    power_w_mean: float | None = None
+    throttle_reasons: int | None = None
+    readings: int = 0
+    sustained_sm_clock_mhz: float | None = None
+    throttled: bool | None = None
+    throttle_reason: str | None = None
+    unavailable: str | None = None
+
+    def columns(self) -> dict[str, Any]:
+        """The record's GPU state columns."""
+        return {
+            "gpu_sm_clock_mhz_min": self.sm_clock_mhz_min, "gpu_sm_clock_mhz_median": self.sm_clock_mhz_median,
+            "gpu_mem_clock_mhz_median": self.mem_clock_mhz_median, "gpu_temperature_c_max": self.temperature_c_max,
+            "gpu_power_w_mean": self.power_w_mean, "gpu_throttle_reasons": self.throttle_reasons,
+            "gpu_state_readings": self.readings or None, "gpu_sustained_sm_clock_mhz": self.sustained_sm_clock_mhz,
+            "throttled": self.throttled, "throttle_reason": self.throttle_reason, "gpu_state_reason": self.unavailable,
+        }
+
+
+def _values(readings: list[GpuReading], name: str) -> list[float]:
+    return [float(v) for v in (getattr(r, name) for r in readings) if v is not None]
+
+
+def summarize(readings: list[GpuReading], sustained_mhz: float | None) -> StateSummary:
+    """Min/median SM clock, median memory clock, max temperature, mean power, OR-ed reasons, and the throttled verdict."""
+    sm, mem, temp, power = (_values(readings, n) for n in ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w"))
+    masks = [r.throttle_reasons for r in readings if r.throttle_reasons is not None]
+    reasons = functools.reduce(lambda a, b: a | b, masks, 0) if masks else None
+    why = []
+    if reasons is not None and reasons & SLOWDOWN_BITS:
+        why.append(f"NVML reported {throttle_words(reasons & SLOWDOWN_BITS)} ({hex(reasons & SLOWDOWN_BITS)})")
+    if sm and sustained_mhz and min(sm) < sustained_mhz * (1 - SUSTAINED_TOLERANCE):
+        why.append(f"SM clock fell to {min(sm):.0f} MHz, below the sustained {sustained_mhz:.0f} MHz")
+    judged = bool(sm) or reasons is not None
+    return StateSummary(
+        sm_clock_mhz_min=min(sm) if sm else None, sm_clock_mhz_median=statistics.median(sm) if sm else None,
+        mem_clock_mhz_median=statistics.median(mem) if mem else None, temperature_c_max=max(temp) if temp else None,
+        power_w_mean=statistics.fmean(power) if power else None, throttle_reasons=reasons, readings=len(readings),
+        sustained_sm_clock_mhz=sustained_mhz, throttled=bool(why) if judged else None,
+        throttle_reason="; ".join(why) or None, unavailable=None if judged else "NVML returned no clock or throttle reason",
+    )
+
+
+@dataclass
+class StateSampler:
+    """Readings of one GPU over a window: at its start, its end, and every `period_s` between (None: no thread)."""
+
+    telemetry: Telemetry
+    period_s: float | None = SAMPLE_PERIOD_S
+    readings: list[GpuReading] = field(default_factory=list)
+    #: The last window's summary, set when `around`'s loop ends.
+    summary: StateSummary | None = None
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Read once and start the background readings."""
+        gpu = self.telemetry.gpu
+        if gpu is None:
+            return
+        self.readings = [gpu.read()]
+        self._stop.clear()
+        if self.period_s:
+            self._thread = threading.Thread(target=self._run, name="gpu-state-sampler", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s) and len(self.readings) < MAX_READINGS:
+            self.readings.append(self.telemetry.gpu.read())  # type: ignore[union-attr]
+
+    def stop(self) -> StateSummary:
+        """Stop the thread, read once more, and summarise the window."""
+        gpu = self.telemetry.gpu
+        if gpu is None:
+            return StateSummary(unavailable=self.telemetry.reason)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.readings.append(gpu.read())
+        return summarize(self.readings, gpu.sustained_sm_clock_mhz())
+
+    def around(self, loop: Callable[..., list[float]]) -> Callable[..., list[float]]:
+        """`loop` (a timing Loop) with this sampler running exactly while its rounds run."""
+        def sampled(fn: Callable[[], object], **kwargs: Any) -> list[float]:
+            self.start()
+            try:
+                return loop(fn, **kwargs)
+            finally:
+                self.summary = self.stop()
+
+        return sampled
