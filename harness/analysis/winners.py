@@ -39,6 +39,7 @@ def winners(frame: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
             "within_noise": bool(second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"])),
             "candidates": len(sub), "baseline": baseline, "baseline_ms": base_ms,
             "speedup_vs_baseline": base_ms / float(best["latency_ms_median"]) if base_ms else None,
+            "winner_repro": best.get("repro"),
         })
     return pd.DataFrame(out)
 
