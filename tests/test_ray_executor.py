@@ -148,6 +148,8 @@ def test_ray_run_has_the_rows_of_a_local_run(tmp_path):
         assert (row["status"], row["agree"], row["run_id"]) == (local_rows[key]["status"], local_rows[key]["agree"], "ray")
         assert row["latency_ms_median"] > 0 and row["samples"] >= 2
         assert_names_its_node(row)
+        # The driver stamps what the manifest knows: the same order as the local run, and the command that re-runs the pair.
+        assert row["order_in_case"] == local_rows[key]["order_in_case"] and f"--backends {row['backend']}" in row["repro"]
     # env.json and peaks.json: one entry per node, measured there; the top level stands for all nodes.
     node = next(iter(ray_rows.values()))["node"]
     env = json.loads((tmp_path / "ray" / "env.json").read_text())
@@ -346,6 +348,7 @@ def test_ray_options_without_the_ray_executor_are_refused(tmp_path, capsys, args
     (["--workers", "2"], "--workers is for the local executor"),
     (["--gpus", "0"], "--gpus is for the local executor"),
     (["--memory-limit", "1GiB"], "--memory-limit is for the local executor"),
+    (["--cooldown", "30"], "--cooldown is for the local executor"),
     (["--timeout", "0"], "--timeout must be a positive"),
 ])
 def test_bad_ray_options_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, message):
