@@ -88,6 +88,12 @@ def test_the_manifest_and_the_records_carry_the_order_used(tmp_path, capsys):
     # One worker: it measured the pairs in the manifest's order (pytest neither re-sorted them nor used the suite's).
     assert [f"{r['case_id']}-{r['backend']}" for r in rows] == manifest["pairs"]
     assert [r["order_in_case"] for r in rows] == [0, 1] * 4
+    # --resume runs what is left in the same order: the manifest's, not the suite's.
+    records = tmp_path / "r" / "records.jsonl"
+    records.write_text("".join(records.read_text().splitlines(keepends=True)[:3]))
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [f"{r['case_id']}-{r['backend']}" for r in rows] == manifest["pairs"] and [r["order_in_case"] for r in rows] == [0, 1] * 4
 
 
 def test_a_bad_order_seed_is_one_line(tmp_path, capsys):
