@@ -148,6 +148,8 @@ def test_ray_run_has_the_rows_of_a_local_run(tmp_path):
         assert (row["status"], row["agree"], row["run_id"]) == (local_rows[key]["status"], local_rows[key]["agree"], "ray")
         assert row["latency_ms_median"] > 0 and row["samples"] >= 2
         assert_names_its_node(row)
+        # The driver stamps what the manifest knows: the same order as the local run, and the command that re-runs the pair.
+        assert row["order_in_case"] == local_rows[key]["order_in_case"] and f"--backends {row['backend']}" in row["repro"]
     # env.json and peaks.json: one entry per node, measured there; the top level stands for all nodes.
     node = next(iter(ray_rows.values()))["node"]
     env = json.loads((tmp_path / "ray" / "env.json").read_text())
@@ -171,7 +173,7 @@ def test_ray_run_has_the_rows_of_a_local_run(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_killed_task_is_crashed_hung_task_is_cancelled_and_the_rest_finish(tmp_path, ray_cluster):
-    # Backends run in this order within a case's task: after t-kill dies, t-slow and the others need a new task.
+    # Backends run in the run's order within a case's task: after t-kill (or t-hang) dies, the rest need a new task.
     backends = ["naive", "t-kill", "t-slow", "t-hang", "t-oom", "t-sticky"]
     suite = write_suite(tmp_path / "sweep.toml", backends, [16, 32])
     env = ray_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0")
@@ -193,11 +195,12 @@ def test_killed_task_is_crashed_hung_task_is_cancelled_and_the_rest_finish(tmp_p
     assert status[32, "t-sticky"]["status"] == "crashed" and status[32, "t-sticky"]["reason"].startswith("sticky CUDA error")
     for record in records:  # the rows the driver wrote for a dead or cancelled task name the node too
         assert_names_its_node(record)
-    # Each death cost its process: the pair after it ran in a new one.
-    pids = {line.split()[0]: int(line.split()[1]) for line in (tmp_path / "executions.log").read_text().splitlines()}
+    # Each death cost its process: the pair after it in the run's order (the manifest's) ran in a new one.
     case = "B1-Sq32-Skv32-H2-Hkv2-dk16-fp32"
-    assert pids[f"{case}-t-kill"] == int(WORKER.match(killed["worker"])["pid"]) != pids[f"{case}-t-slow"]
-    assert pids[f"{case}-t-hang"] != pids[f"{case}-t-oom"]
+    executed = [line.split() for line in (tmp_path / "executions.log").read_text().splitlines() if line.startswith(f"{case}-")]
+    assert dict(executed)[f"{case}-t-kill"] == WORKER.match(killed["worker"])["pid"]
+    deaths = [(key, pid, next_pid) for (key, pid), (_, next_pid) in zip(executed, executed[1:]) if key in {f"{case}-t-kill", f"{case}-t-hang"}]
+    assert deaths and all(pid != next_pid for _, pid, next_pid in deaths), executed
 
 
 # -- kill -9 of the driver, then --resume ------------------------------------------------------------------------------
@@ -346,6 +349,7 @@ def test_ray_options_without_the_ray_executor_are_refused(tmp_path, capsys, args
     (["--workers", "2"], "--workers is for the local executor"),
     (["--gpus", "0"], "--gpus is for the local executor"),
     (["--memory-limit", "1GiB"], "--memory-limit is for the local executor"),
+    (["--cooldown", "30"], "--cooldown is for the local executor"),
     (["--timeout", "0"], "--timeout must be a positive"),
 ])
 def test_bad_ray_options_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, message):

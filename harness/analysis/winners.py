@@ -47,6 +47,7 @@ def winners(frame: pd.DataFrame, baseline: str | None = None, metric: str = "lat
             "within_noise": bool(second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"])) if by_latency else None,
             "candidates": len(sub), "baseline": baseline, f"baseline_{unit}": base_value,
             "speedup_vs_baseline": base_value / float(best[metric]) if base_value else None,
+            "winner_repro": best.get("repro"),
         })
     return pd.DataFrame(out)
 

@@ -30,6 +30,16 @@ def _comma_list(text: str) -> list[str]:
     return items
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
 def cmd_backends(args: argparse.Namespace) -> int:
     """List every registered backend, available or not, and why."""
     from harness.backends.registry import load_registry
@@ -68,6 +78,8 @@ def cmd_stability(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a suite (or resume a run) under the supervisor of the chosen executor and print where the results are."""
+    from harness.run.cooldown import parse_cooldown
+    from harness.run.order import DEFAULT_ORDER_SEED
     from harness.run.supervisor import RunConfig, supervisor_for
 
     if args.model is not None:
@@ -84,7 +96,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A resumed run is the run its manifest describes: these would silently be ignored.
         fixed = {"--suite/--model": args.suite, "--backends": args.backends, "--force": args.force or None, "--run-id": args.run_id,
                  "--device": args.device, "--only": args.only, "--no-check": args.no_check or None,
-                 "--profile": args.profile or None, "--traces": args.traces or None, "--timer": args.timer}
+                 "--profile": args.profile or None, "--traces": args.traces or None, "--timer": args.timer,
+                 "--case": args.case, "--order-seed": args.order_seed, "--cooldown": args.cooldown}
         clash = [flag for flag, value in fixed.items() if value is not None]
         if clash:
             raise UserError(f"--resume finishes the run as its manifest describes it; {', '.join(clash)} cannot change it (start a new run instead)")
@@ -95,6 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
         memory_limit=_parse_size("--memory-limit", args.memory_limit), profile=args.profile, traces=args.traces,
         timer=args.timer or "events", executor=args.executor, ray_address=args.ray_address,
+        cases=args.case or [], order_seed=DEFAULT_ORDER_SEED if args.order_seed is None else args.order_seed,
+        cooldown_s=parse_cooldown(args.cooldown),
     )
     summary = supervisor_for(config).run()
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
@@ -165,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite an existing run folder")
     p.add_argument("--resume", metavar="RUN_DIR", help="finish a run: only pairs without a record are run")
     p.add_argument("--only", type=_comma_list, help="run only pairs whose key (<case id>-<backend>) contains each of these substrings")
+    p.add_argument("--case", type=_comma_list, metavar="ID[,ID]", help="run only the cases of these exact ids (a record's case_id)")
+    p.add_argument("--order-seed", type=_non_negative_int, metavar="N",
+                   help="seed of the order of each case's backends (seeded Latin-square blocks; default 0, recorded in the manifest)")
+    p.add_argument("--cooldown", nargs="?", const="auto", metavar="SECONDS|auto",
+                   help="CUDA: before each pair wait until the GPU is back within 3 °C of its idle temperature, "
+                        "at most SECONDS (auto: 60); the row records cooldown_s")
     p.add_argument("--no-check", action="store_true", help="skip the agreement check against float64")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one pair may run before it is killed (default 600)")
     p.add_argument("--memory-limit", metavar="SIZE",

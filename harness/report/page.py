@@ -28,6 +28,7 @@ th{background:#eef1f6}.scroll th{position:sticky;top:0;z-index:1}td.t,th.t{text-
 figure{margin:10px 0 22px;background:#fff;border:1px solid #d8dde6;padding:8px;display:inline-block;max-width:100%}
 figure img{max-width:100%;height:auto;display:block}figcaption{font-size:12px;color:#5b6475;max-width:1000px;margin-top:4px}
 code{background:#eef1f6;padding:0 3px;border-radius:3px}
+ul.repro pre{margin:2px 0 6px;white-space:pre-wrap;word-break:break-all}
 """
 
 
@@ -105,6 +106,14 @@ def figure(title: str, data_uri: str, caption: str = "") -> str:
         raise ValueError("figures must be embedded PNG data URIs")
     cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
     return f'<figure><img src="{esc(data_uri)}" alt="{esc(title)}">{cap}</figure>'
+
+
+def commands(title: str, rows: Iterable[tuple[str, Any]]) -> str:
+    """A folded list of shell commands, each under its label (rows without a command are left out; nothing when none has one)."""
+    items = [f"<li>{esc(label)}<pre><code>{esc(command)}</code></pre></li>" for label, command in rows if isinstance(command, str) and command]
+    if not items:
+        return ""
+    return f'<details><summary>{esc(title)}</summary><ul class="repro">{"".join(items)}</ul></details>'
 
 
 def section(anchor: str, title: str, body: Iterable[str]) -> str:

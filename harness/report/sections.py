@@ -17,7 +17,7 @@ from harness import analysis
 from harness.measure import roofline
 from harness.report import figures as figs
 from harness.report.flags import flag_summary, flags_section
-from harness.report.page import esc, fmt
+from harness.report.page import commands, esc, fmt
 from harness.report.profiling import profiling_section
 from harness.report.runtime import runtime_section
 from harness.report.state_energy import state_energy_section, state_summary
@@ -101,6 +101,8 @@ def _choose(frame, wins, speed, baseline, colors) -> Section:
     body.append(Table(wins, columns=["case_id", "winner", "winner_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates", "speedup_vs_baseline"],
                       headers=["case", "winner", "winner ms", "runner-up", "runner-up ms", "margin %", "agreeing backends", f"speedup vs {baseline}"],
                       formats={"margin_pct": lambda v, r: (f"{fmt(v)} (within noise)", "bad") if r["within_noise"] else (fmt(v), "")}))
+    body.append(commands("The command that re-measures each winner alone (run it from the checkout's root)",
+                         [(f"{r.case_id}: {r.winner}", r.winner_repro) for r in wins.itertuples()]))
     if not speed.empty:
         body.append(Csv(speed, "speedup_vs_baseline.csv", index=True))
         body.append(f"<h3>Speedup against {esc(baseline)} (baseline time ÷ backend time; above 1 is faster)</h3>")
@@ -277,9 +279,11 @@ def _failures(frame) -> Section:
                .groupby(["backend", "status", "reason"], sort=True)
                .agg(rows=("case_id", "count"), example=("case_id", "first")).reset_index())
     return Section("failures", "Rows that did not run", [
-        Csv(rows[["case_id", "backend", "status", "reason"]], "failures.csv"),
+        Csv(rows[["case_id", "backend", "status", "reason", "repro"]], "failures.csv"),
         "<p>Unsupported, out-of-memory, failed, crashed and timed-out pairs, with the reason each gave (identical reasons grouped).</p>",
         Table(grouped, headers=["backend", "status", "reason", "rows", "example case"]),
+        commands("The command that re-runs each of these pairs alone (attach it to a bug report)",
+                 [(f"{r.case_id}: {r.backend} ({r.status})", r.repro) for r in rows.itertuples()]),
     ], nav="Failures")
 
 

@@ -187,6 +187,11 @@ class Record:
     #: Where the pair ran when that is not this machine (`--executor ray`): the node's address and its device's model.
     node: str | None = None
     device_name: str | None = None
+    #: Where the pair ran in its case's backend order (0 = first; harness.run.order), how long the GPU was
+    #: let cool before it (`--cooldown`), and the one shell command that re-runs this pair alone (harness.run.repro).
+    order_in_case: int | None = None
+    cooldown_s: float | None = None
+    repro: str | None = None
     timestamp: float = field(default_factory=time.time)
     schema_version: int = SCHEMA_VERSION
     #: Per-call seconds ×1e3 of every timed sample: kept in the JSONL, left out of the flat CSV.

@@ -25,7 +25,7 @@ SUPERVISOR_LOCK = "supervisor.lock"
 WORKERS_LOCK = "workers.lock"
 #: One empty-named file per pair a worker has taken (created with O_EXCL: exactly one worker wins).
 CLAIMS = "claims"
-#: The pair keys still to run, one per line, in the suite's order (the same file for every worker).
+#: The pair keys still to run, one per line, in the run's order (the manifest's, harness.run.order; the same file for every worker).
 PENDING = "pending.txt"
 #: `worker-<name>.current` holds the key of the pair that worker is running, empty between pairs.
 CURRENT_SUFFIX = ".current"

@@ -8,6 +8,7 @@ are the same samples: there is one measurement path.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 from dataclasses import replace
@@ -20,6 +21,9 @@ from harness.backends.registry import load_registry
 from harness.suite.cases import Case
 from harness.errors import UserError
 from harness.run import protocol
+from harness.run.cooldown import worker_cooldown
+from harness.run.repro import RunRows
+from harness.run.rundir import MANIFEST
 from harness.measure.execute import PairRunner, Phases, execute
 from harness.measure.failures import poisons_process
 from harness.results.record import Record
@@ -48,6 +52,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attnbench-parent-pid", type=int, default=None, help="exit when this process (the supervisor) is gone")
     group.addoption("--attnbench-memory-limit", type=int, default=None,
                     help="cap this worker's address space at its start-up size plus this many bytes (RLIMIT_AS)")
+    group.addoption("--attnbench-cooldown", type=float, default=None,
+                    help="before each pair, wait up to this many seconds for the GPU to cool to its idle temperature")
 
 
 def benchmark_loop(benchmark: Any, clock: Clock) -> Loop:
@@ -80,8 +86,9 @@ def selected_pairs(config: pytest.Config) -> tuple[Suite, Any, list[tuple[Case, 
     pairs = suite.pairs(names)
     pairs_file = config.getoption("--attnbench-pairs")
     if pairs_file:
-        wanted = set(Path(pairs_file).read_text().split())
-        pairs = [p for p in pairs if pair_key(*p) in wanted]
+        # In the file's order, not the suite's: the run's order (harness.run.order) is the manifest's, pending.txt keeps it.
+        by_key = {pair_key(*p): p for p in pairs}
+        pairs = [by_key[k] for k in dict.fromkeys(Path(pairs_file).read_text().split()) if k in by_key]
     return suite, registry, pairs
 
 
@@ -114,6 +121,9 @@ class AttnbenchSession:
         self.runner = PairRunner(budget=suite.budget, phases=phases)
         self.current_path = protocol.current_path(self.run_dir, self.worker)
         self.share = bool(config.getoption("--attnbench-share"))
+        self.rows = _run_rows(self.run_dir, config.getoption("--attnbench-suite"), suite)
+        cooldown_s = config.getoption("--attnbench-cooldown")
+        self.cooldown = worker_cooldown(cooldown_s, self.run_dir) if cooldown_s is not None else None
         # Held until this process ends: a supervisor refuses to (re)start the folder while any worker lives.
         self._workers_lock = protocol.FolderLock(self.run_dir / protocol.WORKERS_LOCK)
         self._workers_lock.shared()
@@ -132,10 +142,18 @@ class AttnbenchSession:
     def run(self, case: Case, backend_name: str, benchmark: Any) -> Record:
         """Measure one pair, append its record, and return it."""
         backend = self.registry.get(backend_name)
+        # Before the pair is named current: a cool-down is not the pair's time, so it never counts against its --timeout.
+        waited = self.cooldown.wait() if self.cooldown is not None else None
         # Say which pair is running before starting it, so a supervisor can name a crash.
         protocol.atomic_write(self.current_path, pair_key(case, backend_name))
         runner = replace(self.runner, loop_factory=lambda clock: benchmark_loop(benchmark, clock))
         record = execute(case, backend, runner, self.run_id, self.worker)
+        if self.rows is not None:
+            self.rows.stamp(record)
+        if waited is not None:
+            record.cooldown_s = waited.seconds
+            if waited.problem:
+                record.notes = {**(record.notes or {}), "cooldown": waited.problem}
         # What survived the pair's collection is alive on purpose (imports, caches, pytest's reports):
         # frozen, the next pair's full collection walks only what that pair creates (85 ms -> ~1 ms a pair).
         gc.freeze()
@@ -153,6 +171,15 @@ class AttnbenchSession:
             _say(self.config, f"attnbench worker {self.worker}: {record.reason}; exiting for a restart")
             os._exit(protocol.EXIT_STICKY)
         return record
+
+
+def _run_rows(run_dir: Path, suite_arg: str, suite: Suite) -> RunRows | None:
+    """The stamper of a supervised run's rows (from its manifest); None for a bare pytest session, which has no manifest."""
+    try:
+        manifest = json.loads((run_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return RunRows(manifest, suite_arg, {pair_key(c, b): (c, b) for c, b in suite.pairs(manifest["backends"])})
 
 
 def _say(config: pytest.Config, text: str) -> None:

@@ -11,6 +11,7 @@ from harness.measure.timing import Budget
 from harness.results.record import Record
 from harness.results.store import RunWriter
 from harness.run.progress import Progress
+from harness.run.repro import RunRows
 from harness.run.rundir import RunFolder
 from harness.suite.cases import Case
 from harness.run.ray_tasks import run_case_batch, task_options
@@ -61,11 +62,12 @@ class PairsRun:
         self.task = self.ray.remote(**task_options(folder.device))(run_case_batch)
         self.arguments = (budget, bool(folder.manifest.get("check", True)), folder.run_id, supervisor._env())
         self.active: dict[Any, _Batch] = {}
+        self.rows = RunRows(folder.manifest, folder.suite_arg, pairs)
 
     def run(self, pending: list[str], progress: Progress) -> None:
         """Run every pending pair to a row."""
         batches: dict[str, _Batch] = {}
-        for key in pending:  # cases in the suite's order, each case's backends in theirs
+        for key in pending:  # the manifest's order (harness.run.order): cases outer, each case's backends in its fair order
             case, backend = self.pairs[key]
             batches.setdefault(case.id, _Batch(case, [], progressed=True)).backends.append(backend)
         for batch in batches.values():
@@ -123,7 +125,8 @@ class PairsRun:
             batch.where = {k: event[k] for k in ("worker", "node", "host", "device_name") if k in event}
             self.supervisor._seen_nodes.add(event["node"])
         elif kind == "record":
-            self.writer.append(Record.from_dict(event["record"], where=f"record from Ray task {batch.where.get('worker', '?')}"))
+            record = Record.from_dict(event["record"], where=f"record from Ray task {batch.where.get('worker', '?')}")
+            self.writer.append(self.rows.stamp(record))
             batch.finished(event["key"])
         elif kind == "failed":
             self.fail(batch, event["key"], "error", event["reason"])

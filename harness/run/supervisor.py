@@ -45,11 +45,13 @@ from harness.measure.execute import case_record
 from harness.results.record import Status
 from harness.results.store import RunWriter, validate_run_id, write_csv
 from harness.run import protocol
+from harness.run.order import DEFAULT_ORDER_SEED, fair_pairs, order_manifest, select_keys
 from harness.run.progress import Progress
+from harness.run.repro import RunRows
 from harness.run.rundir import RunFolder, new_run_id
 from harness.run.workers import TRACES, Slot, Worker, worker_slots
 from harness.suite.cases import Case
-from harness.suite.catalog import Suite, load_suite, pair_key, resolve_suite_name
+from harness.suite.catalog import Suite, load_suite, resolve_suite_name
 
 #: pytest's exit codes for a session that ran to its end (all passed, some failed, nothing to run).
 _PYTEST_FINISHED = (0, 1, 5)
@@ -74,6 +76,12 @@ class RunConfig:
     case_timeout_s: float = 600.0
     #: Keep only pairs whose key contains every one of these substrings.
     only: list[str] = field(default_factory=list)
+    #: Keep only the cases of these exact ids (`--case`; empty: every case).
+    cases: list[str] = field(default_factory=list)
+    #: Seeds the order of each case's backends (harness.run.order).
+    order_seed: int = DEFAULT_ORDER_SEED
+    #: With a number: between pairs on CUDA, wait up to that many seconds for the GPU to cool (harness.run.cooldown).
+    cooldown_s: float | None = None
     progress: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
     #: Address space each CPU worker may add to its start-up size (RLIMIT_AS), in bytes; None = no cap.
@@ -187,6 +195,8 @@ class Supervisor:
             raise UserError(f"unknown device {device!r}: expected cpu or cuda")
         self._check_device(device)
         self._check_options(device)
+        if config.cooldown_s is not None and device != "cuda":
+            raise UserError("--cooldown waits for the GPU's temperature (NVML); a CPU run has no such reading: drop --cooldown")
         suite, suite_arg = _resolve_suite(config.suite, device)
         names = suite.backend_names(config.backends, self.registry.names())
         broken: dict[str, str] = {}
@@ -200,14 +210,13 @@ class Supervisor:
                 # A plugin that failed to load is listed, with its error, as unsupported rows: it never stops the run.
                 broken[name] = str(exc)
                 self.log.write(f"attnbench: {exc}\n")
-        keys = [k for k in (pair_key(c, b) for c, b in suite.pairs(names)) if all(o in k for o in config.only)]
-        if not keys:
-            raise UserError(f"--only {','.join(config.only)} matches no pair of suite {suite.name!r}" if config.only else f"suite {suite.name!r} has no pairs")
+        keys = select_keys(fair_pairs(suite.pairs(names), config.order_seed), config.only, config.cases, suite.name)
         run_id = validate_run_id(config.run_id or new_run_id(suite.slug))
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "suite_copy": None, "device": device,
             "backends": names, "broken": broken, "capabilities": capabilities, "pairs": keys, "check": config.check,
             "profile": config.profile, "traces": config.traces, "timer": config.timer,
+            "order": order_manifest(config.order_seed), "cooldown_s": config.cooldown_s,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         folder = RunFolder.create(Path(config.out) / run_id, manifest, force=config.force,
@@ -236,6 +245,7 @@ class Supervisor:
         case, backend = pairs[key]
         record = case_record(case, self._backend_for(backend, folder), folder.run_id, worker)
         record.status, record.reason = Status(status), reason
+        RunRows(folder.manifest, folder.suite_arg, pairs).stamp(record)
         for name, value in (extra or {}).items():  # where it ran (node, device_name), for the executors that know
             setattr(record, name, value)
         writer.append(record)

@@ -100,6 +100,8 @@ def worker_command(folder: RunFolder, slot: Slot, attempt: int, memory_limit: in
             command += ["--attnbench-traces", str(folder.path / TRACES)]
     if memory_limit is not None:
         command += ["--attnbench-memory-limit", str(memory_limit)]
+    if manifest.get("cooldown_s") is not None:
+        command += ["--attnbench-cooldown", str(manifest["cooldown_s"])]
     return command
 
 

@@ -1,0 +1,136 @@
+"""`attnbench run --cooldown`: between pairs on CUDA, wait until the GPU is back near the temperature it idled at.
+
+A pair measured on a GPU still hot from the one before may run at a lower clock (thermal limits),
+which drift-fair ordering evens out but does not remove. The idle temperature is the one env.json
+recorded before the sweep; the wait ends when the GPU is within `tolerance_c` of it, or after at
+most `max_s` seconds, and the row says how long it waited (`cooldown_s`) and whether it cooled.
+A CPU run has no temperature reading here, so `--cooldown` is refused there rather than faked.
+
+The temperature is read through `gpu_temperature_c(index)` (NVML, imported lazily), a seam tests
+replace with a fake sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from harness.errors import UserError
+from harness.run.rundir import ENV
+
+#: `--cooldown auto` (or `--cooldown` alone) waits at most this long between pairs.
+AUTO_MAX_S = 60.0
+#: Cool enough: at most this many °C above the idle temperature.
+TOLERANCE_C = 3.0
+#: Seconds between two temperature readings (NVML updates the temperature about once a second).
+POLL_S = 1.0
+
+
+def parse_cooldown(text: str | None) -> float | None:
+    """Seconds from `--cooldown` (`auto` → AUTO_MAX_S; a positive number; None → no cool-down); UserError otherwise."""
+    if text is None:
+        return None
+    if text == "auto":
+        return AUTO_MAX_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise UserError(f"--cooldown takes 'auto' or a number of seconds, got {text!r}") from None
+    if not 0 < seconds < float("inf"):
+        raise UserError(f"--cooldown takes a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def gpu_temperature_c(index: int) -> float | None:
+    """The temperature (°C) of NVML device `index`, or None where NVML cannot say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+    except Exception:  # noqa: BLE001 - no pynvml, no driver, a lost device: all "cannot say"
+        return None
+
+
+def nvml_index(environ: Mapping[str, str]) -> int | None:
+    """The NVML index of the GPU this process computes on: the first of CUDA_VISIBLE_DEVICES (an index or a UUID), else 0."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return 0 if visible is None else None
+    first = visible.split(",")[0].strip()
+    if first.isdigit():
+        return int(first)
+    try:  # a UUID (GPU-…); a MIG id has no temperature of its own and ends up None
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(first)))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def idle_temperature_c(env_json: Path, index: int | None) -> float | None:
+    """The temperature NVML device `index` had before the sweep, from the run's env.json (None when not recorded)."""
+    try:
+        before = json.loads(Path(env_json).read_text()).get("telemetry_before")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(before, list):
+        return None
+    for gpu in before:
+        if isinstance(gpu, dict) and gpu.get("index") == index and isinstance(gpu.get("temperature_c"), (int, float)):
+            return float(gpu["temperature_c"])
+    return None
+
+
+@dataclass(frozen=True)
+class Waited:
+    """How one cool-down ended: seconds waited, and a sentence when it did not reach the idle temperature."""
+
+    seconds: float
+    problem: str | None = None
+
+
+@dataclass
+class Cooldown:
+    """Waits, before a pair, until GPU `index` is within `tolerance_c` of `idle_c`, for at most `max_s` seconds."""
+
+    max_s: float
+    index: int | None
+    idle_c: float | None
+    tolerance_c: float = TOLERANCE_C
+    poll_s: float = POLL_S
+    read: Callable[[int], float | None] = gpu_temperature_c
+    sleep: Callable[[float], Any] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+    def wait(self) -> Waited:
+        """Poll the temperature until cool or `max_s` has passed; what it waited and, if it never cooled, why."""
+        if self.index is None:
+            return Waited(0.0, "no cool-down: cannot tell which NVML device CUDA_VISIBLE_DEVICES names")
+        if self.idle_c is None:
+            return Waited(0.0, "no cool-down: env.json holds no idle temperature for this GPU")
+        target = self.idle_c + self.tolerance_c
+        start = self.clock()
+        while True:
+            temperature = self.read(self.index)
+            waited = self.clock() - start
+            if temperature is None:
+                return Waited(waited, "cool-down stopped: NVML gave no temperature")
+            if temperature <= target:
+                return Waited(waited)
+            if waited >= self.max_s:
+                return Waited(waited, f"cool-down gave up after {waited:.0f} s (--cooldown {self.max_s:g}): "
+                                      f"GPU at {temperature:g} °C, idle {self.idle_c:g} °C + {self.tolerance_c:g}")
+            self.sleep(min(self.poll_s, max(0.0, self.max_s - waited)))
+
+
+def worker_cooldown(max_s: float, run_dir: Path) -> Cooldown:
+    """The cool-down of a worker of run `run_dir`: its GPU (from CUDA_VISIBLE_DEVICES) and that GPU's idle temperature."""
+    index = nvml_index(os.environ)
+    return Cooldown(max_s=max_s, index=index, idle_c=idle_temperature_c(Path(run_dir) / ENV, index))

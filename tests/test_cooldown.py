@@ -1,0 +1,102 @@
+"""`--cooldown`: the wait between pairs, against fake temperature sequences (no GPU here), and its wiring into the worker and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli.main import main
+from harness.errors import UserError
+from harness.results.store import read_records
+from harness.run import pytest_plugin
+from harness.run.cooldown import AUTO_MAX_S, Cooldown, idle_temperature_c, nvml_index, parse_cooldown
+from harness.run.rundir import RunFolder
+from harness.run.workers import Slot, worker_command
+from test_reliability import write_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeGpu:
+    """Temperatures read in turn (the last one repeats), on a clock that only the cool-down's own sleeps advance."""
+
+    def __init__(self, temperatures: list[float | None]) -> None:
+        self.temperatures, self.now, self.reads = list(temperatures), 0.0, 0
+
+    def read(self, index: int) -> float | None:
+        self.reads += 1
+        return self.temperatures.pop(0) if len(self.temperatures) > 1 else self.temperatures[0]
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def cooldown(self, max_s: float, idle_c: float | None = 40.0) -> Cooldown:
+        return Cooldown(max_s=max_s, index=0, idle_c=idle_c, tolerance_c=3.0, poll_s=1.0, read=self.read, sleep=self.sleep, clock=lambda: self.now)
+
+
+def test_it_waits_until_the_gpu_is_back_near_its_idle_temperature():
+    gpu = FakeGpu([70, 60, 50, 43, 41])
+    waited = gpu.cooldown(max_s=30).wait()
+    assert waited.seconds == pytest.approx(3.0) and waited.problem is None and gpu.reads == 4  # cool at the 4th reading
+
+
+def test_a_gpu_that_never_cools_is_waited_for_at_most_the_limit_and_the_row_says_so():
+    gpu = FakeGpu([80])
+    waited = gpu.cooldown(max_s=5).wait()
+    assert waited.seconds == pytest.approx(5.0)
+    assert "gave up after 5 s" in waited.problem and "80 °C" in waited.problem and "idle 40 °C" in waited.problem
+
+
+def test_without_an_idle_temperature_or_a_reading_it_says_why_instead_of_waiting():
+    assert "no idle temperature" in FakeGpu([80]).cooldown(max_s=5, idle_c=None).wait().problem
+    gpu = FakeGpu([None])
+    waited = gpu.cooldown(max_s=5).wait()
+    assert waited.seconds == 0 and "no temperature" in waited.problem
+
+
+def test_the_idle_temperature_is_the_one_env_json_recorded_before_the_sweep(tmp_path):
+    env = tmp_path / "env.json"
+    env.write_text(json.dumps({"telemetry_before": [{"index": 0, "temperature_c": 31}, {"index": 1, "temperature_c": 36}]}))
+    assert idle_temperature_c(env, 1) == 36.0 and idle_temperature_c(env, 2) is None
+    env.write_text(json.dumps({"telemetry_before": {"unavailable": "no NVML"}}))
+    assert idle_temperature_c(env, 0) is None
+    assert nvml_index({}) == 0 and nvml_index({"CUDA_VISIBLE_DEVICES": "3,1"}) == 3 and nvml_index({"CUDA_VISIBLE_DEVICES": ""}) is None
+
+
+def test_cooldown_values():
+    assert parse_cooldown(None) is None and parse_cooldown("auto") == AUTO_MAX_S and parse_cooldown("12.5") == 12.5
+    for bad in ("0", "-3", "soon", "inf"):
+        with pytest.raises(UserError, match="--cooldown"):
+            parse_cooldown(bad)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cooldown"], "a CPU run has no such reading"),
+    (["--cooldown", "soon"], "--cooldown takes 'auto' or a number of seconds"),
+])
+def test_cooldown_mistakes_are_one_line(args, message, tmp_path, capsys):
+    assert main(["run", "--suite", "quick", "--device", "cpu", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_workers_get_the_cooldown_the_manifest_records(tmp_path):
+    folder = RunFolder(tmp_path, {"suite_arg": "quick", "device": "cuda", "backends": ["sdpa"], "cooldown_s": 45.0})
+    command = worker_command(folder, Slot("0", {}), 0, None)
+    assert command[command.index("--attnbench-cooldown") + 1] == "45.0"
+
+
+def test_the_worker_waits_before_each_pair_and_records_the_wait(tmp_path, monkeypatch):
+    suite = write_suite(tmp_path / "two.toml", ["naive"], [8, 16])
+    gpu = FakeGpu([52, 48, 45, 42, 41])  # hot before the first pair (3 polls to cool), cool before the second
+    made = []
+    monkeypatch.setattr(pytest_plugin, "worker_cooldown", lambda max_s, run_dir: made.append(max_s) or gpu.cooldown(max_s))
+    run_dir = tmp_path / "run"
+    code = pytest.main([str(ROOT / "suites" / "test_bench.py"), "--rootdir", str(ROOT), "-p", "no:cacheprovider", "-q",
+                        "--attnbench-suite", str(suite), "--attnbench-run-dir", str(run_dir), "--attnbench-no-check",
+                        "--attnbench-cooldown", "30"])
+    assert code == 0 and made == [30.0]
+    rows = read_records(run_dir / "records.jsonl").records
+    assert [(r["S_q"], r["cooldown_s"]) for r in rows] == [(8, 3.0), (16, 0.0)]
