@@ -79,46 +79,30 @@ def _fail(where: str, name: str, value: Any, expected: str) -> UserError:
     return UserError(f"{where}: field {name!r} has value {shown if len(shown) <= 60 else shown[:57] + '...'}, expected {expected}")
 
 
-def _string(value: Any, where: str, name: str) -> Any:
-    if not isinstance(value, str):
-        raise _fail(where, name, value, "a string")
-    return value
+def _accepting(test: Callable[[Any], bool], expected: str) -> Check:
+    """The check that lets through the values `test` accepts, and names `expected` for the others."""
+    def check(value: Any, where: str, name: str) -> Any:
+        if not test(value):
+            raise _fail(where, name, value, expected)
+        return value
+    return check
 
 
-def _boolean(value: Any, where: str, name: str) -> Any:
-    if not isinstance(value, bool):
-        raise _fail(where, name, value, "true or false")
-    return value
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _count(value: Any, where: str, name: str) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _fail(where, name, value, "a non-negative integer")
-    return value
-
-
-def _number(value: Any, where: str, name: str) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(where, name, value, "a finite number")
-    return value
-
-
-def _positive(value: Any, where: str, name: str) -> Any:
-    if _number(value, where, name) <= 0:
-        raise _fail(where, name, value, "a positive number")
-    return value
-
-
-def _scalar(value: Any, where: str, name: str) -> Any:
-    if not isinstance(value, (str, int, float, bool)):
-        raise _fail(where, name, value, "a string or a number")
-    return value
-
-
-def _object(value: Any, where: str, name: str) -> Any:
-    if not isinstance(value, dict):
-        raise _fail(where, name, value, "an object")
-    return value
+_string = _accepting(lambda v: isinstance(v, str), "a string")
+_boolean = _accepting(lambda v: isinstance(v, bool), "true or false")
+_count = _accepting(lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= 0, "a non-negative integer")
+_number = _accepting(_is_number, "a finite number")
+_positive = _accepting(lambda v: _is_number(v) and v > 0, "a positive number")
+_scalar = _accepting(lambda v: isinstance(v, (str, int, float, bool)), "a string or a number")
+_object = _accepting(lambda v: isinstance(v, dict), "an object")
+# A suite copy is joined to the folder's path: a name with a '/' or '..' could point at any file.
+_plain_name = _accepting(lambda v: isinstance(v, str) and v not in ("", ".", "..") and "/" not in v and "\0" not in v,
+                         "a file name inside the run folder")
+_device = _accepting(lambda v: v in ("cpu", "cuda"), "'cpu' or 'cuda'")
 
 
 def optional(check: Check) -> Check:
@@ -150,16 +134,6 @@ def fields_of(**checks: Check) -> Check:
     return checked
 
 
-def _plain_name(value: Any, where: str, name: str) -> Any:
-    if not isinstance(value, str) or not value or "/" in value or value in (".", "..") or "\0" in value:
-        raise _fail(where, name, value, "a file name inside the run folder")
-    return value
-
-
-def _device(value: Any, where: str, name: str) -> Any:
-    if value not in ("cpu", "cuda"):
-        raise _fail(where, name, value, "'cpu' or 'cuda'")
-    return value
 
 
 # -- the documents ----------------------------------------------------------------------------------------------------

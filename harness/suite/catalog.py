@@ -191,6 +191,8 @@ def suite_from_toml(path: Path) -> Suite:
     """Parse and validate a TOML suite file (see suites/example.toml)."""
     if not os.path.lexists(path):
         raise UserError(f"suite file {path} does not exist")
+    if path.is_dir():
+        raise UserError(f"suite file {path} is a directory, not a TOML file")
     raw = read_regular(path, "TOML file", MAX_SUITE_BYTES)  # a FIFO is refused, not waited on
     try:
         text = raw.decode("utf-8")
