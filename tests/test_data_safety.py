@@ -70,6 +70,13 @@ def force_run_folder_is_a_link(tmp: Path) -> list[str]:
     return _run_args(tmp, "r1")
 
 
+def force_with_a_lock_file_a_link(tmp: Path) -> list[str]:
+    run = make_run(tmp / "out" / "r1")
+    (tmp / "elsewhere.txt").write_text("someone's file")
+    (run / "supervisor.lock").symlink_to(tmp / "elsewhere.txt")
+    return _run_args(tmp, "r1")
+
+
 def report_into_the_runs_parent(tmp: Path) -> list[str]:
     make_run(tmp / "rp" / "r1")
     return ["report", str(tmp / "rp" / "r1"), "--out", str(tmp / "rp")]
@@ -142,6 +149,7 @@ CASES = [
     (force_manifest_of_another_run, ["--force refuses to delete", "run 'r0'"]),
     (force_suite_inside_the_run, ["--force refuses to delete", "suite file", "inside it"]),
     (force_run_folder_is_a_link, ["is a symbolic link"]),
+    (force_with_a_lock_file_a_link, ["supervisor.lock", "is a symbolic link"]),
     (report_into_the_runs_parent, ["inside the run folder"]),
     (report_into_the_run_itself, ["inside the run folder"]),
     (report_into_another_run, ["inside the run folder", "/b"]),

@@ -261,6 +261,9 @@ def _check_replaceable(path: Path, suite_file: str | None) -> None:
     if foreign:
         raise UserError(f"{doing} {path}: {foreign[0]!r}{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''} "
                         "is not a file a run writes; move it out first")
+    for lock in (path / protocol.SUPERVISOR_LOCK, path / protocol.WORKERS_LOCK):  # opened to lock it before anything is deleted
+        if lock.is_symlink():
+            raise UserError(link_refusal(lock))
     if suite_file is not None and Path(suite_file).resolve().is_relative_to(path.resolve()):
         raise UserError(f"{doing} {path}: the suite file {suite_file} is inside it; copy the suite elsewhere and pass that copy")
 
