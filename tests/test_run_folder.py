@@ -24,7 +24,7 @@ def test_a_truncated_manifest_is_named_on_resume(tmp_path, capsys):
     (run_dir / MANIFEST).write_text('{"run_id": "run", "suite_arg": "qu')
     assert main(["run", "--resume", str(run_dir), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "manifest.json is not valid JSON" in err
+    assert err.count("\n") == 1 and "manifest.json: not valid JSON" in err
 
 
 def test_a_run_records_what_its_backends_declare(tmp_path, capsys):

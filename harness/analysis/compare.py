@@ -9,7 +9,6 @@ longer runs in NEW, so that CI can gate on it.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,21 +67,11 @@ def _check_latencies(frame: pd.DataFrame, where: Path) -> pd.DataFrame:
 
 
 def _read_env(env_path: Path) -> dict[str, Any]:
-    """A run's env.json, or {} when it has none; UserError when it is not a JSON object of objects."""
-    if not env_path.exists():
-        return {}
-    try:
-        env = json.loads(env_path.read_bytes())
-    except (ValueError, RecursionError) as exc:
-        raise UserError(f"{env_path}: not valid JSON ({exc if isinstance(exc, ValueError) else 'nested too deep'})") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {env_path}: {exc.strerror or exc}") from None
-    if not isinstance(env, dict):
-        raise UserError(f"{env_path}: expected a JSON object, got a {type(env).__name__}")
-    for key in ("before",):
-        if key in env and env[key] is not None and not isinstance(env[key], dict):
-            raise UserError(f"{env_path}: field {key!r} has value {env[key]!r}, expected an object")
-    return env
+    """A run's env.json, or {} when it has none; UserError naming the file and the field when it is mistyped."""
+    from harness.results.documents import Environment, read_optional
+
+    env = read_optional(env_path, Environment)
+    return env.to_dict() if env else {}
 
 
 def _load(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any], list[str]]:

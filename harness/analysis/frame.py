@@ -14,7 +14,6 @@ what it declared (`Backend.capabilities`), as the run's manifest recorded it, ne
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import pandas as pd
 
 from harness.errors import UserError
 from harness.measure import roofline
+from harness.results.documents import ENV, MANIFEST, Environment, Manifest, read_optional
 
 #: Case fields held fixed when something is plotted or fitted against S (S_q and S_kv vary).
 GROUP_FIELDS = ("B", "H", "H_kv", "d_k", "d_v", "dtype", "device", "causal", "mode", "window", "padding", "q_len")
@@ -68,11 +68,11 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
         frame["run_id"] = frame["run_id"].fillna(run_id).replace("", run_id)
         ids = set(frame["run_id"].dropna()) or {run_id}
         stored_peaks = roofline.read_peaks(run_dir)
-        env_path, manifest_path = run_dir / "env.json", run_dir / "manifest.json"
+        run_env, manifest = read_optional(run_dir / ENV, Environment), read_optional(run_dir / MANIFEST, Manifest)
         for rid in ids:
             peaks[rid] = stored_peaks
-            env[rid] = json.loads(env_path.read_text()) if env_path.exists() else {}
-            manifests[rid] = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+            env[rid] = run_env.to_dict() if run_env else {}
+            manifests[rid] = manifest.to_dict() if manifest else {}
             dirs[rid] = run_dir
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]

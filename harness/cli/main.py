@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -14,6 +15,8 @@ from typing import Callable, Sequence
 from harness.errors import UserError
 
 EXIT_USAGE = 2
+#: Worker processes per CPU core `run --workers` allows: beyond a few, workers only disturb each other's timings.
+MAX_WORKERS_PER_CPU = 4
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,6 +95,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError("give --suite NAME or --model PRESET (or --resume RUN_DIR)")
     if args.traces and not args.profile:
         raise UserError("--traces goes with --profile")
+    if args.run_id is not None:
+        from harness.results.store import validate_run_id
+
+        validate_run_id(args.run_id)  # '' too: an empty id is a mistake, not a request for the default
+    max_workers = MAX_WORKERS_PER_CPU * (os.cpu_count() or 1)
+    if args.workers > max_workers:  # checked before any slot is built: 10^12 slots would fill memory first
+        raise UserError(f"--workers {args.workers} is more than {MAX_WORKERS_PER_CPU} per CPU of this machine ({max_workers}): "
+                        "each worker is a process timing on these cores; use fewer")
     if args.resume is not None:
         # A resumed run is the run its manifest describes: these would silently be ignored.
         fixed = {"--suite/--model": args.suite, "--backends": args.backends, "--force": args.force or None, "--run-id": args.run_id,

@@ -21,6 +21,8 @@ from harness.suite.cases import MODES, Case
 
 #: Calls of the step an `--ncu` child makes: few, because ncu replays every kernel once per metric pass.
 NCU_CALLS = 2
+#: The most profiled steps: the profiler keeps every event of every step in memory, and a few steps already give stable shares.
+MAX_STEPS = 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +56,8 @@ def run_profile(case: Case, backend_name: str, steps: int, out: Path, ncu: bool)
     from harness.measure.execute import Phases, run_pair
     from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET
 
-    if steps < 1:
-        raise UserError(f"--steps must be at least 1, got {steps}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise UserError(f"--steps must be from 1 to {MAX_STEPS:,} (each step's events are kept for the table and the trace), got {steps}")
     backend = load_registry().get(backend_name)
     folder = profile_folder(out, case, backend_name)
     phases = Phases(check=True, time=True, memory=False, energy=False, profile=True, profile_steps=steps, traces=folder)

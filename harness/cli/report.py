@@ -24,21 +24,43 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Compare two runs row by row; exit 1 when --fail-above is given and some row regressed past it."""
     from harness.analysis.compare import EXIT_REGRESSION, compare_runs, parse_threshold, print_comparison
+    from harness.results.store import write_file
 
     threshold = parse_threshold(args.fail_above) if args.fail_above is not None else None
     base, new = Path(args.base), Path(args.new)
+    out = Path(args.out) if args.out else Path("reports") / f"compare-{base.name}-vs-{new.name}.csv"
+    _check_comparison_out(out)  # before any work: nothing is printed for a comparison that cannot be kept
     result = compare_runs(base, new, threshold, force=args.force)
     print_comparison(result, base.name, new.name, sys.stdout)
-    out = Path(args.out) if args.out else Path("reports") / f"compare-{base.name}-vs-{new.name}.csv"
-    if out.is_dir():
-        raise UserError(f"--out {out} is a folder: give the path of the CSV file to write")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        result.table.to_csv(out, index=False)
+        write_file(out, result.table.to_csv(index=False))
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"csv: {out}")
     return EXIT_REGRESSION if result.failed else 0
+
+
+#: How a comparison CSV starts (`compare_frames`' first columns): the one kind of existing file `compare --out` replaces.
+_COMPARISON_HEADER = b"case_id,backend,status_base,status_new,"
+
+
+def _check_comparison_out(out: Path) -> None:
+    """Refuse (UserError) a comparison CSV path in a run folder, or over a file that is not an earlier comparison."""
+    from harness.results.store import resolved, run_folder_of
+
+    target = resolved(out, "--out")
+    if target.is_dir():
+        raise UserError(f"--out {out} is a folder: give the path of the CSV file to write")
+    held = run_folder_of(target.parent)
+    if held is not None:
+        raise UserError(f"--out {out} is inside the run folder {held}: a comparison is never written into a run; give a path outside it")
+    if out.is_symlink() or (target.exists() and not target.is_file()):
+        raise UserError(f"--out {out} is not a plain file: give the path of the CSV file to write")
+    if target.exists() and target.stat().st_size:
+        with open(target, "rb") as f:
+            if not f.read(len(_COMPARISON_HEADER)) == _COMPARISON_HEADER:
+                raise UserError(f"--out {out} exists and is not a comparison attnbench wrote: give another path, or remove it first")
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

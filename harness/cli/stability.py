@@ -17,6 +17,9 @@ from harness.results.record import Record, Status
 from harness.run.children import emit, python_command, run_child
 from harness.suite.cases import Case, parse_case_id
 
+#: The most fresh processes `stability` starts: a thousand already pins a spread far below what a run can resolve.
+MAX_PROCESSES = 1_000
+
 
 def coefficient_of_variation(values: Sequence[float]) -> float:
     """Sample standard deviation (n − 1) over the mean."""
@@ -70,8 +73,8 @@ def measure_in_fresh_process(case: Case, backend: str, measure_s: float) -> floa
 
 def run_stability(case: Case, backend: str, processes: int = 5, measure_s: float = 0.5, log: TextIO | None = None) -> StabilityResult:
     """Measure `case` once in each of `processes` fresh processes, one after the other."""
-    if processes < 2:
-        raise UserError(f"--processes must be at least 2, got {processes}")
+    if not 2 <= processes <= MAX_PROCESSES:
+        raise UserError(f"--processes must be from 2 to {MAX_PROCESSES:,} (each is a fresh process, started one after another), got {processes}")
     if not measure_s > 0:
         raise UserError(f"--measure-s must be positive, got {measure_s}")
     from harness.backends.registry import load_registry

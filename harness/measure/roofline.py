@@ -20,10 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from harness.results.documents import PEAKS, Peaks, read_optional
 from harness.suite.cases import canonical_dtype
 from harness.measure.timing import Budget, Clock, measure
 
-PEAKS = "peaks.json"
 
 #: CPU: grow the matrix from the first size until one product lasts this long (or the last size).
 CPU_SIZES = (512, 1024, 2048)
@@ -124,10 +124,8 @@ def measure_peaks(device: str, dtypes: Iterable[str]) -> dict[str, Any]:
 
 def read_peaks(run_dir: Path | str) -> dict[str, Any] | None:
     """The peaks stored with a run, or None when the run has none (older runs)."""
-    path = Path(run_dir) / PEAKS
-    if not path.exists():
-        return None
-    return json.loads(path.read_text())
+    peaks = read_optional(Path(run_dir) / PEAKS, Peaks)
+    return None if peaks is None else peaks.to_dict()
 
 
 def peak_tflops(peaks: dict[str, Any] | None, dtype: str) -> float | None:

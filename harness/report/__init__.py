@@ -17,7 +17,8 @@ import pandas as pd
 from harness import analysis
 from harness.errors import UserError
 from harness.report.sections import sections
-from harness.report.writer import Csv, report_folder, write_report
+from harness.report.writer import TITLE, Csv, report_folder, write_report
+from harness.results.store import resolved
 
 #: Columns of records.csv beside the record's own: the derived ones the page uses.
 DERIVED = ("S", "D", "q_len", "peak_tflops", "peak_gbps", "ridge_flop_per_byte", "pct_peak_flops", "pct_peak_bw", "bound", "attainable_tflops", "pct_roof", "impossible")
@@ -43,11 +44,11 @@ def _tidy_records(frame: pd.DataFrame) -> pd.DataFrame:
 
 def build_report(run_dirs: Sequence[Path | str], out_root: Path | str = "reports", baseline: str | None = None) -> Path:
     """Analyse the runs and write reports/<run folder>/index.html and its CSVs; return the page's path."""
-    data = analysis.load(run_dirs)
     # Named after the run folders given, never after a run id read from a file (which could name any path).
-    name = report_id([Path(d).resolve().name for d in run_dirs])
-    out_dir = report_folder(Path(out_root), name)
+    name = report_id([resolved(d, "run folder").name for d in run_dirs])
+    out_dir = report_folder(Path(out_root), name)  # refused before any work when it is no place for a report
+    data = analysis.load(run_dirs)
     if baseline is not None and baseline not in set(data.frame["backend"]):
         raise UserError(f"--baseline {baseline!r} has no row in these runs: the backends are {', '.join(sorted(set(data.frame['backend'])))}")
     baseline = baseline or analysis.default_baseline(data.frame) or "sdpa-math"
-    return write_report(out_dir, f"attnbench report: {name}", sections(data, baseline), [Csv(_tidy_records(data.frame), "records.csv")])
+    return write_report(out_dir, f"{TITLE}: {name}", sections(data, baseline), [Csv(_tidy_records(data.frame), "records.csv")])

@@ -1,7 +1,9 @@
 """The one writer of a report: the CSVs its sections name and the HTML page, into one folder under the reports root.
 
 Sections (`harness.report.sections`) are data: prose markup, `Table`s, `Figure`s and `Csv`s. This module
-turns them into files, and nothing else in attnbench writes into a report folder.
+turns them into files, and nothing else in attnbench writes into a report folder. A report folder is
+new, empty or an earlier report (its page's title says so); never a run folder or one inside it, never
+another folder whose CSVs it would replace; its files are written in place, never through a link.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import pandas as pd
 
 from harness.errors import UserError
 from harness.report.figures import Figure
+from harness.results.store import resolved, run_folder_of, write_file
 from harness.report.page import CellFormat, esc, figure, page, section, table
 
 INDEX = "index.html"
+#: How every report page's title starts (`build_report`), and so how an earlier report folder is told from another folder.
+TITLE = "attnbench report"
 
 
 @dataclass
@@ -70,11 +75,26 @@ def _render(block: Block) -> str:
 
 
 def report_folder(out_root: Path, name: str) -> Path:
-    """`out_root/name`, refusing any name that would land outside `out_root` (a run id of `../x` or `/abs`)."""
-    root = Path(out_root).resolve()
-    if not name or Path(name).is_absolute() or (root / name).resolve().parent != root:
+    """`out_root/name`, refusing a name that would land outside `out_root` (`../x`, `/abs`), a run folder, or another tool's folder."""
+    root = resolved(out_root, "--out")
+    if not name or Path(name).is_absolute() or resolved(root / name, "--out").parent != root:
         raise UserError(f"refusing to write a report named {name!r}: it would not be a folder directly under {root}")
+    out_dir = root / name
+    held = run_folder_of(out_dir)
+    if held is not None:
+        raise UserError(f"refusing to write a report into {out_dir}: it is inside the run folder {held}; give an --out outside every run folder")
+    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not _is_report(out_dir))):
+        raise UserError(f"refusing to write a report into {out_dir}: it exists and is not an attnbench report; give another --out")
     return Path(out_root) / name
+
+
+def _is_report(folder: Path) -> bool:
+    """Whether `folder` holds a page this writer wrote (its title is a report's)."""
+    index = folder / INDEX
+    if index.is_symlink() or not index.is_file():
+        return False
+    with open(index, "rb") as f:
+        return f"<title>{TITLE}".encode() in f.read(4096)
 
 
 def write_report(out_dir: Path, title: str, sections: Sequence[Section], csvs: Sequence[Csv] = ()) -> Path:
@@ -89,7 +109,7 @@ def write_report(out_dir: Path, title: str, sections: Sequence[Section], csvs: S
     for csv in [*csvs, *(b for s in sections for b in s.blocks if isinstance(b, Csv))]:
         if csv.frame is None or csv.frame.empty:
             continue
-        csv.frame.to_csv(out_dir / csv.name, index=csv.index)
+        write_file(out_dir / csv.name, csv.frame.to_csv(index=csv.index))
         written.append(csv.name)
     items = "".join(f'<li><a href="{esc(name)}">{esc(name)}</a></li>' for name in written)
     files = Section("files", "CSV files", ["<p>Full-precision tables behind this page (the records themselves are in records.csv).</p>",
@@ -97,5 +117,5 @@ def write_report(out_dir: Path, title: str, sections: Sequence[Section], csvs: S
     every = [*sections, files]
     html = [section(s.anchor, s.title, [_render(b) for b in s.blocks]) for s in every]
     path = out_dir / INDEX
-    path.write_text(page(title, [(s.anchor, s.nav or s.title) for s in every], html, heading=f"<h1>{esc(title)}</h1>"), encoding="utf-8")
+    write_file(path, page(title, [(s.anchor, s.nav or s.title) for s in every], html, heading=f"<h1>{esc(title)}</h1>"))
     return path

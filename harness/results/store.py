@@ -17,11 +17,11 @@ from typing import Any
 
 from harness.suite.cases import CASE_FIELDS, case_from_fields
 from harness.errors import UserError
+from harness.results.documents import ENV, read_regular  # noqa: F401 - ENV: the run folder's names are imported from here too
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
 RECORDS = "records.jsonl"
 RECORDS_CSV = "records.csv"
-ENV = "env.json"
 
 
 def upgrade(record: dict[str, Any]) -> dict[str, Any]:
@@ -32,6 +32,53 @@ def upgrade(record: dict[str, Any]) -> dict[str, Any]:
     if version > SCHEMA_VERSION:
         raise UserError(f"record has schema version {version}, newer than this attnbench ({SCHEMA_VERSION}): upgrade attnbench")
     return record
+
+
+def write_file(path: Path | str, data: str | bytes) -> None:
+    """Write a run folder's file in place, never through a symbolic link at `path` (it could point at any file)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(link_refusal(path)) from None
+        raise
+    with os.fdopen(fd, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def link_refusal(path: Path) -> str:
+    """The one line that refuses to write through the symbolic link at `path`."""
+    return (f"{path} is a symbolic link: attnbench writes its files in place, never through a link "
+            "(it may point at any file); replace it with a copy of its target, or write elsewhere")
+
+
+def resolved(path: Path | str, flag: str) -> Path:
+    """`path` made absolute with its links followed; UserError naming `flag` for a link loop."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as exc:  # Python < 3.13 raises RuntimeError("Symlink loop …")
+        raise UserError(f"{flag} {path}: cannot follow its symbolic links ({exc})") from None
+
+
+def run_folder_of(path: Path) -> Path | None:
+    """The run folder that `path` (absolute) is or lies inside, or None.
+
+    A run folder holds records.jsonl, or a manifest.json that reads as an attnbench run's: results a
+    report or a comparison must never write into.
+    """
+    from harness.results.documents import MANIFEST, Manifest, read_document
+
+    for folder in (path, *path.parents):
+        if os.path.lexists(folder / RECORDS):
+            return folder
+        if os.path.isfile(folder / MANIFEST):
+            try:
+                if read_document(folder / MANIFEST, Manifest).run_problem() is None:
+                    return folder
+            except UserError:
+                continue  # another tool's manifest.json
+    return None
 
 
 class RunWriter:
@@ -45,7 +92,8 @@ class RunWriter:
     def append(self, record: Record) -> None:
         """Write one record as one line; O_APPEND keeps lines from concurrent workers whole."""
         line = json.dumps(record.to_dict(), separators=(",", ":"), default=str) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Never through a link (ELOOP): the supervisor refuses linked files up front with a clearer line.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         data = line.encode()
         try:
             written = os.write(fd, data)
@@ -124,12 +172,7 @@ def read_records(path: Path | str) -> ReadResult:
         path = path / RECORDS
     if not path.exists():
         raise UserError(f"no records file at {path}")
-    try:
-        raw = path.read_bytes()
-    except IsADirectoryError:
-        raise UserError(f"{path} is a folder, not a records file") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    raw = read_regular(path, "records file")
     records: list[dict[str, Any]] = []
     lines = raw.split(b"\n")
     dropped = False
@@ -190,7 +233,7 @@ def write_csv(run_dir: Path | str) -> Path:
     if "notes" in frame.columns:
         frame["notes"] = frame["notes"].map(lambda n: json.dumps(n, sort_keys=True) if isinstance(n, dict) else n)
     out = run_dir / RECORDS_CSV
-    frame.to_csv(out, index=False)
+    write_file(out, frame.to_csv(index=False))
     return out
 
 

@@ -1,14 +1,20 @@
 """The run folder: its manifest, its lock, what has been recorded, and the environment and peaks written beside the rows.
 
-A folder is a run folder when it holds `manifest.json`. Nothing else is ever deleted: `--force`
-removes an existing folder only when it holds a manifest (a run's), never a folder no run wrote.
+A folder is a run's when its `manifest.json` reads as an attnbench manifest (typed: `Manifest`, with
+`harness: "attnbench"` and a random `run_uuid` since they were added) whose run id is the folder's
+name. `--force` replaces only such a folder, and only when everything in it is a file a run writes
+(`RUN_FILES`): another tool's folder that happens to hold a `manifest.json` is never deleted, nor a
+folder holding the suite file the new run reads. A run folder's files are written in place and never
+through a symbolic link (`store.write_file`), so a link planted in a folder cannot redirect a write.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,16 +23,22 @@ from typing import Any
 from harness.env import fingerprint, gpu_telemetry
 from harness.errors import UserError
 from harness.measure import roofline
+from harness.results.documents import ENV, HARNESS, MANIFEST, Environment, Manifest, read_document
 from harness.results.record import Record
-from harness.results.store import RECORDS, read_records, typed_records
+from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, typed_records, write_file
 from harness.run import protocol
 from harness.run.children import python_command, run_child
 from harness.suite.cases import Case
 from harness.suite.catalog import load_suite, pair_key
 
-MANIFEST = "manifest.json"
 SUITE_COPY = "suite.toml"
-ENV = "env.json"
+#: Every name a run writes in its folder (patterns for the per-worker files); `--force` deletes nothing else.
+RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, roofline.PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
+             protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK, f"worker-*{protocol.CURRENT_SUFFIX}", "worker-*.log",
+             "pytest-benchmark-*.json", f".{MANIFEST}.*.tmp")
+#: The files a run writes again on resume: none may be a symbolic link.
+_REWRITTEN = (MANIFEST, RECORDS, RECORDS_CSV, ENV, roofline.PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
+              protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK)
 #: How long a new supervisor waits for orphaned workers of a killed one to die (they get SIGKILL at once on Linux).
 ORPHAN_WAIT_S = 5.0
 
@@ -49,16 +61,17 @@ class RunFolder:
     def create(cls, path: Path, manifest: dict[str, Any], *, force: bool, suite_file: str | None) -> "RunFolder":
         """Make a new run folder (replacing an earlier run's folder only with `force`) and write its manifest."""
         path = Path(path)
+        if path.is_symlink():
+            raise UserError(f"run folder {path} is a symbolic link: a new run is written only into a folder of its own")
         if path.exists() and not path.is_dir():
             raise UserError(f"run folder {path} exists and is not a folder")
         if path.exists() and any(path.iterdir()):
             if not force:
                 raise UserError(f"run folder {path} already exists: pass --force to overwrite it or --resume {path} to finish it")
-            if not (path / MANIFEST).is_file():
-                raise UserError(f"--force refuses to delete {path}: it holds no {MANIFEST}, so no run wrote it")
+            _check_replaceable(path, suite_file)
             old = cls(path, {})
             old.lock()  # never delete a folder that live workers still write to
-            shutil.rmtree(path)
+            _remove_run_files(path)
             old.unlock()
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -66,9 +79,10 @@ class RunFolder:
             raise UserError(f"cannot create run folder {path}: {exc.strerror or exc}") from None
         folder = cls(path, manifest)
         folder.lock()
+        manifest.update(harness=HARNESS, run_uuid=uuid.uuid4().hex)
         if suite_file is not None:
             # Workers and a later --resume read this frozen copy, whatever happens to the user's file.
-            shutil.copyfile(suite_file, path / SUITE_COPY)
+            write_file(path / SUITE_COPY, Path(suite_file).read_bytes())
             manifest["suite_copy"] = SUITE_COPY
         folder.write_manifest()
         return folder
@@ -78,16 +92,18 @@ class RunFolder:
         """An existing run folder, to resume (not yet locked)."""
         path = Path(path)
         manifest_path = path / MANIFEST
-        if not manifest_path.is_file():
+        if not os.path.lexists(manifest_path):
             raise UserError(f"cannot resume {path}: no {MANIFEST} there (is it a run folder?)")
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot resume {path}: {MANIFEST} is not valid JSON ({exc})") from None
-        missing = [k for k in ("run_id", "suite_arg", "device", "backends", "pairs") if k not in manifest]
-        if not isinstance(manifest, dict) or missing:
-            raise UserError(f"cannot resume {path}: {MANIFEST} lacks {', '.join(missing) or 'its fields'}")
-        return cls(path, manifest)
+        manifest = read_run_manifest(path, "cannot resume")
+        for name in _REWRITTEN:
+            if (path / name).is_symlink():
+                raise UserError(link_refusal(path / name))
+        if os.path.lexists(path / ENV):  # read again at the end: a damaged one is named now, not after the last pair
+            try:
+                read_document(path / ENV, Environment)
+            except UserError as exc:
+                raise UserError(f"cannot resume {path}: {exc}") from None
+        return cls(path, manifest.to_dict())
 
     def write_manifest(self) -> None:
         """Write the manifest (atomically: a kill never leaves half a manifest)."""
@@ -178,14 +194,14 @@ class RunFolder:
     def write_env_before(self) -> None:
         """The environment's fingerprint and, on a GPU, its clocks and temperatures before any pair."""
         env = {"before": fingerprint(self.device), "telemetry_before": gpu_telemetry() if self.device == "cuda" else None}
-        (self.path / ENV).write_text(json.dumps(env, indent=1, default=str))
+        write_file(self.path / ENV, json.dumps(env, indent=1, default=str))
 
     def write_env_after(self) -> None:
         """The GPU's clocks and temperatures after the last pair, beside those from before."""
         env_path = self.path / ENV
-        env = json.loads(env_path.read_text()) if env_path.exists() else {}
-        env["telemetry_after"] = gpu_telemetry() if self.device == "cuda" else None
-        env_path.write_text(json.dumps(env, indent=1, default=str))
+        before = read_document(env_path, Environment).to_dict() if os.path.lexists(env_path) else {}
+        before["telemetry_after"] = gpu_telemetry() if self.device == "cuda" else None
+        write_file(env_path, json.dumps(before, indent=1, default=str))
 
     def write_peaks(self, dtypes: list[str]) -> Path:
         """Measure the device's ceilings into `peaks.json`, before any worker starts so nothing competes with them."""
@@ -200,12 +216,12 @@ def write_peaks(run_dir: Path, device: str, dtypes: list[str]) -> Path:
     """
     path = Path(run_dir) / roofline.PEAKS
     if device != "cuda":
-        path.write_text(json.dumps(roofline.measure_peaks(device, dtypes), indent=1))
+        write_file(path, json.dumps(roofline.measure_peaks(device, dtypes), indent=1))
         return path
     done = run_child(python_command("harness.measure.roofline", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)), timeout_s=600)
     if done.returncode != 0 or not path.exists():
         failure = {"device": "cuda", "matmul": {}, "copy": None, "errors": {"measure": f"peak measurement failed ({done.describe()})"}}
-        path.write_text(json.dumps(failure, indent=1))
+        write_file(path, json.dumps(failure, indent=1))
     return path
 
 
@@ -213,7 +229,55 @@ def drop_partial_line(path: Path) -> None:
     """Cut a truncated last line (a kill mid-write) so that appends start on a fresh line."""
     raw = path.read_bytes()
     cut = raw.rfind(b"\n") + 1
-    with open(path, "r+b") as f:
-        f.truncate(cut)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.ftruncate(fd, cut)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_run_manifest(path: Path, doing: str) -> Manifest:
+    """The manifest of the run folder `path`, typed, and refused unless it is a run's ("{doing} {path}: why")."""
+    try:
+        manifest = read_document(path / MANIFEST, Manifest)
+    except UserError as exc:  # named by its file name: the folder is already in the line
+        raise UserError(f"{doing} {path}: {str(exc).replace(str(path / MANIFEST), MANIFEST, 1)}") from None
+    problem = manifest.run_problem()
+    if problem:
+        raise UserError(f"{doing} {path}: its {MANIFEST} is not an attnbench run's ({problem})")
+    return manifest
+
+
+def _check_replaceable(path: Path, suite_file: str | None) -> None:
+    """Refuse (UserError) to let --force replace `path` unless a run of the same id wrote it and nothing else is in it."""
+    doing = "--force refuses to delete"
+    if not os.path.lexists(path / MANIFEST):
+        raise UserError(f"{doing} {path}: it holds no {MANIFEST}, so no run wrote it")
+    manifest = read_run_manifest(path, doing)
+    if manifest.run_id != path.name:
+        raise UserError(f"{doing} {path}: its {MANIFEST} is run {manifest.run_id!r}'s, not the folder's own ({path.name!r})")
+    foreign = sorted(entry.name for entry in path.iterdir() if not _is_run_file(entry.name))
+    if foreign:
+        raise UserError(f"{doing} {path}: {foreign[0]!r}{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''} "
+                        "is not a file a run writes; move it out first")
+    for lock in (path / protocol.SUPERVISOR_LOCK, path / protocol.WORKERS_LOCK):  # opened to lock it before anything is deleted
+        if lock.is_symlink():
+            raise UserError(link_refusal(lock))
+    if suite_file is not None and Path(suite_file).resolve().is_relative_to(path.resolve()):
+        raise UserError(f"{doing} {path}: the suite file {suite_file} is inside it; copy the suite elsewhere and pass that copy")
+
+
+def _is_run_file(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FILES)
+
+
+def _remove_run_files(path: Path) -> None:
+    """Delete what a run wrote in `path` (checked by `_check_replaceable`), links as links; the lock files stay (see README)."""
+    for entry in path.iterdir():
+        if entry.name in (protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

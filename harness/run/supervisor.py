@@ -43,7 +43,7 @@ from harness.env import detect_device
 from harness.errors import UserError
 from harness.measure.execute import case_record
 from harness.results.record import Status
-from harness.results.store import RunWriter, validate_run_id, write_csv
+from harness.results.store import RunWriter, validate_run_id, write_csv, write_file
 from harness.run import protocol
 from harness.run.order import DEFAULT_ORDER_SEED, fair_pairs, order_manifest, select_keys
 from harness.run.progress import Progress
@@ -254,6 +254,10 @@ class Supervisor:
         manifest = folder.manifest
         self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         pairs = folder.pairs()
+        unknown = [k for k in manifest["pairs"] if k not in pairs]
+        if unknown:
+            raise UserError(f"{folder.path / 'manifest.json'}: field 'pairs' lists {unknown[0]!r}"
+                            f"{f' and {len(unknown) - 1} more' if len(unknown) > 1 else ''}, not a pair of its suite and backends: resume refuses it")
         recorded = folder.recorded(repair=True)
         foreign = [r for r in recorded if r.pair_key not in pairs or (r.run_id and r.run_id != folder.run_id)]
         if foreign:
@@ -278,7 +282,7 @@ class Supervisor:
         claims = run_dir / protocol.CLAIMS
         shutil.rmtree(claims, ignore_errors=True)  # claims of an earlier attempt: their pairs have no record
         claims.mkdir()
-        (run_dir / protocol.PENDING).write_text("".join(f"{k}\n" for k in pending))
+        write_file(run_dir / protocol.PENDING, "".join(f"{k}\n" for k in pending))
         slots = self._slots(folder.device)[: max(1, len(pending))]
         active: dict[str, Worker] = {}
         fruitless: dict[str, int] = {}

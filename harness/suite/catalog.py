@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import pkgutil
 import re
 import tomllib
@@ -18,6 +19,7 @@ from typing import Any, Iterable
 
 from harness.suite.cases import MAX_INT, MODES, Case, canonical_dtype, grid
 from harness.errors import UserError
+from harness.results.documents import read_regular
 from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
 from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases
 
@@ -149,6 +151,10 @@ def load_suite(name_or_path: str) -> Suite:
     return suite
 
 
+#: The most cases a TOML suite may declare (summed over its grids), and the largest suite file: each far past any real sweep.
+MAX_SUITE_CASES = 100_000
+MAX_SUITE_BYTES = 4 * 2**20
+
 _GRID_KEYS = {"B", "S", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window", "padding", "mla"}
 _TOP_KEYS = {"name", "description", "device", "backends", "budget", "grid", "seed"}
 _BUDGET_KEYS = {"warmup_s", "measure_s", "min_sample_s", "min_rounds", "max_rounds", "max_iterations", "precision"}
@@ -183,14 +189,11 @@ def _as_list(where: str, key: str, value: Any) -> list:
 
 def suite_from_toml(path: Path) -> Suite:
     """Parse and validate a TOML suite file (see suites/example.toml)."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"suite file {path} does not exist") from None
-    except IsADirectoryError:
-        raise UserError(f"suite file {path} is a directory, not a TOML file") from None
-    except OSError as exc:
-        raise UserError(f"cannot read suite file {path}: {exc.strerror or exc}") from None
+    if not os.path.lexists(path):
+        raise UserError(f"suite file {path} does not exist")
+    if path.is_dir():
+        raise UserError(f"suite file {path} is a directory, not a TOML file")
+    raw = read_regular(path, "TOML file", MAX_SUITE_BYTES)  # a FIFO is refused, not waited on
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -199,6 +202,8 @@ def suite_from_toml(path: Path) -> Suite:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise UserError(f"{path}: not valid TOML (nested too deep: a suite is tables of flat lists)") from None
     where = str(path)
     unknown = set(data) - _TOP_KEYS
     if unknown:
@@ -220,6 +225,8 @@ def suite_from_toml(path: Path) -> Suite:
         if key in data and not isinstance(data[key], str):
             raise UserError(f"{where}: field {key!r} has value {data[key]!r}, expected a string")
     cases: list[Case] = []
+    grid_axes = []
+    size = 0
     for index, spec in enumerate(grids):
         gwhere = f"{where} grid #{index + 1}"
         unknown = set(spec) - _GRID_KEYS
@@ -231,6 +238,12 @@ def suite_from_toml(path: Path) -> Suite:
         for required in ("B", "H", "d_k"):
             if required not in axes:
                 raise UserError(f"{gwhere}: missing field {required!r}")
+        size += math.prod(len(values) for values in axes.values())  # an upper bound: H_kv values that divide no H drop out
+        if size > MAX_SUITE_CASES:  # counted before any case is built: 10^8 cases would take most of an hour and 40 GB
+            raise UserError(f"{where}: its grids hold up to {size:,} cases by grid #{index + 1} (the product of each grid's axis lengths), "
+                            f"more than the {MAX_SUITE_CASES:,} a suite may have: split it into smaller suites")
+        grid_axes.append((gwhere, axes))
+    for gwhere, axes in grid_axes:
         try:
             cases.extend(grid(device=device, seed=seed, **axes))
         except UserError as exc:

@@ -1,0 +1,282 @@
+"""The documents of a run folder beside its records (manifest.json, env.json, peaks.json), typed and read one way.
+
+Every reader goes through `read_document`: it opens only regular files (`open()` on a FIFO blocks
+until a writer comes, which may be never), refuses JSON that is truncated or nested past the
+parser's depth, and type-checks the fields attnbench reads, naming the file and the field, as
+`Record.from_dict` does for records. Fields nobody reads are kept as they are (`extra`), so a newer
+writer's or the Ray executor's additions pass through to `to_dict()` untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, ClassVar, TypeVar
+
+from harness.errors import UserError
+
+MANIFEST = "manifest.json"
+ENV = "env.json"
+PEAKS = "peaks.json"
+#: What a manifest written by attnbench says in its `harness` field (runs written before it existed have none).
+HARNESS = "attnbench"
+#: A run folder's documents are kilobytes (a Ray cluster's env.json a few hundred); more is not one of them.
+MAX_DOCUMENT_BYTES = 64 * 2**20
+
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+def read_regular(path: Path | str, what: str = "regular file", limit: int | None = None) -> bytes:
+    """The bytes of a regular file (symbolic links followed); UserError naming it for anything else or a failed read.
+
+    The file is opened non-blocking and checked on its descriptor, so a FIFO is refused rather than
+    waited on, and nothing can swap the file between the check and the read.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{path} is {_KINDS.get(stat.S_IFMT(info.st_mode), 'not a regular file')}, not a {what}")
+        if limit is not None and info.st_size > limit:
+            raise UserError(f"{path} is {info.st_size} bytes, more than the {limit} bytes such a file can be")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def parse_json(raw: bytes, where: Path | str) -> Any:
+    """One JSON document; UserError naming `where` when it is not UTF-8 JSON or is nested deeper than the parser goes."""
+    try:
+        return json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise UserError(f"{where}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise UserError(f"{where}: not valid JSON (nested too deep)") from None
+
+
+# -- field checks: each returns the value or raises naming the file and the field ------------------------------------
+
+#: A field check: (value, file, field name) → the value, or UserError naming the file and the field.
+Check = Callable[[Any, str, str], Any]
+
+
+def _fail(where: str, name: str, value: Any, expected: str) -> UserError:
+    shown = repr(value)
+    return UserError(f"{where}: field {name!r} has value {shown if len(shown) <= 60 else shown[:57] + '...'}, expected {expected}")
+
+
+def _accepting(test: Callable[[Any], bool], expected: str) -> Check:
+    """The check that lets through the values `test` accepts, and names `expected` for the others."""
+    def check(value: Any, where: str, name: str) -> Any:
+        if not test(value):
+            raise _fail(where, name, value, expected)
+        return value
+    return check
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+_string = _accepting(lambda v: isinstance(v, str), "a string")
+_boolean = _accepting(lambda v: isinstance(v, bool), "true or false")
+_count = _accepting(lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= 0, "a non-negative integer")
+_number = _accepting(_is_number, "a finite number")
+_positive = _accepting(lambda v: _is_number(v) and v > 0, "a positive number")
+_scalar = _accepting(lambda v: isinstance(v, (str, int, float, bool)), "a string or a number")
+_object = _accepting(lambda v: isinstance(v, dict), "an object")
+# A suite copy is joined to the folder's path: a name with a '/' or '..' could point at any file.
+_plain_name = _accepting(lambda v: isinstance(v, str) and v not in ("", ".", "..") and "/" not in v and "\0" not in v,
+                         "a file name inside the run folder")
+_device = _accepting(lambda v: v in ("cpu", "cuda"), "'cpu' or 'cuda'")
+
+
+def optional(check: Check) -> Check:
+    """`check`, or null."""
+    return lambda value, where, name: None if value is None else check(value, where, name)
+
+
+def list_of(check: Check) -> Check:
+    """A list whose every item passes `check` (the item named by its index)."""
+    def checked(value: Any, where: str, name: str) -> list:
+        if not isinstance(value, list):
+            raise _fail(where, name, value, "a list")
+        return [check(item, where, f"{name}[{i}]") for i, item in enumerate(value)]
+    return checked
+
+
+def object_of(check: Check) -> Check:
+    """An object whose every value passes `check` (the value named by its key)."""
+    def checked(value: Any, where: str, name: str) -> dict:
+        return {key: check(item, where, f"{name}.{key}") for key, item in _object(value, where, name).items()}
+    return checked
+
+
+def fields_of(**checks: Check) -> Check:
+    """An object whose named fields, where present, pass their checks; other fields are kept unchecked."""
+    def checked(value: Any, where: str, name: str) -> dict:
+        value = _object(value, where, name)
+        return {key: checks[key](item, where, f"{name}.{key}") if key in checks else item for key, item in value.items()}
+    return checked
+
+
+
+
+# -- the documents ----------------------------------------------------------------------------------------------------
+
+D = TypeVar("D", bound="Document")
+
+
+@dataclass
+class Document:
+    """A run folder's JSON object: the fields a reader uses, typed; the others in `extra`."""
+
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: The typed fields the file itself had (the others hold their defaults and are not written back).
+    given: frozenset[str] = frozenset()
+
+    #: Each typed field's check; a field left out of the file keeps its default.
+    CHECKS: ClassVar[dict[str, Check]] = {}
+    #: Fields a document of this kind always has.
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_dict(cls: type[D], data: Any, where: Path | str) -> D:
+        """The document from its parsed JSON; UserError naming `where` and the field of anything mistyped."""
+        where = str(where)
+        if not isinstance(data, dict):
+            raise UserError(f"{where}: expected a JSON object, got {_json_kind(data)}")
+        missing = [name for name in cls.REQUIRED if name not in data]
+        if missing:
+            raise UserError(f"{where}: field {missing[0]!r} is missing")
+        values = {}
+        for name, value in data.items():
+            if name in cls.CHECKS:
+                values[name] = cls.CHECKS[name](value, where, name)
+        return cls(**values, extra={k: v for k, v in data.items() if k not in cls.CHECKS}, given=frozenset(values))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object as read: the typed fields the file had, then the rest."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name in self.given}
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(value), "a number")
+
+
+_CAPABILITIES = object_of(object_of(_boolean))
+_ATTEMPT = fields_of(started_utc=_string, wall_s=_number)
+
+
+@dataclass
+class Manifest(Document):
+    """manifest.json: what the run is (suite, device, backends, pairs) and who wrote it."""
+
+    run_id: str = ""
+    suite: str | None = None
+    suite_arg: str | None = None
+    suite_copy: str | None = None
+    device: str | None = None
+    backends: list[str] = field(default_factory=list)
+    broken: dict[str, str] = field(default_factory=dict)
+    capabilities: dict[str, dict[str, bool]] = field(default_factory=dict)
+    pairs: list[str] = field(default_factory=list)
+    check: bool = True
+    profile: bool = False
+    traces: bool = False
+    timer: str = "events"
+    created_utc: str | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: `attnbench` in every manifest written since it was added, and a random id given at creation.
+    harness: str | None = None
+    run_uuid: str | None = None
+
+    CHECKS = {
+        "run_id": _string, "suite": optional(_string), "suite_arg": optional(_string), "suite_copy": optional(_plain_name),
+        "device": optional(_device), "backends": list_of(_string), "broken": object_of(_string), "capabilities": _CAPABILITIES,
+        "pairs": list_of(_string), "check": _boolean, "profile": _boolean, "traces": _boolean, "timer": _string,
+        "created_utc": optional(_string), "attempts": list_of(_ATTEMPT), "harness": optional(_string), "run_uuid": optional(_string),
+    }
+    REQUIRED = ("run_id",)
+    #: What a run needs from its manifest to be resumed (or replaced by --force): every manifest a run ever wrote has them.
+    RUN_FIELDS = ("suite_arg", "device", "backends", "pairs")
+
+    def run_problem(self) -> str | None:
+        """Why this manifest cannot be a run's (another tool's, or a run's without what resuming needs), or None."""
+        if self.harness is not None and self.harness != HARNESS:
+            return f"field 'harness' is {self.harness!r}, not {HARNESS!r}"
+        missing = [name for name in self.RUN_FIELDS if name not in self.given or getattr(self, name) is None]
+        return f"it lacks {', '.join(missing)}" if missing else None
+
+
+def _telemetry(value: Any, where: str, name: str) -> Any:
+    """NVML's readings per GPU (a list of objects), or an object saying why there are none."""
+    if isinstance(value, list):
+        return list_of(fields_of(index=optional(_count)))(value, where, name)
+    return _object(value, where, name)
+
+
+_TELEMETRY = optional(_telemetry)
+_FINGERPRINT = fields_of(device_name=optional(_string), device_type=optional(_string),
+                         **{k: optional(_scalar) for k in ("torch", "torch_cuda", "cudnn", "python", "xformers", "flash_attn",
+                                                             "cpu_model", "torch_threads", "host")})
+
+
+@dataclass
+class Environment(Document):
+    """env.json: the environment's fingerprint (`before`, read by reports and compare) and the GPU telemetry around the run."""
+
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+    telemetry_before: list[dict[str, Any]] | dict[str, Any] | None = None
+    telemetry_after: list[dict[str, Any]] | dict[str, Any] | None = None
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    # A null fingerprint reads as an empty one: every reader asks it for fields with .get().
+    CHECKS = {"before": lambda v, where, name: {} if v is None else _FINGERPRINT(v, where, name),
+              "after": lambda v, where, name: {} if v is None else _object(v, where, name),
+              "telemetry_before": _TELEMETRY, "telemetry_after": _TELEMETRY, "nodes": object_of(_object)}
+
+
+_MATMUL = fields_of(n=optional(_count), tflops=optional(_positive), tflops_median=optional(_positive))
+_COPY = fields_of(bytes=_count, gbps=optional(_positive), gbps_median=optional(_positive))
+
+
+@dataclass
+class Peaks(Document):
+    """peaks.json: the device's measured matmul ceilings per dtype and its copy bandwidth, or why they are missing."""
+
+    device: str | None = None
+    matmul: dict[str, dict[str, Any]] = field(default_factory=dict)
+    copy: dict[str, Any] | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+    CHECKS = {"device": optional(_string), "matmul": object_of(_MATMUL), "copy": optional(_COPY), "errors": object_of(_string)}
+
+
+def read_document(path: Path | str, kind: type[D]) -> D:
+    """The document at `path`, typed as `kind`; UserError (one line naming the file and the field) for anything else."""
+    return kind.from_dict(parse_json(read_regular(path, "JSON document", MAX_DOCUMENT_BYTES), path), where=path)
+
+
+def read_optional(path: Path | str, kind: type[D]) -> D | None:
+    """As `read_document`, but None when there is no such file (older runs lack peaks.json, say)."""
+    if not os.path.lexists(path):
+        return None
+    return read_document(path, kind)
