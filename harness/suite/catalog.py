@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from harness.suite.cases import MAX_INT, MODES, Case, canonical_dtype, grid
 from harness.errors import UserError
-from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
+from harness.measure.timing import CUDA_BUDGET, MAX_BUDGET_S, QUICK_BUDGET, Budget
 from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases
 
 
@@ -252,9 +252,10 @@ def suite_from_toml(path: Path) -> Suite:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise UserError(f"{where}: budget field 'precision' has value {value!r}, expected a fraction from 0 (never stop early) to below 1")
         elif (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-              or value < 0 or (key == "measure_s" and value == 0)):
+              or value < 0 or (key == "measure_s" and value == 0) or value > MAX_BUDGET_S):
             # warmup_s = 0 still warms up with one call, min_sample_s = 0 is what CUDA budgets use; measuring for 0 s is nothing.
-            expected = "a finite, positive number of seconds" if key == "measure_s" else "a finite number of seconds, 0 or more"
+            lowest = "above 0" if key == "measure_s" else "0 or more"
+            expected = f"a number of seconds {lowest} and at most {MAX_BUDGET_S:g}"
             raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected {expected}")
     if budget_spec.get("min_rounds", 0) > budget_spec.get("max_rounds", float("inf")):
         raise UserError(f"{where}: budget field 'min_rounds' has value {budget_spec['min_rounds']!r}, more than max_rounds {budget_spec['max_rounds']!r}")
