@@ -206,6 +206,13 @@ BAD_LISTS = [
 ]
 
 
+@pytest.mark.parametrize("backends", ['["naive", "naive"]', '["sdpa", "naive", "sdpa", "naive"]'])
+def test_a_suite_file_naming_a_backend_twice_is_refused(tmp_path, capsys, backends):
+    suite = tmp_path / "twice.toml"
+    suite.write_text(f'name = "twice"\nbackends = {backends}\n[[grid]]\nB = [1]\nS = [16]\nH = [2]\nH_kv = [2]\nd_k = [8]\ndtype = ["fp32"]\n')
+    refused(capsys, "run", "--suite", str(suite), "--out", str(tmp_path / "results"), "--timeout", "30", "--quiet", naming="more than once")
+
+
 @pytest.mark.parametrize("args, naming", BAD_LISTS, ids=[" ".join(a[1:]) for a, _ in BAD_LISTS])
 def test_a_repeated_or_unknown_item_of_a_list_option_is_refused(tmp_path, capsys, args, naming):
     refused(capsys, *args, naming=naming)

@@ -238,6 +238,9 @@ def suite_from_toml(path: Path) -> Suite:
     backends = data.get("backends")
     if backends is not None and (not isinstance(backends, list) or not backends or not all(isinstance(b, str) for b in backends)):
         raise UserError(f"{where}: field 'backends' has value {backends!r}, expected a non-empty list of names")
+    repeated = sorted({b for b in backends or () if backends.count(b) > 1})
+    if repeated:  # each would run, and be listed, twice
+        raise UserError(f"{where}: field 'backends' names {', '.join(repeated)} more than once")
     budget_spec = data.get("budget", {})
     if not isinstance(budget_spec, dict):
         raise UserError(f"{where}: field 'budget' has value {budget_spec!r}, expected a [budget] table")
