@@ -257,8 +257,8 @@ def suite_from_toml(path: Path) -> Suite:
         elif (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
               or value < 0 or (key == "measure_s" and value == 0) or value > MAX_BUDGET_S):
             # warmup_s = 0 still warms up with one call, min_sample_s = 0 is what CUDA budgets use; measuring for 0 s is nothing.
-            lowest = "above 0" if key == "measure_s" else "0 or more"
-            expected = f"a number of seconds {lowest} and at most {MAX_BUDGET_S:g}"
+            expected = "a finite, positive number of seconds" if key == "measure_s" else "a finite number of seconds, 0 or more"
+            expected += f", at most {MAX_BUDGET_S:g}"
             raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected {expected}")
     if budget_spec.get("min_rounds", 0) > budget_spec.get("max_rounds", float("inf")):
         raise UserError(f"{where}: budget field 'min_rounds' has value {budget_spec['min_rounds']!r}, more than max_rounds {budget_spec['max_rounds']!r}")
