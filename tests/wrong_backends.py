@@ -102,3 +102,182 @@ def add_all(registry) -> None:
     """Add every wrong backend to `registry` (the `ATTNBENCH_BACKENDS` hook)."""
     for cls in WRONG_BACKENDS:
         registry.add(cls())
+
+
+class _Eager(Backend):
+    """Eager attention (right) with a hook that does one wrong thing: the base of the guard's wrong backends below."""
+
+    family = "test-wrong"
+    native_gqa = True
+
+    def wrong(self, case: Case, inputs: AttentionInputs, call: int, out: torch.Tensor) -> torch.Tensor:
+        """What the backend does around its `call`-th call (from 1); returns the output it hands back."""
+        raise NotImplementedError
+
+    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+        """Eager attention on whatever `inputs` hold at call time, passed through `wrong`."""
+        mask = visible_mask(case, device=inputs.q.device)
+        calls = [0]
+
+        def fn() -> torch.Tensor:
+            calls[0] += 1
+            self.before(case, inputs, calls[0])
+            return self.wrong(case, inputs, calls[0], naive_attention(inputs.q, inputs.k, inputs.v, mask))
+
+        return Prepared(fn=fn, leaves=(inputs.q, inputs.k, inputs.v))
+
+    def before(self, case: Case, inputs: AttentionInputs, call: int) -> None:
+        """What the backend does to its inputs before its `call`-th call (nothing by default)."""
+
+
+def _once(call: int, t: torch.Tensor, change) -> None:
+    """Apply `change` to `t` in place on the first call only, without autograd seeing it (a kernel writing its own buffer)."""
+    if call == 1:
+        with torch.no_grad():
+            t.copy_(change(t.detach().clone()))
+
+
+class _InputWriter(_Eager):
+    """Changes one input in place on its first call, in a way that keeps its sum and absolute sum, then attends to it."""
+
+    tensor = "q"
+
+    def change(self, t: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def before(self, case: Case, inputs: AttentionInputs, call: int) -> None:
+        """Rewrite the input on the first call."""
+        _once(call, getattr(inputs, self.tensor), self.change)
+
+    def wrong(self, case: Case, inputs: AttentionInputs, call: int, out: torch.Tensor) -> torch.Tensor:
+        """The output on the rewritten inputs, which is right for them and wrong for the case."""
+        return out
+
+
+class ReversesQueriesInPlace(_InputWriter):
+    """Reverses q along S_q in place (the issue's example): a sum and an absolute sum stay the same."""
+
+    name = "wrong-reverse-q"
+
+    def change(self, t):
+        return t.flip(2)
+
+
+class SwapsKeyHeadsInPlace(_InputWriter):
+    """Swaps the K heads in place (needs H_kv ≥ 2)."""
+
+    name = "wrong-swap-k-heads"
+    tensor = "k"
+
+    def change(self, t):
+        return t.flip(1)
+
+
+class RollsValuesInPlace(_InputWriter):
+    """Rolls v by one position along S_kv in place."""
+
+    name = "wrong-roll-v"
+    tensor = "v"
+
+    def change(self, t):
+        return t.roll(1, dims=2)
+
+
+class SwapsTwoQueryElements(_InputWriter):
+    """Swaps two elements of one query row in place: the smallest change a sum cannot see."""
+
+    name = "wrong-swap-two-q"
+
+    def change(self, t):
+        t[0, 0, 0, 0], t[0, 0, 0, 1] = t[0, 0, 0, 1].clone(), t[0, 0, 0, 0].clone()
+        return t
+
+
+class PermutesUpstreamGradient(_InputWriter):
+    """Reverses the upstream gradient along S_q in place (backward modes): the old guard never looked at it."""
+
+    name = "wrong-reverse-grad-out"
+    tensor = "grad_out"
+
+    def before(self, case: Case, inputs: AttentionInputs, call: int) -> None:
+        """Rewrite grad_out on the first call, if the case has one."""
+        if inputs.grad_out is not None:
+            _once(call, inputs.grad_out, lambda t: t.flip(2))
+
+
+class RightOnFirstCallOnly(_Eager):
+    """Adds 1e-2 to its output from its second call on (state carried across calls)."""
+
+    name = "wrong-after-first-call"
+
+    def wrong(self, case, inputs, call, out):
+        return out if call == 1 else out + 1e-2
+
+
+class AccumulatesIntoItsBuffer(_Eager):
+    """Adds each call's output into one buffer it never clears: the first call is right, the second is twice it."""
+
+    name = "wrong-accumulates"
+
+    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+        """A zeroed buffer, then `buffer += attention` per call."""
+        prepared = super().prepare(case, inputs)
+        inner, buffer = prepared.fn, []
+
+        def fn() -> torch.Tensor:
+            out = inner()
+            if not buffer:
+                buffer.append(torch.zeros_like(out))
+            buffer[0].add_(out)
+            return buffer[0]
+
+        prepared.fn = fn
+        return prepared
+
+    def wrong(self, case, inputs, call, out):
+        return out
+
+
+class LeaksMaskAfterFirstCall(_Eager):
+    """From its second call on, lets one masked position through (a mask cached and corrupted across calls)."""
+
+    name = "wrong-mask-after-first-call"
+
+    def wrong(self, case, inputs, call, out):
+        if call == 1:
+            return out
+        return naive_attention(inputs.q, inputs.k, inputs.v, leak_one(visible_mask(case, device=inputs.q.device)))
+
+
+class _OtherDtype(_Eager):
+    """Returns its (right) output in another dtype than the case's: agreement in float64 alone would not see it."""
+
+    dtypes: dict[str, torch.dtype] = {}
+
+    def wrong(self, case, inputs, call, out):
+        return out.to(self.dtypes.get(case.dtype, torch.float64))
+
+
+class UpcastsToFloat32(_OtherDtype):
+    """bf16/fp16 cases answered in float32 (fp32 ones in float64)."""
+
+    name = "wrong-dtype-fp32"
+    dtypes = {"bf16": torch.float32, "fp16": torch.float32}
+
+
+class AnswersFp16ForBf16(_OtherDtype):
+    """bf16 cases answered in fp16 (more mantissa, so closer to the reference), fp32 in float64."""
+
+    name = "wrong-dtype-fp16"
+    dtypes = {"bf16": torch.float16, "fp16": torch.float32}
+
+
+#: Backends the guard on inputs and `attnbench check`'s two calls and dtype rule must catch.
+GUARD_BACKENDS = (ReversesQueriesInPlace, SwapsKeyHeadsInPlace, RollsValuesInPlace, SwapsTwoQueryElements, PermutesUpstreamGradient,
+                  RightOnFirstCallOnly, AccumulatesIntoItsBuffer, LeaksMaskAfterFirstCall, UpcastsToFloat32, AnswersFp16ForBf16)
+
+
+def add_guarded(registry) -> None:
+    """Add the guard's wrong backends to `registry` (`ATTNBENCH_BACKENDS=tests.wrong_backends:add_guarded`)."""
+    for cls in GUARD_BACKENDS:
+        registry.add(cls())

@@ -48,15 +48,22 @@ class Registry:
         return cls
 
     def add(self, backend: Backend) -> None:
-        """Add a backend instance; a duplicate name is an error."""
-        if not backend.name:
-            raise ValueError(f"{type(backend).__name__} has no name")
+        """Add a backend instance; a duplicate name, or a name or family that is not a string, is an error."""
+        if not isinstance(backend.name, str) or not backend.name:
+            raise PluginFieldError(f"{type(backend).__name__}.name is {backend.name!r}, expected a non-empty string")
+        if not isinstance(backend.family, str):
+            raise PluginFieldError(f"{type(backend).__name__}.family is {backend.family!r}, expected a string")
         if backend.name in self._backends or backend.name in self._broken:
             raise ValueError(f"backend {backend.name!r} is registered twice")
         self._backends[backend.name] = backend
 
     def add_broken(self, name: str, reason: str) -> None:
         """Record a plugin that failed to load: listed as unavailable, never run."""
+        self._broken[name] = reason
+
+    def demote(self, name: str, reason: str) -> None:
+        """Move a loaded backend to the broken ones (a plugin found unusable after it loaded), keeping its place in `names()`."""
+        self._backends.pop(name)
         self._broken[name] = reason
 
     def get(self, name: str) -> Backend:
@@ -92,7 +99,9 @@ class Registry:
             except Exception as exc:  # a probe that crashes means unavailable, with the error as reason
                 reason = f"availability check failed: {type(exc).__name__}: {exc}"
             try:
-                version = backend.version() if reason is None else None
+                version = checked_version(backend) if reason is None else None
+            except PluginFieldError as exc:  # a plugin's version() of the wrong type makes it unusable, not the listing
+                reason, version = str(exc), None
             except Exception:
                 version = None
             rows.append(BackendInfo(backend.name, backend.family, reason is None, reason, version, backend.description))
@@ -118,6 +127,25 @@ class UnloadedPlugin(Backend):
         return self.reason
 
 
+class PluginFieldError(TypeError):
+    """A backend's declared field (name, family, version()) has the wrong type: the backend cannot be listed or recorded."""
+
+
+def checked_version(backend: Backend) -> str | None:
+    """`backend.version()`, or PluginFieldError when it is not a string or None (a record stores it as text)."""
+    version = backend.version()
+    if version is not None and not isinstance(version, str):
+        raise PluginFieldError(f"{type(backend).__name__}.version() returned {version!r}, expected a string or None")
+    return version
+
+
+def _load_error(exc: BaseException) -> str:
+    """The reason a plugin failed to load; Ctrl-C is the user's, never a plugin's failure."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
 #: Built-in backends, filled by the decorators in BUILTIN_MODULES when they are imported.
 BUILTINS = Registry()
 register = BUILTINS.register
@@ -138,6 +166,7 @@ def load_registry(*, plugins: bool = True, extra: Iterable[Callable[[Registry], 
             if type(backend).__module__ == module:
                 registry.add(backend)
     if plugins:
+        builtin = set(registry.names())
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             try:
                 target = ep.load()
@@ -145,11 +174,13 @@ def load_registry(*, plugins: bool = True, extra: Iterable[Callable[[Registry], 
                     registry.add(target())
                 else:
                     target(registry)
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit too: a plugin that exits at import must not end the listing
+                reason = _load_error(exc)
                 if ep.name not in registry:
-                    registry.add_broken(ep.name, f"plugin {ep.value} failed to load: {type(exc).__name__}: {exc}")
+                    registry.add_broken(ep.name, f"plugin {ep.value} failed to load: {reason}")
         for spec in filter(None, (s.strip() for s in os.environ.get(ENV_VAR, "").split(","))):
             _load_spec(registry, spec)
+        _demote_bad_versions(registry, builtin)
     for hook in extra:
         hook(registry)
     return registry
@@ -168,6 +199,23 @@ def _load_spec(registry: Registry, spec: str) -> None:
             target(registry)
         else:
             raise TypeError(f"{attr} is neither a Backend subclass nor a function taking the registry")
-    except Exception as exc:  # a broken plugin is data: listed unavailable, never fatal
+    except BaseException as exc:  # a broken plugin is data (SystemExit at import included): listed unavailable, never fatal
+        reason = _load_error(exc)
         if spec not in registry:
-            registry.add_broken(spec, f"{ENV_VAR} entry {spec} failed to load: {type(exc).__name__}: {' '.join(str(exc).split())}")
+            registry.add_broken(spec, f"{ENV_VAR} entry {spec} failed to load: {reason}")
+
+
+def _demote_bad_versions(registry: Registry, builtin: set[str]) -> None:
+    """Plugins whose version() returns something other than text are listed unavailable, as a plugin that fails to load is.
+
+    A version() that raises is left alone: an unavailable backend may not be able to say its version.
+    """
+    for backend in list(registry):
+        if backend.name in builtin:
+            continue
+        try:
+            checked_version(backend)
+        except PluginFieldError as exc:
+            registry.demote(backend.name, f"plugin {backend.name} is unusable: {exc}")
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass

@@ -1,8 +1,8 @@
 """`attnbench check`: numerical agreement alone, fast and untimed, over a suite or a built-in grid.
 
-Each (case, backend) pair gets fresh seeded inputs, one call through the same path a benchmark
-record's check takes (`runner.build_step` and `runner.check`), and the float64 rule of
-`harness.measure.numerics`. Unsupported pairs are listed as such and are not failures; a disagreement, a
+Each (case, backend) pair gets seeded inputs and two calls through the same path a benchmark
+record's check takes (`execute.run_pair` with `CHECK_ONLY`), each output judged by the float64 rule of
+`harness.measure.numerics` (the second call catches state carried across calls, which `run`'s last timed call would). Unsupported pairs are listed as such and are not failures; a disagreement, a
 non-finite output, a backend that changes its inputs, wrong attention weights or an exception in
 a pair the backend claims to support is a failure, and the command exits 1 naming each one.
 """

@@ -30,6 +30,9 @@ def _comma_list(text: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise argparse.ArgumentTypeError("expected a comma-separated list")
+    repeated = sorted({t for t in items if items.count(t) > 1})
+    if repeated:  # a backend named twice would run (and be listed) twice
+        raise argparse.ArgumentTypeError(f"{', '.join(repeated)} given more than once in {text!r}")
     return items
 
 
@@ -41,6 +44,31 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return value
+
+
+def _modes(text: str) -> list[str]:
+    """A comma list of modes, each one the harness knows (an unknown one would silently select nothing)."""
+    from harness.suite.cases import MODES
+
+    modes = _comma_list(text)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown mode {', '.join(map(repr, unknown))}: expected {', '.join(MODES)}")
+    return modes
+
+
+def _dtypes(text: str) -> list[str]:
+    """A comma list of dtypes, each one the harness knows, in canonical spelling."""
+    from harness.suite.cases import canonical_dtype
+
+    try:
+        dtypes = [canonical_dtype(d) for d in _comma_list(text)]
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    repeated = sorted({d for d in dtypes if dtypes.count(d) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{', '.join(repeated)} given more than once in {text!r}")
+    return dtypes
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -73,6 +101,10 @@ def cmd_stability(args: argparse.Namespace) -> int:
     from harness.cli.stability import case_from_args, run_stability
     from harness.env import resolve_device
 
+    from harness.measure.timing import MAX_BUDGET_S
+
+    if not 0 < args.measure_s <= MAX_BUDGET_S:  # named here: a child given 1e308 s would be blamed on the backend
+        raise UserError(f"--measure-s must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got {args.measure_s}")
     case = case_from_args(args, resolve_device(args.device))
     result = run_stability(case, args.backend, args.processes, args.measure_s, log=sys.stderr if sys.stderr.isatty() else None)
     print(result.report())
@@ -117,7 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         workers=args.workers, gpus=_parse_gpus(args.gpus), force=args.force,
         resume=Path(args.resume) if args.resume else None, check=not args.no_check,
         case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
-        memory_limit=_parse_size("--memory-limit", args.memory_limit), profile=args.profile, traces=args.traces,
+        memory_limit=_memory_limit(args.memory_limit), profile=args.profile, traces=args.traces,
         timer=args.timer or "events", executor=args.executor, ray_address=args.ray_address,
         cases=args.case or [], order_seed=DEFAULT_ORDER_SEED if args.order_seed is None else args.order_seed,
         cooldown_s=parse_cooldown(args.cooldown),
@@ -149,6 +181,19 @@ def _parse_size(flag: str, text: str | None) -> int | None:
         return parse_size(text)
     except ValueError as exc:
         raise UserError(f"{flag}: {exc}") from None
+
+
+def _memory_limit(text: str | None) -> int | None:
+    """--memory-limit in bytes; refused above this machine's memory and swap, which no worker can use (and RLIMIT_AS cannot even hold 10²⁰ TiB)."""
+    limit = _parse_size("--memory-limit", text)
+    if limit is None:
+        return None
+    from harness.run.protocol import machine_memory_bytes
+
+    ceiling = machine_memory_bytes()
+    if ceiling is not None and limit > ceiling:
+        raise UserError(f"--memory-limit {text} is more than this machine's memory and swap ({ceiling / 2**30:.1f} GiB): it would limit nothing")
+    return limit
 
 
 def _parse_gpus(text: str | None) -> list[int] | None:
@@ -237,8 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="check every backend against a float64 reference (no timing); exit 1 on a disagreement")
     p.add_argument("--suite", help="built-in suite, 'auto' or a .toml file (default: a small built-in check grid)")
     p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: the suite's, else all)")
-    p.add_argument("--dtype", type=_comma_list, help="check only cases of these dtypes (e.g. fp32,bf16)")
-    p.add_argument("--mode", type=_comma_list, help="check only cases of these modes (fwd, bwd, fwd_bwd)")
+    p.add_argument("--dtype", type=_dtypes, help="check only cases of these dtypes (e.g. fp32,bf16)")
+    p.add_argument("--mode", type=_modes, help="check only cases of these modes (fwd, bwd, fwd_bwd)")
     p.add_argument("--device", help="move every case to this device (cpu or cuda)")
     p.add_argument("--only", type=_comma_list, help="check only pairs whose key (<case id>-<backend>) contains each of these substrings")
     p.set_defaults(func=cmd_check)

@@ -34,7 +34,7 @@ from harness.measure.reference import (
     reference_device, reference_kernel,
 )
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, empty_query_rows, visible_mask
+from harness.suite.inputs import AttentionInputs, empty_query_rows, torch_dtype, visible_mask
 
 #: Unit roundoff u (half the spacing of numbers just above 1) per dtype: the relative error of one rounding.
 UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
@@ -175,7 +175,15 @@ def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor
             result = result.with_note(f"writes non-zero into fully masked query rows (max |out| {most:.3g}; judged on the rows that see a key)")
     if rows is not None:
         result = result.with_note(f"{len(rows)} of {case.S_q} query rows checked")
-    return result
+    return _dtype_verdict(result, "output", output_bhsd, case)
+
+
+def _dtype_verdict(result: Agreement, what: str, out: torch.Tensor, case: Case) -> Agreement:
+    """`result`, failed when `out` is not in the case's dtype: a drop-in kernel that returns another dtype is a wrong answer."""
+    wanted = torch_dtype(case)
+    if out.dtype == wanted:
+        return result
+    return result.disagreeing(f"{what} dtype {str(out.dtype).removeprefix('torch.')}, expected the case's {str(wanted).removeprefix('torch.')}")
 
 
 GRADIENT_NAMES = ("dq", "dk", "dv")
@@ -208,7 +216,7 @@ def check_gradients(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[to
         if tuple(out.shape) != shape:
             results[name] = Agreement(None, None, None, False, f"{name} shape {tuple(out.shape)}, expected {shape}")
             continue
-        results[name] = compare(_pick(out, slices, heads[name]) if partial else out, target)
+        results[name] = _dtype_verdict(compare(_pick(out, slices, heads[name]) if partial else out, target), name, out, case)
     return results
 
 

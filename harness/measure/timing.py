@@ -58,6 +58,11 @@ class Budget:
         return self.warmup_s + self.measure_s
 
 
+#: The most seconds any one budget field (warm-up, samples, one sample) may ask for: an hour. A pair's whole
+#: budget must also fit inside `run --timeout` (600 s by default); a larger value is a typo, never a plan,
+#: and would end every pair as an error or a timeout.
+MAX_BUDGET_S = 3600.0
+
 #: CPU suites sample to the budget: on a shared 2-core machine the warm-up's spread under-predicted the
 #: timed samples' (quick, 20 rows stopped for ±1 % reached ±2.1 % at the median), the noise is not stationary.
 QUICK_BUDGET = Budget(warmup_s=0.02, measure_s=0.1, min_rounds=6, max_rounds=200, precision=0.0)

@@ -48,6 +48,11 @@ def to_data_uri(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def plain(text: Any) -> str:
+    """`text` drawn as written: matplotlib reads `$…$` as mathtext, so a backend or run named `my$x^2$` would be parsed (or fail to)."""
+    return str(text).replace("$", r"\$")
+
+
 def backend_colors(names: Iterable[str]) -> dict[str, Any]:
     """A stable colour per backend name (sorted order into tab10, then tab20)."""
     names = sorted(set(names))
@@ -90,12 +95,12 @@ def _per_group_figures(
                 for backend, line in sub.groupby("backend", sort=True):
                     line = line.sort_values("S")
                     label = annotate(backend, key, line) if annotate else backend
-                    ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=label)
+                    ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=plain(label))
                 if hline is not None:
                     lines = hline(dtype, sub)
                     for y, text in lines:
                         ax.axhline(y, color="black", ls="--", lw=1)
-                        ax.annotate(text, xy=(0.01, y), xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
+                        ax.annotate(plain(text), xy=(0.01, y), xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
                         above = sub[sub[value] > y]
                         if len(above):  # impossible points: marked, never left to look like wins
                             ax.scatter(above["S"].astype(float), above[value].astype(float), marker="x", s=60, color="red", zorder=5,
@@ -105,7 +110,7 @@ def _per_group_figures(
                 ax.set_xscale("log", base=2)
                 if logy:
                     ax.set_yscale("log")
-                ax.set_title(analysis.describe_group({**key, "dtype": None}) or "all", fontsize=9)
+                ax.set_title(plain(analysis.describe_group({**key, "dtype": None}) or "all"), fontsize=9)
                 ax.set_xlabel("S", fontsize=8)
                 ax.set_ylabel(ylabel, fontsize=8)
                 ax.tick_params(labelsize=7)
@@ -113,7 +118,7 @@ def _per_group_figures(
                 ax.legend(fontsize=6, loc="best")
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
             mode_text = "" if mode == "fwd" else f", {mode}"
-            fig.suptitle(f"{title}: {dtype}{mode_text}{suffix}", fontsize=11)
+            fig.suptitle(plain(f"{title}: {dtype}{mode_text}{suffix}"), fontsize=11)
             fig.tight_layout()
             figures.append(Figure(f"{title}: {dtype}{mode_text}{suffix}", to_data_uri(fig), caption))
     return figures
@@ -186,7 +191,7 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
                 for _, e in entries.iterrows():
                     core = sub[sub["backend"] == e["backend"]].sort_values("S")
                     color = colors[e["backend"]]
-                    ax.plot(core["S"].astype(float), core["latency_ms_median"], color=color, marker="o", ms=3, lw=1.4, label=f"{e['backend']}: S* {e['S_star_text']}")
+                    ax.plot(core["S"].astype(float), core["latency_ms_median"], color=color, marker="o", ms=3, lw=1.4, label=plain(f"{e['backend']}: S* {e['S_star_text']}"))
                     if e["S_star"] is not None and e["S_star"] == e["S_star"]:
                         ax.axvline(float(e["S_star"]), color=color, ls="-", lw=0.8, alpha=0.8)
                         ax.plot([float(e["S_star"])], [np.interp(math.log(e["S_star"]), np.log(proj["S"].astype(float)), proj["latency_ms_median"])], marker="*", ms=11, color=color, mec="black", zorder=5)
@@ -195,7 +200,7 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
                 ax.axvline(int(D), color="grey", ls="--", lw=0.8, label=f"rule of thumb D = {int(D)}")
                 ax.set_xscale("log", base=2)
                 ax.set_yscale("log")
-                ax.set_title(f"D={int(D)}  {label}", fontsize=9)
+                ax.set_title(plain(f"D={int(D)}  {label}"), fontsize=9)
                 ax.set_xlabel("S", fontsize=8)
                 ax.set_ylabel("median latency (ms)", fontsize=8)
                 ax.tick_params(labelsize=7)
@@ -229,7 +234,7 @@ def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[F
             for _, cell in m.iterrows():
                 r, c = a_values.index(cell[axis]), s_values.index(cell["S"])
                 grid[r, c] = index[cell["winner"]]
-                ax.text(c, r, f"{cell['winner']}\n{cell['won']}/{cell['cases']}", ha="center", va="center", fontsize=7)
+                ax.text(c, r, plain(f"{cell['winner']}\n{cell['won']}/{cell['cases']}"), ha="center", va="center", fontsize=7)
             cmap = ListedColormap([_light(colors[n]) for n in names])
             ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(names) - 0.5, aspect="auto", origin="lower")
             ax.set_xticks(range(len(s_values)), [str(s) for s in s_values], fontsize=8)
@@ -237,7 +242,7 @@ def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[F
             ax.set_xlabel("S", fontsize=9)
             ax.set_ylabel(axis, fontsize=9)
             ax.set_title(f"winner over S × {axis}", fontsize=10)
-        fig.suptitle(f"Winner maps: {dtype}", fontsize=11)
+        fig.suptitle(plain(f"Winner maps: {dtype}"), fontsize=11)
         fig.tight_layout()
         figures.append(Figure(f"Winner maps: {dtype}", to_data_uri(fig), "Each cell: the backend that won the most cases (fastest among rows that agree with the reference) and won/cases; other parameters vary inside a cell."))
     return figures
@@ -263,7 +268,7 @@ def agreement_figure(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Fig
         ax.scatter(i + rng.uniform(-0.2, 0.2, len(ratio)), ratio, s=12, color=colors[backend], alpha=0.8)
     ax.axhline(1.0, color="red", lw=1, ls="--")
     ax.annotate("bound (err = 2·eager err + atol)", xy=(0.01, 1.0), xycoords=("axes fraction", "data"), fontsize=7, va="bottom", color="red")
-    ax.set_xticks(range(len(backends)), backends, rotation=20, fontsize=8)
+    ax.set_xticks(range(len(backends)), [plain(b) for b in backends], rotation=20, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("max |out − ref| / bound", fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)

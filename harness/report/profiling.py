@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from harness.measure.categories import CATEGORIES, column_name
-from harness.report.figures import MAX_PANELS, Figure, chunks, panels, plt, to_data_uri
+from harness.report.figures import MAX_PANELS, Figure, chunks, panels, plain, plt, to_data_uri
 from harness.report.page import esc
 from harness.report.writer import Csv, Section, Table
 
@@ -64,9 +64,9 @@ def _figures(rows: pd.DataFrame) -> list[Figure]:
                 bottom += values
             ax.scatter(x, sub["latency_ms_median"].astype(float), marker="_", s=600, color="black", zorder=5, label="measured median")
             ax.set_xticks(x)
-            ax.set_xticklabels(sub["backend"], rotation=30, ha="right", fontsize=7)
+            ax.set_xticklabels([plain(b) for b in sub["backend"]], rotation=30, ha="right", fontsize=7)
             ax.set_ylabel("ms per step", fontsize=8)
-            ax.set_title(case_id, fontsize=8)
+            ax.set_title(plain(case_id), fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(True, axis="y", alpha=0.3)
         handles, labels = axes[0].get_legend_handles_labels()

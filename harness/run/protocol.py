@@ -146,6 +146,18 @@ def parse_size(text: str) -> int:
     return value
 
 
+def machine_memory_bytes() -> int | None:
+    """Physical memory plus swap: more address space than a worker could ever use; None where /proc/meminfo is not there."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2] and line.split()[1].isdigit()}
+    except OSError:
+        return None
+    if "MemTotal" not in fields:
+        return None
+    return fields["MemTotal"] + fields.get("SwapTotal", 0)
+
+
 def _vm_size_bytes() -> int:
     with open("/proc/self/status") as f:
         for line in f:

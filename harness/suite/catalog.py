@@ -20,7 +20,7 @@ from typing import Any, Iterable
 from harness.suite.cases import MAX_INT, MODES, Case, canonical_dtype, grid
 from harness.errors import UserError
 from harness.results.documents import read_regular
-from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
+from harness.measure.timing import CUDA_BUDGET, MAX_BUDGET_S, QUICK_BUDGET, Budget
 from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases
 
 
@@ -251,6 +251,9 @@ def suite_from_toml(path: Path) -> Suite:
     backends = data.get("backends")
     if backends is not None and (not isinstance(backends, list) or not backends or not all(isinstance(b, str) for b in backends)):
         raise UserError(f"{where}: field 'backends' has value {backends!r}, expected a non-empty list of names")
+    repeated = sorted({b for b in backends or () if backends.count(b) > 1})
+    if repeated:  # each would run, and be listed, twice
+        raise UserError(f"{where}: field 'backends' names {', '.join(repeated)} more than once")
     budget_spec = data.get("budget", {})
     if not isinstance(budget_spec, dict):
         raise UserError(f"{where}: field 'budget' has value {budget_spec!r}, expected a [budget] table")
@@ -265,9 +268,10 @@ def suite_from_toml(path: Path) -> Suite:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise UserError(f"{where}: budget field 'precision' has value {value!r}, expected a fraction from 0 (never stop early) to below 1")
         elif (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-              or value < 0 or (key == "measure_s" and value == 0)):
+              or value < 0 or (key == "measure_s" and value == 0) or value > MAX_BUDGET_S):
             # warmup_s = 0 still warms up with one call, min_sample_s = 0 is what CUDA budgets use; measuring for 0 s is nothing.
             expected = "a finite, positive number of seconds" if key == "measure_s" else "a finite number of seconds, 0 or more"
+            expected += f", at most {MAX_BUDGET_S:g}"
             raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected {expected}")
     if budget_spec.get("min_rounds", 0) > budget_spec.get("max_rounds", float("inf")):
         raise UserError(f"{where}: budget field 'min_rounds' has value {budget_spec['min_rounds']!r}, more than max_rounds {budget_spec['max_rounds']!r}")
