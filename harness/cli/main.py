@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from harness.errors import UserError
+from harness.results.record import NOT_FAILURES, Status
 
 EXIT_USAGE = 2
 #: Worker processes per CPU core `run --workers` allows: beyond a few, workers only disturb each other's timings.
@@ -162,6 +163,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         from harness.report import build_report
 
         print(f"report: {build_report([summary.run_dir])}")
+    return _run_status(summary.counts)
+
+
+def _run_status(counts: dict[str, int]) -> int:
+    """0, or 1 when not one pair was measured and some failed (every worker died, say): a sweep that measured nothing failed.
+
+    Failures beside measured rows are part of a sweep's answer (the top of `default` runs out of memory),
+    and a run whose pairs are all honestly unsupported answered too.
+    """
+    failed = {status: n for status, n in counts.items() if n and status not in {s.value for s in NOT_FAILURES}}
+    if failed and not counts.get(Status.OK.value):
+        print(f"attnbench: no pair was measured ({', '.join(f'{n} {s}' for s, n in sorted(failed.items()))}): see the rows' reasons",
+              file=sys.stderr)
+        return 1
     return 0
 
 
