@@ -12,7 +12,7 @@ import pytest
 from harness.backends.registry import load_registry
 from harness.measure import energy, gpu_state
 from harness.measure.energy import EnergyWindow, RaplEnergy, measure_energy, rapl_counter
-from harness.measure.execute import PairRunner, execute
+from harness.measure.execute import PairRunner, Phases, execute
 from harness.measure.gpu_state import GpuReading, NvmlTelemetry, StateSampler, Telemetry, summarize
 from harness.measure.timing import Budget
 from harness.results.store import RunWriter, load_run, write_csv
@@ -193,7 +193,7 @@ def test_a_cpu_pair_timed_with_fake_gpu_telemetry_carries_its_state_and_energy_t
                    energy_mj=lambda: int((time.perf_counter() - began) / 0.01) * 1000.0)  # 100 W in 10 ms steps
     monkeypatch.setattr(gpu_state, "telemetry_for", lambda device: Telemetry(fake))
     monkeypatch.setattr(energy, "CPU_WINDOW", EnergyWindow(min_s=0.1, max_s=3.0))  # room for 5 batches on a loaded 2-core machine
-    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY))
+    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY, phases=Phases(energy=True)))
     assert record.status.value == "ok" and record.throttled is True and record.gpu_state_readings >= 2
     assert record.gpu_sm_clock_mhz_min == 1500 and record.gpu_throttle_reasons == 0x40
     assert "HW thermal slowdown" in record.throttle_reason and "1500 MHz" in record.throttle_reason
@@ -213,10 +213,32 @@ def test_a_cpu_pair_timed_with_fake_gpu_telemetry_carries_its_state_and_energy_t
 def test_a_plain_cpu_pair_says_why_it_has_no_gpu_state_and_spends_nothing_on_energy_without_a_counter(monkeypatch):
     monkeypatch.setattr(energy, "_this_machines_rapl", lambda: (None, "no RAPL energy counters on this machine"))
     monkeypatch.setattr(energy, "measure_energy", lambda *a, **k: pytest.fail("an energy phase ran without a counter"))
-    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY))
+    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY, phases=Phases(energy=True)))
     assert record.gpu_state_reason == gpu_state.NO_GPU and record.throttled is None and record.gpu_sm_clock_mhz_min is None
     assert record.energy_reason == "no RAPL energy counters on this machine" and record.energy_mj_per_call is None
     assert record.energy_calls is None and record.time_energy_s is not None
+
+
+def test_without_energy_asked_no_energy_phase_runs_and_the_row_says_how_to_get_one(monkeypatch):
+    """On a GPU the phase costs 0.3-1 s a pair, several times the timed samples: `default` would take far longer, so it is asked for."""
+    fake = FakeGpu(sm=[H200_MAX_MHZ], reasons=[0x0], energy_mj=lambda: pytest.fail("the energy counter was read without --energy"))
+    monkeypatch.setattr(gpu_state, "telemetry_for", lambda device: Telemetry(fake))
+    monkeypatch.setattr(energy, "measure_energy", lambda *a, **k: pytest.fail("an energy phase ran without --energy"))
+    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY))
+    assert record.status.value == "ok" and record.gpu_state_readings >= 2  # the state is read all the same
+    assert record.energy_reason == energy.ENERGY_NOT_ASKED and "--energy" in record.energy_reason
+    assert record.energy_mj_per_call is None and record.time_energy_s is None
+
+
+def test_energy_travels_from_the_command_line_to_the_workers_and_ray_tasks(tmp_path):
+    from harness.cli.main import build_parser
+    from harness.run.ray_tasks import run_phases
+
+    assert build_parser().parse_args(["run", "--suite", "quick", "--energy"]).energy is True
+    assert build_parser().parse_args(["run", "--suite", "quick"]).energy is False
+    assert run_phases({"energy": True, "timer": "kernels", "profile": True, "check": False}) == Phases(
+        check=False, timer="kernels", energy=True, profile=True)
+    assert run_phases({}) == Phases()
 
 
 def test_env_records_whether_application_clocks_were_set_away_from_their_default():
@@ -245,3 +267,25 @@ def test_the_h200s_own_readings_a_clock_still_at_idle_is_throttled_and_the_clock
     assert cold.throttled is True and cold.throttle_reason == "SM clock fell to 345 MHz, below the sustained 1980 MHz"
     hot = summarize([reading(after)], after["max_sm_clock_mhz"])  # 1980 MHz, no reason
     assert hot.throttled is False and hot.power_w_mean == pytest.approx(125.643)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_run_energy_reaches_the_workers_phase(tmp_path, monkeypatch):
+    """`run --energy` is in the manifest, the worker's phases and every row's repro; without it the rows say how to ask."""
+    from harness.cli.main import main
+    from harness.results.store import read_records
+
+    suite = tmp_path / "tiny.toml"
+    suite.write_text('name = "tiny"\nbackends = ["naive"]\n[budget]\nwarmup_s = 0.001\nmeasure_s = 0.005\nmin_sample_s = 0.0\n'
+                     '[[grid]]\nB = 1\nS = 8\nH = 2\nd_k = 16\n')
+    for asked in (True, False):
+        run_id = f"energy-{asked}"
+        assert main(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", run_id, "--quiet", *(["--energy"] if asked else [])]) == 0
+        (row,) = read_records(tmp_path / run_id / "records.jsonl").records
+        manifest = json.loads((tmp_path / run_id / "manifest.json").read_text())
+        assert manifest["energy"] is asked and ("--energy" in row["repro"]) is asked
+        if asked:  # this machine may have RAPL or not; either way the phase ran and says what it found
+            assert row["energy_reason"] != energy.ENERGY_NOT_ASKED and row["time_energy_s"] is not None
+        else:
+            assert row["energy_reason"] == energy.ENERGY_NOT_ASKED and row["time_energy_s"] is None

@@ -40,13 +40,13 @@ def test_an_unknown_case_is_one_line(tmp_path, capsys):
 
 
 def test_repro_names_everything_that_changes_what_a_pair_records():
-    manifest = {"device": "cuda", "timer": "kernels", "check": False, "profile": True, "traces": True}
+    manifest = {"device": "cuda", "timer": "kernels", "check": False, "profile": True, "traces": True, "energy": True}
     words = shlex.split(repro_command(manifest, "/runs/my run/suite.toml", "B1-Sq8", "sdpa-cudnn"))
     assert words[:4] == ["python", "-m", "harness", "run"]
     options = dict(zip(words[4::2], words[5::2]))
     assert options["--suite"] == "/runs/my run/suite.toml" and options["--case"] == "B1-Sq8" and options["--backends"] == "sdpa-cudnn"
     assert options["--device"] == "cuda" and options["--timer"] == "kernels"
-    assert {"--no-check", "--profile", "--traces"} <= set(words)
+    assert {"--no-check", "--profile", "--traces", "--energy"} <= set(words)
 
 
 def _suite_file(path: Path) -> Path:

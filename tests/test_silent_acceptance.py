@@ -238,3 +238,21 @@ def test_a_row_whose_case_id_contradicts_its_fields_is_refused(tmp_path, capsys,
     refused(capsys, "report", str(bad), "--out", str(tmp_path / "reports"), naming="records.jsonl:2")
     refused(capsys, "compare", str(good), str(bad), "--out", str(tmp_path / "c.csv"), naming="case_id")
     refused(capsys, "recommend", str(bad), *RECOMMEND, naming="case_id")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_run_that_measured_nothing_because_every_pair_failed_exits_1(tmp_path, capsys, monkeypatch):
+    """Issue 19: a run whose every worker died (every pair crashed) exited 0; failures beside measured rows still exit 0."""
+    from harness.backends.registry import ENV_VAR
+    from test_reliability import PLUGIN, TINY_BUDGET
+
+    monkeypatch.setenv(ENV_VAR, PLUGIN)
+    monkeypatch.setenv("ATTNBENCH_TEST_FAIL_S", "16")
+    suite = tmp_path / "crash.toml"
+    suite.write_text(f'name = "crash"\nbackends = ["t-segv"]\n{TINY_BUDGET}[[grid]]\nB = 1\nS = 16\nH = 2\nd_k = 16\n')
+    assert main(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "all-crashed", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("attnbench: no pair was measured (1 crashed)") and "Traceback" not in "\n".join(err)
+    suite.write_text(f'name = "crash"\nbackends = ["t-segv", "naive"]\n{TINY_BUDGET}[[grid]]\nB = 1\nS = 16\nH = 2\nd_k = 16\n')
+    assert main(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "one-crashed", "--quiet"]) == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from harness.errors import UserError
+from harness.results.record import NOT_FAILURES, Status
 
 EXIT_USAGE = 2
 #: Worker processes per CPU core `run --workers` allows: beyond a few, workers only disturb each other's timings.
@@ -139,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A resumed run is the run its manifest describes: these would silently be ignored.
         fixed = {"--suite/--model": args.suite, "--backends": args.backends, "--force": args.force or None, "--run-id": args.run_id,
                  "--device": args.device, "--only": args.only, "--no-check": args.no_check or None,
-                 "--profile": args.profile or None, "--traces": args.traces or None, "--timer": args.timer,
+                 "--profile": args.profile or None, "--traces": args.traces or None, "--timer": args.timer, "--energy": args.energy or None,
                  "--case": args.case, "--order-seed": args.order_seed, "--cooldown": args.cooldown}
         clash = [flag for flag, value in fixed.items() if value is not None]
         if clash:
@@ -149,7 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         workers=args.workers, gpus=_parse_gpus(args.gpus), force=args.force,
         resume=Path(args.resume) if args.resume else None, check=not args.no_check,
         case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
-        memory_limit=_memory_limit(args.memory_limit), profile=args.profile, traces=args.traces,
+        memory_limit=_memory_limit(args.memory_limit), profile=args.profile, traces=args.traces, energy=args.energy,
         timer=args.timer or "events", executor=args.executor, ray_address=args.ray_address,
         cases=args.case or [], order_seed=DEFAULT_ORDER_SEED if args.order_seed is None else args.order_seed,
         cooldown_s=parse_cooldown(args.cooldown),
@@ -162,6 +163,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         from harness.report import build_report
 
         print(f"report: {build_report([summary.run_dir])}")
+    return _run_status(summary.counts)
+
+
+def _run_status(counts: dict[str, int]) -> int:
+    """0, or 1 when not one pair was measured and some failed (every worker died, say): a sweep that measured nothing failed.
+
+    Failures beside measured rows are part of a sweep's answer (the top of `default` runs out of memory),
+    and a run whose pairs are all honestly unsupported answered too.
+    """
+    failed = {status: n for status, n in counts.items() if n and status not in {s.value for s in NOT_FAILURES}}
+    if failed and not counts.get(Status.OK.value):
+        print(f"attnbench: no pair was measured ({', '.join(f'{n} {s}' for s, n in sorted(failed.items()))}): see the rows' reasons",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -250,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true",
                    help="one torch.profiler pass per pair after its timed samples: kernels/operators per step, their time, launch/gap share, time per category")
     p.add_argument("--traces", action="store_true", help="with --profile: also write one Chrome trace per pair under RUN/traces/")
+    p.add_argument("--energy", action="store_true",
+                   help="energy per call: after each pair's check, calls back to back on NVML's energy counter (GPU) or RAPL (CPU) "
+                        "for 0.3-1 s (GPU) or 0.1-0.3 s a pair; without a counter the rows say why")
     p.add_argument("--timer", choices=("events", "kernels", "graph"),
                    help="what a row's latency is: events (default: device time between CUDA events; perf_counter on CPU), "
                         "kernels (torch.profiler's kernel time per call), graph (CUDA-graph replay, forward only); named in the row's timer column")

@@ -24,6 +24,8 @@ from typing import Any, Callable, Protocol
 from harness.measure.failures import is_sticky_cuda_error, one_line
 from harness.measure import gpu_state
 
+#: A row's `energy_reason` when the run did not ask for the energy phase.
+ENERGY_NOT_ASKED = "not measured: run with --energy (a phase of 0.3-1 s a pair on a GPU, 0.1-0.3 s on a CPU with RAPL)"
 #: The host seconds of calls between two reads of the counter.
 BATCH_S = 2e-3
 MAX_BATCH_CALLS = 10_000

@@ -22,7 +22,7 @@ import torch
 from harness.backends.base import Backend, Prepared
 from harness.errors import Unsupported
 from harness.measure import gpu_state, theory
-from harness.measure.energy import EnergyResult, pair_energy
+from harness.measure.energy import ENERGY_NOT_ASKED, EnergyResult, pair_energy
 from harness.measure.memory import MemoryPeak, PeakMeter, measure_peak
 from harness.measure.profile import ProfileSummary, profile_step
 from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
@@ -51,8 +51,9 @@ class Phases:
     #: What a sample is: `events` (device time between events; perf_counter on the CPU), `kernels`
     #: (the profiler's kernel time per call) or `graph` (a CUDA graph replay): harness.measure.timers.
     timer: str = "events"
-    #: With `time`: energy per call, calls back to back after the check, where the device has an energy counter.
-    energy: bool = True
+    #: With `time`: energy per call, calls back to back after the check, where the device has an energy counter
+    #: (`run --energy`: off by default, since on a GPU the phase costs 0.3-1 s a pair, several times the timed samples).
+    energy: bool = False
     #: A few steps under torch.profiler after everything else (never inside a timed sample).
     profile: bool = False
     #: Profiled steps, and the folder a Chrome trace of each pair goes to (None: no trace file).
@@ -323,6 +324,8 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
         if phases.time and phases.energy:
             with watch("energy"):
                 outcome.energy = pair_energy(step, case.device, outcome.measurement.stats.median)
+        elif phases.time:
+            outcome.energy = EnergyResult(reason=ENERGY_NOT_ASKED)
         if phases.profile:
             with watch("profile"):
                 _profile_phase(case, backend, step, phases, outcome)

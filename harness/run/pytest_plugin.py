@@ -45,6 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attnbench-worker", default="0", help="this worker's name in records")
     group.addoption("--attnbench-no-check", action="store_true", help="skip the agreement check")
     group.addoption("--attnbench-profile", action="store_true", help="one profiled pass per pair after its timed samples")
+    group.addoption("--attnbench-energy", action="store_true", help="the energy phase per pair (harness.measure.energy)")
     group.addoption("--attnbench-timer", default="events", choices=("events", "kernels", "graph"), help="what a sample is (harness.measure.timers)")
     group.addoption("--attnbench-traces", default=None, help="with --attnbench-profile: folder for one Chrome trace per pair")
     group.addoption("--attnbench-share", action="store_true",
@@ -116,7 +117,7 @@ class AttnbenchSession:
         # One runner for the worker's life: its float64 reference is shared by the backends of a case.
         traces = config.getoption("--attnbench-traces")
         phases = Phases(check=not config.getoption("--attnbench-no-check"), profile=bool(config.getoption("--attnbench-profile")),
-                        timer=config.getoption("--attnbench-timer"),
+                        timer=config.getoption("--attnbench-timer"), energy=bool(config.getoption("--attnbench-energy")),
                         traces=Path(traces) if traces else None)
         self.runner = PairRunner(budget=suite.budget, phases=phases)
         self.current_path = protocol.current_path(self.run_dir, self.worker)

@@ -146,6 +146,8 @@ class RaySupervisor(Supervisor):
                             "set how many pairs run at once")
         if config.memory_limit is not None:
             raise UserError("--memory-limit is for the local executor: Ray's own memory monitor guards the nodes")
+        if config.traces:
+            raise UserError("--traces is for the local executor: a Ray task's trace would be written on its node, not in the run folder")
         if config.cooldown_s is not None:
             raise UserError("--cooldown is for the local executor: a Ray task does not yet know its GPU's idle temperature")
 

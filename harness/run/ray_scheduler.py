@@ -14,7 +14,7 @@ from harness.run.progress import Progress
 from harness.run.repro import RunRows
 from harness.run.rundir import RunFolder
 from harness.suite.cases import Case
-from harness.run.ray_tasks import run_case_batch, task_options
+from harness.run.ray_tasks import run_case_batch, run_phases, task_options
 from harness.suite.catalog import pair_key
 
 
@@ -60,7 +60,7 @@ class PairsRun:
         self.supervisor, self.ray, self.folder, self.pairs, self.writer = supervisor, supervisor.ray, folder, pairs, writer
         self.timeout_s = supervisor.config.case_timeout_s
         self.task = self.ray.remote(**task_options(folder.device))(run_case_batch)
-        self.arguments = (budget, bool(folder.manifest.get("check", True)), folder.run_id, supervisor._env())
+        self.arguments = (budget, run_phases(folder.manifest), folder.run_id, supervisor._env())
         self.active: dict[Any, _Batch] = {}
         self.rows = RunRows(folder.manifest, folder.suite_arg, pairs)
 

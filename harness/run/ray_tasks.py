@@ -74,7 +74,13 @@ def _freeze_once() -> None:
         _FROZEN = True
 
 
-def run_case_batch(case: Case, backends: list[str], budget: Budget, check: bool, run_id: str,
+def run_phases(manifest: dict[str, Any]) -> Phases:
+    """The phases every pair of the run its manifest describes runs: the check, the timer, energy and profile as asked."""
+    return Phases(check=bool(manifest.get("check", True)), timer=str(manifest.get("timer") or "events"),
+                  energy=bool(manifest.get("energy")), profile=bool(manifest.get("profile")))
+
+
+def run_case_batch(case: Case, backends: list[str], budget: Budget, phases: Phases, run_id: str,
                    env: dict[str, str]) -> Iterator[dict[str, Any]]:
     """The Ray task: run `backends` on `case` in order, yielding a `start` event before each pair and its record after it."""
     with _task_environment(env):
@@ -85,7 +91,7 @@ def run_case_batch(case: Case, backends: list[str], budget: Budget, check: bool,
         registry = load_registry()
         _freeze_once()
         # One runner for the task: the backends of the case share its float64 reference.
-        runner = PairRunner(budget=budget, phases=Phases(check=check))
+        runner = PairRunner(budget=budget, phases=phases)
         for name in backends:
             key = pair_key(case, name)
             yield {"event": "start", "key": key, **where}

@@ -23,6 +23,8 @@ def repro_command(manifest: dict[str, Any], suite_arg: str, case_id: str, backen
              "--device", str(manifest["device"]), "--timer", str(manifest.get("timer") or "events")]
     if not manifest.get("check", True):
         words.append("--no-check")
+    if manifest.get("energy"):
+        words.append("--energy")
     if manifest.get("profile"):
         words.append("--profile")
         if manifest.get("traces"):

@@ -89,6 +89,8 @@ class RunConfig:
     #: One profiled pass per pair after its timed samples, and with `traces` a Chrome trace per pair.
     profile: bool = False
     traces: bool = False
+    #: The energy phase per pair (harness.measure.energy).
+    energy: bool = False
     #: What a row's latency is: events, kernels or graph (harness.measure.timers).
     timer: str = "events"
     #: Who runs the pairs: `local` (pytest worker processes on this machine) or `ray` (tasks on a Ray cluster).
@@ -215,7 +217,7 @@ class Supervisor:
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "suite_copy": None, "device": device,
             "backends": names, "broken": broken, "capabilities": capabilities, "pairs": keys, "check": config.check,
-            "profile": config.profile, "traces": config.traces, "timer": config.timer,
+            "profile": config.profile, "traces": config.traces, "timer": config.timer, "energy": config.energy,
             "order": order_manifest(config.order_seed), "cooldown_s": config.cooldown_s,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }

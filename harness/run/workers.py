@@ -94,6 +94,8 @@ def worker_command(folder: RunFolder, slot: Slot, attempt: int, memory_limit: in
         command.append("--attnbench-no-check")
     if manifest.get("timer", "events") != "events":
         command += ["--attnbench-timer", manifest["timer"]]
+    if manifest.get("energy"):
+        command.append("--attnbench-energy")
     if manifest.get("profile"):
         command.append("--attnbench-profile")
         if manifest.get("traces"):
