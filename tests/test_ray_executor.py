@@ -256,7 +256,8 @@ def test_cuda_tasks_hold_a_gpu_and_a_fresh_process_each(tmp_path, ray_cluster):
     env = ray_env(tmp_path)
     done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "gpu", "--executor", "ray", "--device", "cuda",
                       "--ray-address", ray_cluster, "--quiet"], env)
-    assert done.returncode == 0, done.stderr
+    # Every pair is an error row (below): the run measured nothing, which is a failed run, said in one line.
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("attnbench: no pair was measured (4 error)"), done.stderr
     records = rows(tmp_path / "gpu")
     assert len(records) == 4 and {r["device"] for r in records} == {"cuda"}
     # Every pair got its task's GPU (CUDA_VISIBLE_DEVICES=0), and the first CUDA call said there is none: a row, not a stop.
