@@ -50,8 +50,10 @@ def _box_python(where: Path, leave_out: tuple[str, ...] = ()) -> Path:
 
 def _offline_env(box: Path, **extra: str) -> dict[str, str]:
     """The environment with the box's bin/ first on PATH and every way pip could fetch something closed."""
+    # MAKEFLAGS/MAKELEVEL: under `make test` the inner make would print "Entering directory" lines a user's never does.
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PIP_") and k.lower() not in PROXIES and k not in ("CI", "PYTHONPATH", "VIRTUAL_ENV")}
+           if not k.startswith("PIP_") and k.lower() not in PROXIES
+           and k not in ("CI", "PYTHONPATH", "VIRTUAL_ENV", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
     env.update(PATH=f"{box / 'bin'}{os.pathsep}{env['PATH']}", PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull,
                PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS="", PIP_RETRIES="0", PIP_TIMEOUT="2", **extra)
     return env
