@@ -40,9 +40,10 @@ def test_an_unknown_case_is_one_line(tmp_path, capsys):
 
 
 def test_repro_names_everything_that_changes_what_a_pair_records():
-    manifest = {"device": "cuda", "timer": "kernels", "check": False, "profile": True, "traces": True, "energy": True}
+    manifest = {"device": "cuda", "timer": "kernels", "check": False, "profile": True, "traces": True, "energy": True,
+                "python": "/opt/my venv/bin/python"}
     words = shlex.split(repro_command(manifest, "/runs/my run/suite.toml", "B1-Sq8", "sdpa-cudnn"))
-    assert words[:4] == ["python", "-m", "harness", "run"]
+    assert words[:4] == ["/opt/my venv/bin/python", "-m", "harness", "run"]  # the run's own interpreter, not whatever `python` is
     options = dict(zip(words[4::2], words[5::2]))
     assert options["--suite"] == "/runs/my run/suite.toml" and options["--case"] == "B1-Sq8" and options["--backends"] == "sdpa-cudnn"
     assert options["--device"] == "cuda" and options["--timer"] == "kernels"
@@ -69,8 +70,10 @@ def test_a_rows_repro_command_rerecords_that_pair_alone_from_a_fresh_shell(tmp_p
     frozen = str((tmp_path / "first" / "r" / "suite.toml").resolve())
     assert all(shlex.split(r["repro"])[shlex.split(r["repro"]).index("--suite") + 1] == frozen for r in rows)
     chosen = next(r for r in rows if r["backend"] == "sdpa-math")
-    # A fresh shell: nothing of this process's environment but PATH (with the venv's python first) and PYTHONPATH.
-    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(ROOT)}
+    # A fresh shell: nothing of this process's environment but a system PATH (no venv on it: the command names its
+    # interpreter) and PYTHONPATH (the checkout, which `-m harness` finds from the checkout's root).
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    assert shlex.split(chosen["repro"])[0] == sys.executable
     again = tmp_path / "again"
     again.mkdir()
     done = subprocess.run(["sh", "-c", chosen["repro"]], cwd=again, env=env, capture_output=True, text=True, timeout=100)
@@ -81,5 +84,8 @@ def test_a_rows_repro_command_rerecords_that_pair_alone_from_a_fresh_shell(tmp_p
     assert json.loads((new_dir / "manifest.json").read_text())["pairs"] == [f"{chosen['case_id']}-{chosen['backend']}"]
     # The report prints the commands beside the winners.
     html = Path(build_report([tmp_path / "first" / "r"], out_root=tmp_path / "reports")).read_text()
-    assert html.count("<pre><code>python -m harness run --suite") == 2 + 3  # the two winners, then the three failures
+    import html as html_text
+
+    command_start = f"<pre><code>{html_text.escape(shlex.quote(sys.executable))} -m harness run --suite"
+    assert html.count(command_start) == 2 + 3  # the two winners, then the three failures
     assert "--backends t-segv" in html and "t-segv (crashed)" in html

@@ -1,7 +1,8 @@
 """What every row of a run carries from its manifest: its place in its case's order and the command that re-runs it alone.
 
 `repro` is one shell command, run from the checkout's root, that measures the same pair again in a
-new run folder: the same suite (a built-in suite's name, or the absolute path of the frozen
+new run folder: the interpreter that ran the run (its absolute path, from the manifest: in a fresh
+shell a bare `python` may be one without torch, or another torch), the same suite (a built-in suite's name, or the absolute path of the frozen
 `suite.toml` of the run folder, so the budget is the one the row had), the exact case id
 (`--case`, not the substring `--only`), the backend, the device, the timer, and the switches that
 change what a pair records (`--no-check`, `--profile`, `--traces`). It is built from the manifest,
@@ -19,7 +20,7 @@ from harness.run.order import Pair, positions_in_case
 
 def repro_command(manifest: dict[str, Any], suite_arg: str, case_id: str, backend: str) -> str:
     """The shell command that re-runs pair (`case_id`, `backend`) of the run `manifest` describes, alone."""
-    words = ["python", "-m", "harness", "run", "--suite", suite_arg, "--case", case_id, "--backends", backend,
+    words = [str(manifest.get("python") or "python"), "-m", "harness", "run", "--suite", suite_arg, "--case", case_id, "--backends", backend,
              "--device", str(manifest["device"]), "--timer", str(manifest.get("timer") or "events")]
     if not manifest.get("check", True):
         words.append("--no-check")

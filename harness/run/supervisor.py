@@ -220,6 +220,7 @@ class Supervisor:
             "profile": config.profile, "traces": config.traces, "timer": config.timer, "energy": config.energy,
             "order": order_manifest(config.order_seed), "cooldown_s": config.cooldown_s,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "python": sys.executable,  # what `repro` runs: a fresh shell's `python` may not hold this torch
         }
         folder = RunFolder.create(Path(config.out) / run_id, manifest, force=config.force,
                                   suite_file=suite_arg if Path(suite_arg).suffix == ".toml" else None)
