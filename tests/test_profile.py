@@ -342,7 +342,8 @@ def test_a_failing_profiler_costs_the_profile_columns_not_the_rows_timing(monkey
     import pandas as pd
 
     from harness.measure import execute
-    from harness.measure.execute import Phases, run_pair, to_record
+    from harness.measure.execute import Phases, run_pair
+    from harness.measure.outcome import to_record
     from harness.report.profiling import profiling_section
     from harness.report.writer import Table
 

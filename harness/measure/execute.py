@@ -1,7 +1,7 @@
 """The one executor of a (case, backend) pair: inputs → prepare → warm-up and timed samples (peak memory read over them) → check.
 
 `run_pair` runs the phases a caller switches on (`Phases`) and returns one typed `PairOutcome`;
-`to_record` turns it into the run's `Record`. Suites, `attnbench check`, `gpu-check` and
+`outcome.to_record` turns it into the run's `Record`. Suites, `attnbench check`, `gpu-check` and
 `stability` all go through it, so a pair is prepared, checked and flagged the same way everywhere.
 Whatever happens becomes data: `unsupported` with the backend's reason, `oom`, `error` with the
 exception and where it was raised, `crashed` for a sticky CUDA error (the worker then exits).
@@ -21,16 +21,17 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.errors import Unsupported
-from harness.measure import gpu_state, theory
+from harness.measure import gpu_state
 from harness.measure.energy import ENERGY_NOT_ASKED, EnergyResult, pair_energy
-from harness.measure.memory import MemoryPeak, PeakMeter, measure_peak
-from harness.measure.profile import ProfileSummary, profile_step
+from harness.measure.memory import PeakMeter, measure_peak
+from harness.measure.profile import profile_step
 from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
+from harness.measure.outcome import PairOutcome, to_record
 from harness.measure.reference import ReferenceCache
 from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error, one_line
 from harness.measure.shared_inputs import InputsCache, modified_inputs
 from harness.measure.timers import between_sample_setup, device_clock, graph_replay, kernel_measurement, timer_name
-from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, Measurement, direct_loop, keep_last, measure
+from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, direct_loop, keep_last, measure
 from harness.results.record import Record, Status
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, make_inputs
@@ -63,30 +64,6 @@ class Phases:
 
 #: What `attnbench check` runs: agreement alone, untimed.
 CHECK_ONLY = Phases(check=True, weights=True, time=False, memory=False)
-
-
-@dataclass
-class PairOutcome:
-    """What running one pair gave: its status and whatever the phases that ran measured."""
-
-    status: Status
-    reason: str | None = None
-    agreement: Agreement | None = None
-    measurement: Measurement | None = None
-    peak: MemoryPeak | None = None
-    profile: ProfileSummary | None = None
-    timer: str | None = None
-    compile_s: float | None = None
-    #: The GPU's clocks, power and throttling over the timed samples, and the energy phase's result.
-    state: gpu_state.StateSummary | None = None
-    energy: EnergyResult | None = None
-    notes: dict[str, Any] = field(default_factory=dict)
-    #: Host seconds of each phase that ran (PHASE_NAMES), and of the whole pair ("pair", clean-up included).
-    seconds: dict[str, float] = field(default_factory=dict)
-
-
-#: The phases whose seconds a record carries: where a sweep's wall time goes (issue: overhead is a measured number).
-PHASE_NAMES = ("inputs", "prepare", "check", "warmup", "timed", "memory", "energy", "profile")
 
 
 class _Stopwatch:
@@ -336,63 +313,6 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
     outcome.agreement = agreement
     outcome.reason = agreement.check_note
     return outcome
-
-
-def case_record(case: Case, backend: Backend, run_id: str = "", worker: str = "0") -> Record:
-    """A record of the pair with the case's fields, the backend and the analytic costs filled in, nothing measured."""
-    try:
-        version = backend.version()
-    except Exception:  # noqa: BLE001 - a version probe must not cost the row
-        version = None
-    flops, nbytes = backend.costs(case) or (theory.flops(case), theory.min_bytes(case))
-    return Record(
-        case_id=case.id, **case.fields(), attention_kind=case.attention_kind, backend=backend.name, family=backend.family,
-        backend_version=version, flops=flops, bytes=nbytes, kv_cache_bytes=theory.kv_cache_bytes(case),
-        arithmetic_intensity=flops / nbytes, run_id=run_id, worker=worker,
-    )
-
-
-def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = "", worker: str = "0") -> Record:
-    """The run's record of one pair's outcome."""
-    record = case_record(case, backend, run_id, worker)
-    record.status, record.reason = outcome.status, outcome.reason
-    for phase in (*PHASE_NAMES, "pair"):
-        setattr(record, f"time_{phase}_s", outcome.seconds.get(phase))
-    if outcome.status is not Status.OK:
-        return record
-    record.timer, record.compile_s = outcome.timer, outcome.compile_s
-    record.kv_expanded = bool(outcome.notes.get("kv_expanded", False))
-    record.notes = outcome.notes or None
-    if outcome.agreement is not None:
-        a = outcome.agreement
-        record.max_abs_err, record.err_bound, record.rel_err, record.agree = a.max_abs_err, a.err_bound, a.rel_err, a.agree
-        record.masked_rows_max_abs = a.masked_rows_max_abs
-    if outcome.measurement is not None:
-        m, stats = outcome.measurement, outcome.measurement.stats
-        record.latency_ms_median, record.latency_ms_p20, record.latency_ms_p80 = stats.median * 1e3, stats.p20 * 1e3, stats.p80 * 1e3
-        record.latency_ms_min, record.latency_ms_mean, record.latency_ms_max = stats.min * 1e3, stats.mean * 1e3, stats.max * 1e3
-        record.latency_ms_stdev, record.iqr_ratio = stats.stdev * 1e3, stats.iqr_ratio
-        interval = stats.median_interval()
-        if interval is not None:
-            record.latency_ms_ci95_low, record.latency_ms_ci95_high = interval[0] * 1e3, interval[1] * 1e3
-        record.samples, record.iterations, record.noisy, record.suspect = stats.n, stats.iterations, stats.noisy, stats.suspect
-        record.stopped_by = m.plan.stop
-        record.too_short, record.warmup_s, record.clock_resolution_s = m.too_short, m.plan.warmup_s, m.clock_resolution_s
-        record.launch_leaked, record.contended, record.cpu_wall_ratio = m.launch_leaked, m.contended, m.cpu_wall_ratio
-        record.run_queue_wait_ratio, record.involuntary_switches = m.run_queue_wait_ratio, m.involuntary_switches
-        record.sample_ms = [s * 1e3 for s in stats.samples]
-        record.tflops, record.gbps = record.flops / stats.median / 1e12, record.bytes / stats.median / 1e9
-    for name, value in {**(outcome.state.columns() if outcome.state else {}),
-                        **(outcome.energy.columns(record.flops) if outcome.energy else {})}.items():
-        setattr(record, name, value)
-    if outcome.profile is not None:
-        median_s = record.latency_ms_median / 1e3 if record.latency_ms_median is not None else None
-        for name, value in outcome.profile.record_columns(median_s).items():
-            setattr(record, name, value)
-        record.profile_trace = outcome.profile.trace_path
-    if outcome.peak is not None:
-        record.peak_mem_bytes, record.peak_reserved_bytes, record.memory_method = outcome.peak.peak_bytes, outcome.peak.reserved_bytes, outcome.peak.method
-    return record
 
 
 def execute(case: Case, backend: Backend, runner: PairRunner | None = None, run_id: str = "", worker: str = "0") -> Record:

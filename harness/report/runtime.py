@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness import analysis
-from harness.measure.execute import PHASE_NAMES
+from harness.measure.outcome import PHASE_NAMES
 from harness.measure.timing import STOP_BUDGET, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS, STOP_PRECISION
 from harness.report.writer import Csv, Section, Table
 

@@ -41,7 +41,7 @@ from harness.backends.base import Backend
 from harness.backends.registry import Registry, UnloadedPlugin, load_registry
 from harness.env import detect_device
 from harness.errors import UserError
-from harness.measure.execute import case_record
+from harness.measure.outcome import case_record
 from harness.results.record import Status
 from harness.results.store import RunWriter, validate_run_id, write_csv, write_file
 from harness.run import protocol

@@ -1,0 +1,101 @@
+"""What one pair's run gave (`PairOutcome`) and how it becomes the run's `Record` (`case_record`, `to_record`).
+
+The executor (harness.measure.execute) fills an outcome phase by phase; this module is the one place
+that maps an outcome onto a record's columns, so every caller of the executor writes the same row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.backends.base import Backend
+from harness.measure import gpu_state, theory
+from harness.measure.energy import EnergyResult
+from harness.measure.memory import MemoryPeak
+from harness.measure.numerics import Agreement
+from harness.measure.profile import ProfileSummary
+from harness.measure.timing import Measurement
+from harness.results.record import Record, Status
+from harness.suite.cases import Case
+
+
+@dataclass
+class PairOutcome:
+    """What running one pair gave: its status and whatever the phases that ran measured."""
+
+    status: Status
+    reason: str | None = None
+    agreement: Agreement | None = None
+    measurement: Measurement | None = None
+    peak: MemoryPeak | None = None
+    profile: ProfileSummary | None = None
+    timer: str | None = None
+    compile_s: float | None = None
+    #: The GPU's clocks, power and throttling over the timed samples, and the energy phase's result.
+    state: gpu_state.StateSummary | None = None
+    energy: EnergyResult | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+    #: Host seconds of each phase that ran (PHASE_NAMES), and of the whole pair ("pair", clean-up included).
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+#: The phases whose seconds a record carries: where a sweep's wall time goes (issue: overhead is a measured number).
+PHASE_NAMES = ("inputs", "prepare", "check", "warmup", "timed", "memory", "energy", "profile")
+
+
+def case_record(case: Case, backend: Backend, run_id: str = "", worker: str = "0") -> Record:
+    """A record of the pair with the case's fields, the backend and the analytic costs filled in, nothing measured."""
+    try:
+        version = backend.version()
+    except Exception:  # noqa: BLE001 - a version probe must not cost the row
+        version = None
+    flops, nbytes = backend.costs(case) or (theory.flops(case), theory.min_bytes(case))
+    return Record(
+        case_id=case.id, **case.fields(), attention_kind=case.attention_kind, backend=backend.name, family=backend.family,
+        backend_version=version, flops=flops, bytes=nbytes, kv_cache_bytes=theory.kv_cache_bytes(case),
+        arithmetic_intensity=flops / nbytes, run_id=run_id, worker=worker,
+    )
+
+
+def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = "", worker: str = "0") -> Record:
+    """The run's record of one pair's outcome."""
+    record = case_record(case, backend, run_id, worker)
+    record.status, record.reason = outcome.status, outcome.reason
+    for phase in (*PHASE_NAMES, "pair"):
+        setattr(record, f"time_{phase}_s", outcome.seconds.get(phase))
+    if outcome.status is not Status.OK:
+        return record
+    record.timer, record.compile_s = outcome.timer, outcome.compile_s
+    record.kv_expanded = bool(outcome.notes.get("kv_expanded", False))
+    record.notes = outcome.notes or None
+    if outcome.agreement is not None:
+        a = outcome.agreement
+        record.max_abs_err, record.err_bound, record.rel_err, record.agree = a.max_abs_err, a.err_bound, a.rel_err, a.agree
+        record.masked_rows_max_abs = a.masked_rows_max_abs
+    if outcome.measurement is not None:
+        m, stats = outcome.measurement, outcome.measurement.stats
+        record.latency_ms_median, record.latency_ms_p20, record.latency_ms_p80 = stats.median * 1e3, stats.p20 * 1e3, stats.p80 * 1e3
+        record.latency_ms_min, record.latency_ms_mean, record.latency_ms_max = stats.min * 1e3, stats.mean * 1e3, stats.max * 1e3
+        record.latency_ms_stdev, record.iqr_ratio = stats.stdev * 1e3, stats.iqr_ratio
+        interval = stats.median_interval()
+        if interval is not None:
+            record.latency_ms_ci95_low, record.latency_ms_ci95_high = interval[0] * 1e3, interval[1] * 1e3
+        record.samples, record.iterations, record.noisy, record.suspect = stats.n, stats.iterations, stats.noisy, stats.suspect
+        record.stopped_by = m.plan.stop
+        record.too_short, record.warmup_s, record.clock_resolution_s = m.too_short, m.plan.warmup_s, m.clock_resolution_s
+        record.launch_leaked, record.contended, record.cpu_wall_ratio = m.launch_leaked, m.contended, m.cpu_wall_ratio
+        record.run_queue_wait_ratio, record.involuntary_switches = m.run_queue_wait_ratio, m.involuntary_switches
+        record.sample_ms = [s * 1e3 for s in stats.samples]
+        record.tflops, record.gbps = record.flops / stats.median / 1e12, record.bytes / stats.median / 1e9
+    for name, value in {**(outcome.state.columns() if outcome.state else {}),
+                        **(outcome.energy.columns(record.flops) if outcome.energy else {})}.items():
+        setattr(record, name, value)
+    if outcome.profile is not None:
+        median_s = record.latency_ms_median / 1e3 if record.latency_ms_median is not None else None
+        for name, value in outcome.profile.record_columns(median_s).items():
+            setattr(record, name, value)
+        record.profile_trace = outcome.profile.trace_path
+    if outcome.peak is not None:
+        record.peak_mem_bytes, record.peak_reserved_bytes, record.memory_method = outcome.peak.peak_bytes, outcome.peak.reserved_bytes, outcome.peak.method
+    return record
