@@ -7,3 +7,8 @@ class UserError(ValueError):
 
 class Unsupported(Exception):
     """A backend cannot serve a case; the message is the reason, in words a user understands."""
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: message` on one line, at most 300 characters of message."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"

@@ -17,7 +17,7 @@ import weakref
 import torch
 
 from harness.backends.base import Backend, Prepared
-from harness.measure.eager import naive_attention
+from harness.attention.eager import naive_attention
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask
 from harness.suite.catalog import pair_key

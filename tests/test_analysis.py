@@ -11,7 +11,7 @@ import pytest
 
 from harness import analysis
 
-from harness.measure import roofline
+from harness.analysis import roofline
 from harness.backends.projections import ProjectionsBackend, projection_flops
 from harness.suite.cases import Case
 from harness.cli.main import main
@@ -19,10 +19,10 @@ from harness.analysis.compare import compare_frames, parse_threshold
 from harness.errors import UserError
 from harness.results.store import RunWriter
 from harness.run.rundir import write_peaks
-from harness.measure import theory
+from harness.attention import theory
 from harness.measure.execute import PairRunner, execute
 from harness.results.record import Record, Status
-from harness.measure.theory import layer_flops
+from harness.attention.theory import layer_flops
 
 
 def synthetic_record(case: Case, backend: str, ms: float, *, status: str = "ok", agree: bool | None = True, mem: float | None = None,

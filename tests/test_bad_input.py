@@ -18,7 +18,7 @@ import pytest
 from harness.analysis.compare import compare_runs
 from harness.cli.main import main
 from harness.errors import UserError
-from harness.measure import theory
+from harness.attention import theory
 from harness.results.store import RECORDS, load_run, read_records, validate_run_id
 from harness.suite.cases import MAX_PADDED_B, Case, case_from_fields, grid, parse_case_id
 from harness.suite.catalog import SLUG_MAX, load_suite, suite_slug

@@ -5,12 +5,12 @@ import torch
 
 from harness.backends.base import expand_kv
 from harness.backends.naive import NaiveBackend
-from harness.measure.eager import naive_attention
+from harness.attention.eager import naive_attention
 from harness.backends.registry import Registry, load_registry
 from harness.suite.cases import Case
 from harness.errors import Unsupported, UserError
 from harness.suite.inputs import make_inputs
-from harness.measure.numerics import check_forward
+from harness.attention.numerics import check_forward
 
 REGISTRY = load_registry()
 CORE = ["naive", "sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"]

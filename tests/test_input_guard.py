@@ -14,7 +14,7 @@ import torch
 from harness.backends.registry import load_registry
 from harness.cli.main import main
 from harness.measure.execute import CHECK_ONLY, PairRunner, Phases, run_pair
-from harness.measure.reference import ReferenceCache
+from harness.attention.reference import ReferenceCache
 from harness.measure.shared_inputs import InputsCache, KeptInputs
 from harness.measure.timing import Budget
 from harness.results.record import Status

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from harness.measure import numerics
+from harness.attention import numerics
 from harness.backends.base import Backend, Prepared
 from harness.backends.naive import NaiveBackend
-from harness.measure.eager import naive_attention
+from harness.attention.eager import naive_attention
 from harness.backends.registry import load_registry
 from harness.suite.cases import Case
 from harness.cli.check import check_pair
 from harness.suite.inputs import AttentionInputs, make_inputs, visible_mask
-from harness.measure import reference
-from harness.measure.numerics import check_forward, error_against, weights_violations
-from harness.measure.reference import gradient_slices, poisoned_like, query_rows, reference_attention
+from harness.attention import reference
+from harness.attention.numerics import check_forward, error_against, weights_violations
+from harness.attention.reference import gradient_slices, poisoned_like, query_rows, reference_attention
 from harness.measure.execute import PairRunner, execute
 from harness.measure.timing import Budget
 from tests.wrong_backends import LeakedMaskBackend, PartialWriteBackend, ScaleOffBackend, WrongGqaBackend, leak_one
@@ -480,7 +480,7 @@ class _DeviceTensor:
 def test_a_cuda_cases_reference_is_reused_by_its_next_backend_and_recomputed_for_other_inputs():
     from types import SimpleNamespace
 
-    from harness.measure.reference import ReferenceCache
+    from harness.attention.reference import ReferenceCache
 
     case = small_case().replace(device="cuda")
     inputs = SimpleNamespace(**{name: _DeviceTensor(torch.randn(2, 3, generator=torch.Generator().manual_seed(i)))

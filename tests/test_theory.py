@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from harness.measure import theory
+from harness.attention import theory
 from harness.suite.cases import Case
 from harness.suite.inputs import kv_lengths, visible_key_rows, visible_mask, visible_pairs
 

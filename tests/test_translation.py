@@ -18,7 +18,7 @@ from harness.backends.flex import mask_mod_for
 from harness.backends.layouts import cu_seqlens, from_bmghk, kv_to_bmghk, pack, to_bmghk, unpack, window_size
 from harness.suite.cases import Case
 from harness.suite.inputs import kv_lengths, make_inputs, visible_mask
-from harness.measure.numerics import check_backward, check_forward
+from harness.attention.numerics import check_backward, check_forward
 
 
 def flash_contract(q, k, v, *, softmax_scale, causal, window_size, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):

@@ -11,10 +11,10 @@ import math
 import torch
 
 from harness.backends.base import Backend, Prepared
-from harness.measure.eager import naive_attention
+from harness.attention.eager import naive_attention
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask
-from harness.measure.reference import poisoned_like
+from harness.attention.reference import poisoned_like
 
 
 class ScaleOffBackend(Backend):

@@ -73,7 +73,7 @@ def find_crossing(S: Sequence[float], t_core: Sequence[float], t_proj: Sequence[
 
 def crossovers(frame: pd.DataFrame) -> pd.DataFrame:
     """S* per attention backend, model width D and fixed parameters, beside the FLOP model's S* (GQA- and causal-aware) and the rule S ≈ D."""
-    from harness.measure.theory import model_crossover
+    from harness.attention.theory import model_crossover
 
     rows = ok_rows(frame)
     proj = rows[~rows["computes_attention"].astype(bool)]  # the projections: the layer's other term

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import UserError
-from harness.measure import roofline
+from harness.analysis import roofline
 from harness.results.documents import ENV, MANIFEST, Environment, Manifest, read_optional
 
 #: Case fields held fixed when something is plotted or fitted against S (S_q and S_kv vary).

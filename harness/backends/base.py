@@ -36,7 +36,7 @@ class Prepared:
     compile_s: float | None = None
     #: For a backend whose result is not the core's `[B, H, S_q, d_v]` output (the whole layer, with its
     #: projections): its own agreement check of one step's result (the output, or the leaves' gradients),
-    #: returning a `harness.measure.numerics.Agreement`. None: the runner compares with the attention reference.
+    #: returning a `harness.attention.numerics.Agreement`. None: the runner compares with the attention reference.
     check: Callable[[Any], Any] | None = None
 
 

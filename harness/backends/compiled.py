@@ -11,7 +11,7 @@ from typing import Any
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.flex import compile_timed, compiler_reason, fresh_compile
-from harness.measure.eager import naive_attention
+from harness.attention.eager import naive_attention
 from harness.backends.registry import register
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask

@@ -164,7 +164,7 @@ class _FlashBase(Backend):
             return first(kernel(q, k, v, **kwargs))
 
         def check(result: Any) -> Any:
-            from harness.measure.numerics import check_backward, check_forward
+            from harness.attention.numerics import check_backward, check_forward
 
             if case.mode == "fwd":
                 return check_forward(case, inputs, call.q_to_bhsd(result))

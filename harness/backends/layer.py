@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from harness.measure import theory
+from harness.attention import theory
 from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
 from harness.suite.cases import Case
@@ -144,7 +144,7 @@ def check_layer(case: Case, tensors: tuple[torch.Tensor, ...], result: Any, grad
     Forward compares the output's real query rows; backward compares the gradients of x (real rows)
     and of the four parameters, and reports the worst.
     """
-    from harness.measure.numerics import Agreement, error_against
+    from harness.attention.numerics import Agreement, error_against
 
     def run(dtype: torch.dtype) -> Any:
         leaves = [t.detach().to(dtype).requires_grad_(grad_out is not None) for t in tensors]

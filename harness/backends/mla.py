@@ -26,7 +26,7 @@ from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask
-from harness.measure.theory import kv_cache_bytes_per_token
+from harness.attention.theory import kv_cache_bytes_per_token
 
 
 def absorbed_mla(q: torch.Tensor, latent: torch.Tensor, d_c: int, mask: torch.Tensor | None, scale: float) -> torch.Tensor:

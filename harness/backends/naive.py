@@ -6,7 +6,7 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
-from harness.measure.eager import naive_attention
+from harness.attention.eager import naive_attention
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask
 

@@ -14,7 +14,7 @@ from harness.backends.base import Backend, Prepared
 from harness.backends.registry import register
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, torch_dtype
-from harness.measure.theory import element_size
+from harness.attention.theory import element_size
 
 
 def projection_shapes(case: Case) -> dict[str, tuple[int, int]]:

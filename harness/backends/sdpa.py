@@ -20,7 +20,7 @@ from harness.backends.base import Backend, Prepared, expand_kv
 from harness.backends.registry import register
 from harness.suite.cases import Case
 from harness.errors import Unsupported
-from harness.measure.failures import one_line
+from harness.errors import one_line
 from harness.private_api import refused_signature
 from harness.suite.inputs import AttentionInputs, visible_mask
 

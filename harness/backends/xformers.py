@@ -219,7 +219,7 @@ class XformersBackend(Backend):
             del out
 
         def check(result: Any) -> Any:
-            from harness.measure.numerics import check_backward, check_forward
+            from harness.attention.numerics import check_backward, check_forward
 
             if case.mode == "fwd":
                 return check_forward(case, inputs, call.out_to_bhsd(result))

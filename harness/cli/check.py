@@ -2,7 +2,7 @@
 
 Each (case, backend) pair gets seeded inputs and two calls through the same path a benchmark
 record's check takes (`execute.run_pair` with `CHECK_ONLY`), each output judged by the float64 rule of
-`harness.measure.numerics` (the second call catches state carried across calls, which `run`'s last timed call would). Unsupported pairs are listed as such and are not failures; a disagreement, a
+`harness.attention.numerics` (the second call catches state carried across calls, which `run`'s last timed call would). Unsupported pairs are listed as such and are not failures; a disagreement, a
 non-finite output, a backend that changes its inputs, wrong attention weights or an exception in
 a pair the backend claims to support is a failure, and the command exits 1 naming each one.
 """
@@ -16,8 +16,8 @@ from typing import Callable, Iterable, Sequence, TextIO
 from harness.backends.base import Backend
 from harness.errors import UserError
 from harness.measure.execute import CHECK_ONLY, PairRunner
-from harness.measure.failures import one_line
-from harness.measure.numerics import Agreement
+from harness.errors import one_line
+from harness.attention.numerics import Agreement
 from harness.results.record import Status, verdict
 from harness.suite.cases import Case, canonical_dtype, grid
 
@@ -33,7 +33,7 @@ def default_cases(device: str = "cpu") -> list[Case]:
     """The built-in check grid: small, and covering what the rule must see.
 
     fp32 beside fp16 and bf16 on every shape, because bf16 cannot resolve errors near 1 % (see
-    harness.measure.numerics); MHA, GQA and MQA (a head-grouping bug only shows with 1 < H_kv < H);
+    harness.attention.numerics); MHA, GQA and MQA (a head-grouping bug only shows with 1 < H_kv < H);
     causal, padding and window masks, including S_q ≠ S_kv where bottom-right alignment matters;
     d_v ≠ d_k; and forward+backward, so that gradients are checked too.
     """

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from harness.measure.failures import is_sticky_cuda_error, one_line
+from harness.errors import one_line
+from harness.measure.failures import is_sticky_cuda_error
 from harness.measure import gpu_state
 
 #: A row's `energy_reason` when the run did not ask for the energy phase.

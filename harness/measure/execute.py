@@ -25,10 +25,11 @@ from harness.measure import gpu_state
 from harness.measure.energy import ENERGY_NOT_ASKED, EnergyResult, pair_energy
 from harness.measure.memory import PeakMeter, measure_peak
 from harness.measure.profile import profile_step
-from harness.measure.numerics import Agreement, check_backward, check_forward, weights_violations
+from harness.attention.numerics import Agreement, check_backward, check_forward, weights_violations
 from harness.measure.outcome import PairOutcome, to_record
-from harness.measure.reference import ReferenceCache
-from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error, one_line
+from harness.attention.reference import ReferenceCache
+from harness.errors import one_line
+from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error
 from harness.measure.shared_inputs import InputsCache, modified_inputs
 from harness.measure.timers import between_sample_setup, device_clock, graph_replay, kernel_measurement, timer_name
 from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, direct_loop, keep_last, measure

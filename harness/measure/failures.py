@@ -32,8 +32,3 @@ def is_sticky_cuda_error(exc: BaseException) -> bool:
 def poisons_process(record: Record) -> bool:
     """True when the record's pair left the process unusable, so the worker must exit after writing it."""
     return record.status is Status.CRASHED and (record.reason or "").startswith(STICKY_PREFIX)
-
-
-def one_line(exc: BaseException) -> str:
-    """`Type: message` on one line, at most 300 characters of message."""
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.backends.base import Backend
-from harness.measure import gpu_state, theory
+from harness.attention import theory
+from harness.measure import gpu_state
 from harness.measure.energy import EnergyResult
 from harness.measure.memory import MemoryPeak
-from harness.measure.numerics import Agreement
+from harness.attention.numerics import Agreement
 from harness.measure.profile import ProfileSummary
 from harness.measure.timing import Measurement
 from harness.results.record import Record, Status

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.measure.numerics import Agreement
+from harness.attention.numerics import Agreement
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, make_inputs
 

@@ -23,7 +23,7 @@ from matplotlib.colors import ListedColormap  # noqa: E402
 
 from harness import analysis  # noqa: E402
 
-from harness.measure import roofline  # noqa: E402
+from harness.analysis import roofline  # noqa: E402
 
 #: At most this many panels per figure; more groups spill into further figures.
 MAX_PANELS = 12
@@ -149,7 +149,7 @@ def tflops_figures(frame: pd.DataFrame, peaks: Mapping[str, Any], colors: Mappin
                 lines.append((peak, f"measured {dtype} matmul peak {peak:.3g} TFLOP/s" + (f" ({run_id})" if len(peaks) > 1 else "")))
         return lines
 
-    return _per_group_figures(rows, "tflops", "TFLOP/s", "Throughput against S", "Achieved TFLOP/s (FLOPs from harness.measure.theory); dashed: the matmul peak measured at the start of the run. A point above it is impossible and flagged in the roofline table.", colors, hline=hline)
+    return _per_group_figures(rows, "tflops", "TFLOP/s", "Throughput against S", "Achieved TFLOP/s (FLOPs from harness.attention.theory); dashed: the matmul peak measured at the start of the run. A point above it is impossible and flagged in the roofline table.", colors, hline=hline)
 
 
 def memory_figures(frame: pd.DataFrame, fits: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from harness import analysis
-from harness.measure import roofline
+from harness.analysis import roofline
 from harness.report import figures as figs
 from harness.report.flags import flag_summary, flags_section
 from harness.report.page import commands, esc, fmt

@@ -39,8 +39,8 @@ from contextlib import contextmanager
 from typing import Any, Iterator, TextIO
 
 from harness.errors import UserError
-from harness.measure.failures import one_line
-from harness.measure.roofline import PEAKS
+from harness.errors import one_line
+from harness.results.documents import PEAKS
 from harness.results.store import ENV, RunWriter
 from harness.run.progress import Progress
 from harness.run.rundir import RunFolder

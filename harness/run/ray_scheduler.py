@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harness.measure.failures import one_line
+from harness.errors import one_line
 from harness.measure.timing import Budget
 from harness.results.record import Record
 from harness.results.store import RunWriter

@@ -9,7 +9,8 @@ from typing import Any, Iterator
 
 from harness.errors import UserError
 from harness.measure.execute import PairRunner, Phases, execute
-from harness.measure.failures import one_line, poisons_process
+from harness.errors import one_line
+from harness.measure.failures import poisons_process
 from harness.measure.timing import Budget
 from harness.suite.cases import Case
 from harness.suite.catalog import pair_key
@@ -113,7 +114,7 @@ def describe_node(device: str, dtypes: list[str], peaks: bool, env: dict[str, st
         import ray
 
         from harness.env import fingerprint, gpu_telemetry
-        from harness.measure import roofline
+        from harness.measure import peaks as device_peaks
 
         _use_assigned_cpus(device)
         entry: dict[str, Any] = {
@@ -122,7 +123,7 @@ def describe_node(device: str, dtypes: list[str], peaks: bool, env: dict[str, st
         }
         if peaks:
             try:
-                measured = roofline.measure_peaks(device, dtypes)
+                measured = device_peaks.measure_peaks(device, dtypes)
             except Exception as exc:  # noqa: BLE001 - as a local run does: a file saying why, and the run goes on
                 measured = no_peaks(device, f"peak measurement failed: {one_line(exc)}")
             measured.setdefault("device_name", entry["before"].get("device_name"))

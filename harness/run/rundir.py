@@ -22,8 +22,8 @@ from typing import Any
 
 from harness.env import fingerprint, gpu_telemetry
 from harness.errors import UserError
-from harness.measure import roofline
-from harness.results.documents import ENV, HARNESS, MANIFEST, Environment, Manifest, read_document
+from harness.measure import peaks as device_peaks
+from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment, Manifest, read_document
 from harness.results.record import Record
 from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, typed_records, write_file
 from harness.run import protocol
@@ -33,11 +33,11 @@ from harness.suite.catalog import load_suite, pair_key
 
 SUITE_COPY = "suite.toml"
 #: Every name a run writes in its folder (patterns for the per-worker files); `--force` deletes nothing else.
-RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, roofline.PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
+RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
              protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK, f"worker-*{protocol.CURRENT_SUFFIX}", "worker-*.log",
              "pytest-benchmark-*.json", f".{MANIFEST}.*.tmp")
 #: The files a run writes again on resume: none may be a symbolic link.
-_REWRITTEN = (MANIFEST, RECORDS, RECORDS_CSV, ENV, roofline.PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
+_REWRITTEN = (MANIFEST, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
               protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK)
 #: How long a new supervisor waits for orphaned workers of a killed one to die (they get SIGKILL at once on Linux).
 ORPHAN_WAIT_S = 5.0
@@ -214,11 +214,11 @@ def write_peaks(run_dir: Path, device: str, dtypes: list[str]) -> Path:
     CUDA is measured in a child process so that the supervisor never holds a CUDA context (and
     its memory) while the workers run; the CPU measurement is short and runs in process.
     """
-    path = Path(run_dir) / roofline.PEAKS
+    path = Path(run_dir) / PEAKS
     if device != "cuda":
-        write_file(path, json.dumps(roofline.measure_peaks(device, dtypes), indent=1))
+        write_file(path, json.dumps(device_peaks.measure_peaks(device, dtypes), indent=1))
         return path
-    done = run_child(python_command("harness.measure.roofline", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)), timeout_s=600)
+    done = run_child(python_command("harness.measure.peaks", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)), timeout_s=600)
     if done.returncode != 0 or not path.exists():
         failure = {"device": "cuda", "matmul": {}, "copy": None, "errors": {"measure": f"peak measurement failed ({done.describe()})"}}
         write_file(path, json.dumps(failure, indent=1))

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from harness.measure.reference import (
+from harness.attention.reference import (
     ReferenceCache, cached, default_scale, eager_kernel, forward, gradient_slices, gradients, query_rows,
     reference_device, reference_kernel,
 )
