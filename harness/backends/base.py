@@ -71,6 +71,10 @@ class Backend:
     baseline: ClassVar[bool] = False
     #: True when `weights(case, inputs)` returns (output, attention weights) for `attnbench check`.
     returns_weights: ClassVar[bool] = False
+    #: The batch layouts (harness.suite.ragged) `prepare` accepts: "dense" (today's rectangle), "padded"
+    #: (a ragged batch padded to its longest sequence and masked), "packed" (tokens concatenated with
+    #: cumulative offsets) and "paged" (the KV cache in scattered fixed-size pages behind a block table).
+    layouts: ClassVar[frozenset[str]] = frozenset({"dense"})
 
     def costs(self, case: Case) -> tuple[int, int] | None:
         """(FLOPs, bytes) of one call when they are not the attention's (theory.flops, min_bytes); None otherwise."""
