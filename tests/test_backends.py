@@ -26,6 +26,14 @@ def test_every_issue_backend_is_registered():
     assert {"xformers", "flash-attn2", "flash-attn3", "flash-attn4", "flex", "naive-compiled", "mha-layer", "mla"} <= names
 
 
+def test_each_registry_has_its_own_backend_instances():
+    """A backend's state (a probed kernel, a compiled step) set through one registry never shows in another."""
+    first, second = load_registry(plugins=False), load_registry(plugins=False)
+    assert first.names() == second.names()
+    shared = [name for name in first.names() if first.get(name) is second.get(name)]
+    assert shared == []
+
+
 @pytest.mark.parametrize("name", GPU_ONLY)
 def test_gpu_only_backends_are_unavailable_on_cpu_with_a_reason(name):
     if torch.cuda.is_available():

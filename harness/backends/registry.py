@@ -42,11 +42,6 @@ class Registry:
         self._backends: dict[str, Backend] = {}
         self._broken: dict[str, str] = {}
 
-    def register(self, cls: type[Backend]) -> type[Backend]:
-        """Class decorator: instantiate and add a backend; the name must be new."""
-        self.add(cls())
-        return cls
-
     def add(self, backend: Backend) -> None:
         """Add a backend instance; a duplicate name, or a name or family that is not a string, is an error."""
         if not isinstance(backend.name, str) or not backend.name:
@@ -146,9 +141,17 @@ def _load_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
-#: Built-in backends, filled by the decorators in BUILTIN_MODULES when they are imported.
-BUILTINS = Registry()
-register = BUILTINS.register
+#: Built-in backend classes, filled by `register` in BUILTIN_MODULES when they are imported. Classes, not
+#: instances: each registry gets its own instances, so a backend's state (a probed kernel, a compiled
+#: callable) never leaks from one registry (one test, one command) into another.
+BUILTIN_CLASSES: list[type[Backend]] = []
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Class decorator for the built-in backends: `load_registry` instantiates the class afresh for each registry."""
+    if cls not in BUILTIN_CLASSES:
+        BUILTIN_CLASSES.append(cls)
+    return cls
 
 
 def load_registry(*, plugins: bool = True, extra: Iterable[Callable[[Registry], None]] = ()) -> Registry:
@@ -162,9 +165,9 @@ def load_registry(*, plugins: bool = True, extra: Iterable[Callable[[Registry], 
         importlib.import_module(module)
     registry = Registry()
     for module in BUILTIN_MODULES:  # in this order, whatever order they were first imported in
-        for backend in BUILTINS:
-            if type(backend).__module__ == module:
-                registry.add(backend)
+        for cls in BUILTIN_CLASSES:
+            if cls.__module__ == module:
+                registry.add(cls())
     if plugins:
         builtin = set(registry.names())
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
