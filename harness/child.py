@@ -23,8 +23,6 @@ JOBS: dict[str, tuple[str, str]] = {
     # "worker": ("harness.run.worker", "main"),  — the worker loop (claim → execute → append), registered when it lands
 }
 
-EXIT_USAGE = 2
-
 
 def job_function(job: str) -> Callable[[Sequence[str]], int]:
     """The function that runs `job`; KeyError for a name that is not in JOBS."""
@@ -41,19 +39,18 @@ def job_parser(job: str, description: str) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job named by argv[0] with the rest of argv; exit 2 with one line on a usage error."""
+    from harness.cli.main import exit_status
     from harness.errors import UserError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def run_job() -> int:
         if not argv or argv[0] not in JOBS:
             named = f"unknown job {argv[0]!r}" if argv else "no job named"
             raise UserError(f"{named}: python -m harness.child JOB [args], JOB one of {', '.join(JOBS)}")
         return job_function(argv[0])(argv[1:])
-    except UserError as exc:
-        print(f"attnbench child: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
+
+    return exit_status(run_job, prog="attnbench child")
 
 
 if __name__ == "__main__":

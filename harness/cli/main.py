@@ -321,23 +321,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_status(command: Callable[[], int], prog: str = "attnbench") -> int:
+    """Run a command's body: its exit status, or 2 with one line for a user mistake (130 on Ctrl-C)."""
+    try:
+        return command()
+    except UserError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `attnbench` console script and of `python -m harness`."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def command() -> int:
         from harness.env import require_supported_torch
 
         require_supported_torch()
         args = parser.parse_args(argv)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
-    except UserError as exc:
-        print(f"attnbench: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
 
+    return exit_status(command)
 
 if __name__ == "__main__":
     sys.exit(main())
