@@ -1,4 +1,4 @@
-"""models: the attention of published models (harness/models.py), prefill and decode.
+"""models: the attention of published models (harness/suite/presets.py), prefill and decode.
 
 CUDA: every preset at S 1 Ki, 4 Ki and 16 Ki (capped at its context), bf16, causal prefill in fwd plus
 one-token decode against a cache of S (DeepSeek-V3 in MLA's absorbed form). On a CPU: the same heads

@@ -191,9 +191,9 @@ def test_gpu_check_says_no_cuda_and_exits_2(capsys):
 
 
 def test_gpu_check_on_cpu_prints_its_table_last(capsys):
-    from harness.cli.gpu_check import main
+    from harness.cli.main import main
 
-    assert main(["--cpu", "--backends", "naive,xformers"]) == 0
+    assert main(["gpu-check", "--cpu", "--backends", "naive,xformers"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-3].startswith("backend") and lines[-2].startswith("naive") and lines[-1].startswith("xformers")
     assert lines[-2].split()[1:3] == ["8", "8"]  # all 8 check cases ran and agree

@@ -79,6 +79,23 @@ def test_cuda_without_a_gpu_is_one_line(capsys, argv):
     _one_line_error(capsys, main(argv), "torch sees no CUDA device")
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["gpu-check", "--nosuch"], ["unrecognized arguments: --nosuch"]),
+    (["gpu-check", "--cpu", "extra"], ["unrecognized arguments: extra"]),
+    (["gpu-check", "--one", "naive"], ["unrecognized arguments: --one"]),  # the old hidden child flag: children are harness.child's jobs
+    (["gpu-check", "--cpu", "--backends", ","], ["--backends", "expected a comma-separated list"]),
+    (["gpu-check", "--cpu", "--backends", "naive,naive"], ["naive given more than once"]),
+    (["profile", "B1-Sq8-Skv8-H2-Hkv2-dk16-fp32", "--ncu-child"], ["unrecognized arguments: --ncu-child"]),
+], ids=["unknown-option", "stray-argument", "old-child-flag", "empty-backends", "backend-twice", "profile-old-child-flag"])
+def test_gpu_check_and_profile_usage_errors_are_one_line_like_every_other_command(capsys, argv, words):
+    _one_line_error(capsys, main(argv), *words)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_gpu_check_without_a_gpu_is_one_line(capsys):
+    _one_line_error(capsys, main(["gpu-check"]), "no CUDA device is present", "gpu-check has nothing to check")
+
+
 def _file_size_limit(limit_bytes: int):
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))

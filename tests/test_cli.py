@@ -40,6 +40,7 @@ GOOD = ["B = [1]", "S = [64]", "H = [8]", "d_k = [32]"]
         (["run", "--suite", "quick", "--backends", "naive,flashy"], "unknown backend 'flashy'"),
         (["run", "--suite", "quick", "--device", "tpu"], "unknown device 'tpu'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["gpu-check", "--cpu", "--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["run", "--suite", "quick", "--only", "no-such-pair"], "matches no pair"),
     ],
 )

@@ -163,9 +163,9 @@ def test_gpu_check_holds_single_kernel_pairs_to_their_kernel_time():
 
 
 def test_gpu_check_cpu_mode_shows_the_profiled_ratio(capsys):
-    from harness.cli import gpu_check as gc
+    from harness.cli.main import main
 
-    assert gc.main(["--cpu", "--backends", "sdpa-math"]) == 0
+    assert main(["gpu-check", "--cpu", "--backends", "sdpa-math"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("sdpa-math "))
     ratio, net = row.split()[8:10]  # backend ok agree unsup fail case ms kernel-ms ratio net

@@ -8,6 +8,7 @@ seconds each backend's child took; flex reached last with 82 s left, and timed o
 import pytest
 
 from harness.cli import gpu_check as gc
+from harness.cli.main import main
 from harness.cli.gpu_check_plan import MIN_CHILD_S, estimate_s, plan_schedule
 from harness.measure.cuda_clock import CudaEventClock, FixedOverhead, measure_fixed_overhead
 from harness.results.record import Status
@@ -172,7 +173,7 @@ def test_gpu_check_runs_compilers_first_bounds_each_child_and_reports_what_it_sk
     monkeypatch.setattr(gc.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(gc, "TOTAL_BUDGET_S", 100.0)
     flex_s = estimate_s("flex", gc.cases_for("flex", "cpu"))
-    assert gc.main(["--cpu", "--backends", "naive,sdpa,flex"]) == 0
+    assert main(["gpu-check", "--cpu", "--backends", "naive,sdpa,flex"]) == 0
     assert ran == [("flex", round(100.0 - 28.0, 1)), ("naive", 36.0), ("sdpa", 14.0)]
     assert flex_s <= 72.0
     out = capsys.readouterr().out
@@ -181,7 +182,7 @@ def test_gpu_check_runs_compilers_first_bounds_each_child_and_reports_what_it_sk
     assert "fixed overhead a sample between events, as the children measured it: 4.00–4.20 µs" in out
     monkeypatch.setattr(gc, "TOTAL_BUDGET_S", 40.0)
     ran.clear()
-    assert gc.main(["--cpu", "--backends", "naive,sdpa,flex"]) == 1
+    assert main(["gpu-check", "--cpu", "--backends", "naive,sdpa,flex"]) == 1
     assert [name for name, _ in ran] == ["naive", "sdpa"]
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("flex") and "skipped" in lines[-1] and "--backends flex" in lines[-1]

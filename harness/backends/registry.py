@@ -79,12 +79,6 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return name in self._backends or name in self._broken
 
-    def select(self, names: Iterable[str] | None) -> list[Backend]:
-        """Backends by name (all loaded ones when `names` is None); unknown names raise UserError."""
-        if names is None:
-            return list(self._backends.values())
-        return [self.get(n) for n in names]
-
     def describe(self) -> list[BackendInfo]:
         """One listing row per backend, with its availability and reason."""
         rows = []

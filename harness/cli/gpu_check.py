@@ -18,18 +18,17 @@ the 270 s budget could not hold it), 2 when there is no CUDA device.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from harness.cli.gpu_check_plan import MIN_CHILD_S, compiles, estimate_s, plan_schedule
+from harness.errors import UserError
 from harness.measure.cuda_clock import FixedOverhead
 from harness.measure.timing import Budget
 from harness.results.record import NOT_FAILURES, Record, Status
-from harness.run.children import emit, python_command, run_child
+from harness.run.children import child_command, emit, run_child
 from harness.suite.cases import Case
 
 #: Short measurements: this is a check that kernels run and agree, with a rough time beside it.
@@ -110,7 +109,7 @@ def _whole_backend(name: str, status: Status, reason: str) -> Row:
 
 def _child(name: str, device: str, timeout_s: float) -> list[Row]:
     """One backend in a child process; a crash or a hang becomes a row that says so."""
-    done = run_child(python_command("harness", "gpu-check", "--one", name, *(["--cpu"] if device == "cpu" else [])), timeout_s)
+    done = run_child(child_command("gpu-check", name, "--device", device), timeout_s)
     if done.timed_out:
         return [_whole_backend(name, Status.TIMEOUT, f"over {timeout_s:.0f} s")]
     if not done.ok:
@@ -240,21 +239,37 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
-def _run_child_of(name: str, device: str) -> int:
-    """In a child: one backend's records, then the fixed overhead its pairs are judged with (CUDA, when one ran).
+def backend_job(argv: Sequence[str]) -> int:
+    """The `gpu-check` child job: one backend's records, then the fixed overhead its pairs are judged with (CUDA, when one ran).
 
     Not on the CPU: there the profiler's operator time carries the profiler's own cost per operator,
     more than a one-element add takes, so the difference says nothing (and CPU pairs are not judged).
     """
-    records = run_backend(name, device)
+    from harness.child import job_parser
+
+    parser = job_parser("gpu-check", "one backend's gpu-check cases, for `attnbench gpu-check`")
+    parser.add_argument("backend")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    args = parser.parse_args(argv)
+    if args.device == "cuda":
+        require_cuda()
+    records = run_backend(args.backend, args.device)
     for record in records:
         emit(record.to_dict())
-    if device == "cuda" and any(record.status is Status.OK for record in records):
+    if args.device == "cuda" and any(record.status is Status.OK for record in records):
         try:
-            emit({"fixed_overhead": measure_box_overhead(device).to_dict()})
+            emit({"fixed_overhead": measure_box_overhead(args.device).to_dict()})
         except Exception as exc:  # noqa: BLE001 - the pairs' verdicts stand; their timers go unjudged, and the parent says why
             emit({OVERHEAD_ERROR: f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"})
     return 0
+
+
+def require_cuda() -> None:
+    """Refuse (a UserError: exit 2) on a machine where torch sees no CUDA device: there is nothing to check."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(f"no CUDA device is present (torch {torch.__version__} sees none): gpu-check has nothing to check")
 
 
 def _report_child(name: str, mine: Sequence[Row], seconds: float) -> None:
@@ -276,25 +291,17 @@ def _skip(name: str, reason: str) -> Row:
     return _whole_backend(name, Status.SKIPPED, reason)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`attnbench gpu-check [--cpu] [--backends a,b]`: run, print the table last, exit 0/1 (2 without CUDA)."""
-    parser = argparse.ArgumentParser(prog="attnbench gpu-check", description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu", action="store_true", help="run on the CPU with tiny shapes (to test the command)")
-    parser.add_argument("--backends", help="comma-separated backend names (default: every registered one)")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+def run_gpu_check(cpu: bool, backends: Sequence[str] | None) -> int:
+    """`attnbench gpu-check [--cpu] [--backends a,b]`: run, print the table last, exit 0/1 (a UserError, exit 2, without CUDA)."""
     import torch
 
-    device = "cpu" if args.cpu else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        print(f"attnbench gpu-check: no CUDA device is present (torch {torch.__version__} sees none); nothing to check", file=sys.stderr)
-        return 2
-    if args.one:
-        return _run_child_of(args.one, device)
+    device = "cpu" if cpu else "cuda"
+    if device == "cuda":
+        require_cuda()
     from harness.backends.registry import load_registry
 
     registry = load_registry()
-    names = args.backends.split(",") if args.backends else registry.names()
+    names = list(backends) if backends else registry.names()
     families = {name: registry.get(name).family for name in names}
     schedule = plan_schedule([(n, families[n], estimate_s(families[n], cases_for(families[n], device))) for n in names], TOTAL_BUDGET_S)
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (--cpu)"

@@ -20,7 +20,7 @@ EXIT_USAGE = 2
 MAX_WORKERS_PER_CPU = 4
 
 
-class _Parser(argparse.ArgumentParser):
+class UsageParser(argparse.ArgumentParser):
     """argparse, but usage errors are one line and exit 2 like every other user mistake."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -187,6 +187,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return run_cli(suite=args.suite, backends=args.backends, dtypes=args.dtype, modes=args.mode, device=args.device, only=args.only)
 
 
+def cmd_gpu_check(args: argparse.Namespace) -> int:
+    """Every backend on gpu-check's small grid, each in a child process; exit 1 when a pair fails or disagrees."""
+    from harness.cli.gpu_check import run_gpu_check
+
+    return run_gpu_check(args.cpu, args.backends)
+
+
 def _parse_size(flag: str, text: str | None) -> int | None:
     if text is None:
         return None
@@ -228,8 +235,8 @@ def _parse_gpus(text: str | None) -> list[int] | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = _Parser(prog="attnbench", description="Benchmark and profile attention backends.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = UsageParser(prog="attnbench", description="Benchmark and profile attention backends.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
 
     p = sub.add_parser("backends", help="list backends, available or not and why")
     p.add_argument("--json", action="store_true", help="print a JSON list of {name, family, available, reason, version}")
@@ -240,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a suite and write results/<run-id>/")
     p.add_argument("--suite", help="built-in suite (quick, default, …), 'auto' (by device) or a .toml file")
-    p.add_argument("--model", help="a published model's attention instead of a suite (harness/models.py: llama3-405b, mistral-7b, deepseek-v3, …)")
+    p.add_argument("--model", help="a published model's attention instead of a suite (harness/suite/presets.py: llama3-405b, mistral-7b, deepseek-v3, …)")
     p.add_argument("--seq", help="with --model: comma-separated sequence lengths (default 1024,4096,16384; CPU: 128)")
     p.add_argument("--device", choices=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: the suite's, else all)")
@@ -295,7 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_arguments(p)
     p.set_defaults(func=cmd_profile)
 
-    sub.add_parser("gpu-check", help="CUDA: every backend on a small grid, fwd/bwd, checked and timed (--cpu: tiny, on the CPU); exit 2 without CUDA")
+    p = sub.add_parser("gpu-check", help="CUDA: every backend on a small grid, fwd/bwd, checked and timed (--cpu: tiny, on the CPU); exit 2 without CUDA")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU with tiny shapes (to test the command)")
+    p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: every registered one)")
+    p.set_defaults(func=cmd_gpu_check)
 
     p = sub.add_parser("check", help="check every backend against a float64 reference (no timing); exit 1 on a disagreement")
     p.add_argument("--suite", help="built-in suite, 'auto' or a .toml file (default: a small built-in check grid)")
@@ -311,27 +321,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `attnbench` console script and of `python -m harness`."""
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
+def exit_status(command: Callable[[], int], prog: str = "attnbench") -> int:
+    """Run a command's body: its exit status, or 2 with one line for a user mistake (130 on Ctrl-C)."""
     try:
-        from harness.env import require_supported_torch
-
-        require_supported_torch()
-        if argv[:1] == ["gpu-check"]:  # its own options (harness.cli.gpu_check); listed in --help by the subparser below
-            from harness.cli import gpu_check
-
-            return gpu_check.main(argv[1:])
-        args = parser.parse_args(argv)
-        func: Callable[[argparse.Namespace], int] = args.func
-        return func(args)
+        return command()
     except UserError as exc:
-        print(f"attnbench: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `attnbench` console script and of `python -m harness`."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+
+    def command() -> int:
+        from harness.env import require_supported_torch
+
+        require_supported_torch()
+        args = parser.parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = args.func
+        return func(args)
+
+    return exit_status(command)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,10 +14,11 @@ import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Sequence
 
 from harness.errors import UserError
 from harness.results.record import Status
-from harness.suite.cases import MODES, Case
+from harness.suite.cases import MODES, Case, parse_case_id
 
 #: Calls of the step an `--ncu` child makes: few, because ncu replays every kernel once per metric pass.
 NCU_CALLS = 2
@@ -36,7 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
     parser.add_argument("--out", default="results/profiles", help="parent folder of the profile's folder (default results/profiles)")
     parser.add_argument("--ncu", action="store_true", help="also run the pair's kernels under Nsight Compute (CUDA, ncu on PATH)")
-    parser.add_argument("--ncu-child", action="store_true", help=argparse.SUPPRESS)
 
 
 def profile_folder(out: Path, case: Case, backend: str) -> Path:
@@ -77,12 +77,12 @@ def run_profile(case: Case, backend_name: str, steps: int, out: Path, ncu: bool)
 def _ncu_lines(case: Case, backend_name: str) -> str:
     """The pair's kernels under ncu (a child process), one line per kernel; or one line saying why not."""
     from harness.measure.ncu import NCU_READINGS, ncu_available, ncu_command, ncu_readings, parse_ncu_csv
-    from harness.run.children import python_command, run_child
+    from harness.run.children import child_command, run_child
 
     reason = ncu_available() if case.device == "cuda" else "Nsight Compute profiles CUDA kernels: this is a CPU case"
     if reason:
         return f"ncu: {reason}"
-    child = python_command("harness", "profile", case.id, "--device", "cuda", "--backend", backend_name, "--ncu-child")
+    child = child_command("profile-ncu", case.id, "--backend", backend_name)
     done = run_child(ncu_command(child, profile_from_start=False), timeout_s=600, env={**os.environ, "LC_ALL": "C"})
     kernels = parse_ncu_csv(done.stdout)
     if done.returncode != 0:
@@ -97,15 +97,21 @@ def _ncu_lines(case: Case, backend_name: str) -> str:
     return "\n".join(out)
 
 
-def ncu_child(case: Case, backend_name: str) -> None:
-    """Under ncu: prepare the pair, then run NCU_CALLS steps between cudaProfilerStart and Stop (nothing else profiled)."""
+def ncu_job(argv: Sequence[str]) -> int:
+    """The `profile-ncu` child job, under ncu: prepare the pair, then run NCU_CALLS steps between cudaProfilerStart and Stop."""
     import torch
 
     from harness.backends.registry import load_registry
+    from harness.child import job_parser
     from harness.measure.execute import build_step
     from harness.suite.inputs import make_inputs
 
-    backend = load_registry().get(backend_name)
+    parser = job_parser("profile-ncu", "one pair's steps under Nsight Compute, for `attnbench profile --ncu`")
+    parser.add_argument("case", help="the case id (its mode included), on CUDA")
+    parser.add_argument("--backend", required=True)
+    args = parser.parse_args(argv)
+    case = parse_case_id(args.case, "cuda")
+    backend = load_registry().get(args.backend)
     inputs = make_inputs(case)
     if case.mode != "fwd":
         for t in (inputs.q, inputs.k, inputs.v):
@@ -119,6 +125,7 @@ def ncu_child(case: Case, backend_name: str) -> None:
             step()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
+    return 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -129,9 +136,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     case = case_from_args(args, resolve_device(args.device))
     if args.profile_mode:
         case = case.replace(mode=args.profile_mode)
-    if args.ncu_child:
-        ncu_child(case, args.backend)
-        return 0
     print(run_profile(case, args.backend, args.steps, Path(args.out), args.ncu))
     sys.stdout.flush()
     return 0

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Sequence, TextIO
 
 from harness.errors import UserError
 from harness.results.record import Record, Status
-from harness.run.children import emit, python_command, run_child
+from harness.run.children import child_command, emit, run_child
 from harness.suite.cases import Case, parse_case_id
 
 #: The most fresh processes `stability` starts: a thousand already pins a spread far below what a run can resolve.
@@ -25,9 +26,7 @@ def coefficient_of_variation(values: Sequence[float]) -> float:
     """Sample standard deviation (n − 1) over the mean."""
     if len(values) < 2:
         raise ValueError("the coefficient of variation needs at least two values")
-    mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return math.sqrt(variance) / mean
+    return statistics.stdev(values) / statistics.fmean(values)
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,7 @@ class StabilityResult:
 
 def measure_in_fresh_process(case: Case, backend: str, measure_s: float) -> float:
     """The median latency (seconds) of one measurement of `case` in a new Python process."""
-    done = run_child(python_command("harness.cli.stability", "--child", case.id, "--device", case.device,
-                                    "--backend", backend, "--measure-s", repr(measure_s)))
+    done = run_child(child_command("stability", case.id, "--device", case.device, "--backend", backend, "--measure-s", repr(measure_s)))
     if not done.ok:
         raise UserError(f"the measuring process failed ({done.describe()})")
     record = Record.from_dict(done.objects[-1], where="stability child")
@@ -91,17 +89,26 @@ def run_stability(case: Case, backend: str, processes: int = 5, measure_s: float
     return StabilityResult(case, backend, tuple(medians))
 
 
-def _child(case_id: str, device: str, backend: str, measure_s: float) -> None:
-    """In the fresh process: time the pair (no check, no memory) and emit its record."""
+def measurement_job(argv: Sequence[str]) -> int:
+    """The `stability` child job: in the fresh process, time the pair (no check, no memory) and emit its record."""
     from dataclasses import replace
 
     from harness.backends.registry import load_registry
+    from harness.child import job_parser
     from harness.measure.execute import PairRunner, Phases, execute
     from harness.measure.timing import QUICK_BUDGET
 
-    case = parse_case_id(case_id, device)
-    runner = PairRunner(budget=replace(QUICK_BUDGET, measure_s=measure_s, max_rounds=10_000), phases=Phases(check=False, memory=False, energy=False))
-    emit(execute(case, load_registry().get(backend), runner).to_dict())
+    parser = job_parser("stability", "one measurement for `attnbench stability`")
+    parser.add_argument("case")
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--measure-s", type=float, required=True)
+    args = parser.parse_args(argv)
+    case = parse_case_id(args.case, args.device)
+    runner = PairRunner(budget=replace(QUICK_BUDGET, measure_s=args.measure_s, max_rounds=10_000),
+                        phases=Phases(check=False, memory=False, energy=False))
+    emit(execute(case, load_registry().get(args.backend), runner).to_dict())
+    return 0
 
 
 def add_case_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,12 +142,3 @@ def case_from_args(args: argparse.Namespace, device: str) -> Case:
     fields.setdefault("d_v", fields["d_k"])
     return Case(device=device, **fields)
 
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="internal: one measurement for `attnbench stability`")
-    parser.add_argument("--child", required=True)
-    parser.add_argument("--device", required=True)
-    parser.add_argument("--backend", required=True)
-    parser.add_argument("--measure-s", type=float, required=True)
-    ns = parser.parse_args()
-    _child(ns.child, ns.device, ns.backend, ns.measure_s)

@@ -13,11 +13,10 @@ Where each record sits under them is the analysis' arithmetic (harness.analysis.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from harness.suite.cases import canonical_dtype
 from harness.measure.timing import Budget, Clock, measure
@@ -118,12 +117,12 @@ def measure_peaks(device: str, dtypes: Iterable[str]) -> dict[str, Any]:
     return peaks
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.measure.peaks --device cuda --dtypes bf16,fp16 --out peaks.json` (what the run folder's write_peaks runs on CUDA)."""
-    import argparse
+def main(argv: Sequence[str]) -> int:
+    """The `peaks` child job: `--device cuda --dtypes bf16,fp16 --out peaks.json` (what the run folder's write_peaks starts on CUDA)."""
+    from harness.child import job_parser
 
-    parser = argparse.ArgumentParser(prog="python -m harness.measure.peaks", description="measure the device's matmul and copy ceilings")
-    parser.add_argument("--device", default="cpu")
+    parser = job_parser("peaks", "measure the device's matmul and copy ceilings")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtypes", default="fp32")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -134,7 +133,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

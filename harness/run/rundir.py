@@ -27,7 +27,7 @@ from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment
 from harness.results.record import Record
 from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, typed_records, write_file
 from harness.run import protocol
-from harness.run.children import python_command, run_child
+from harness.run.children import child_command, run_child
 from harness.suite.cases import Case
 from harness.suite.catalog import load_suite, pair_key
 
@@ -218,7 +218,7 @@ def write_peaks(run_dir: Path, device: str, dtypes: list[str]) -> Path:
     if device != "cuda":
         write_file(path, json.dumps(device_peaks.measure_peaks(device, dtypes), indent=1))
         return path
-    done = run_child(python_command("harness.measure.peaks", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)), timeout_s=600)
+    done = run_child(child_command("peaks", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)), timeout_s=600)
     if done.returncode != 0 or not path.exists():
         failure = {"device": "cuda", "matmul": {}, "copy": None, "errors": {"measure": f"peak measurement failed ({done.describe()})"}}
         write_file(path, json.dumps(failure, indent=1))
