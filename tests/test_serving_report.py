@@ -136,6 +136,7 @@ def test_the_serving_section_appears_with_serving_rows_only(tmp_path):
     assert set(wins["winner"]) == {"lib-a", "lib-b", "sdpa", "paged-a"} and "impossible" in section
     order = wins[wins["batch"].isin(("constant(256)", "uniform(1000,3000)"))]  # padded, packed, then paged by page size
     assert list(zip(order["layout"], order["page_size"].fillna(0))) == [("padded", 0), ("packed", 0), ("paged", 1), ("paged", 16), ("paged", 128)]
+    assert not serving.has_serving_rows(frame_of(_winner_records()).assign(layout="dense"))  # merged records: every row has a layout
     dense = build_report([write_run(tmp_path / "results" / "dense", _winner_records())], out_root=tmp_path / "reports")
     assert '<section id="serving">' not in dense.read_text() and not (dense.parent / "batch_winners.csv").exists()
 
