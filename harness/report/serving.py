@@ -7,7 +7,8 @@ there, the figures are drawn here with the helpers of `harness.report.figures`.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -21,6 +22,27 @@ from harness.report.writer import Csv, Section, Table
 ANCHOR = "serving"
 
 
+@dataclass(frozen=True)
+class View:
+    """One view of the section: its heading and prose, the table's columns, its CSV, and the figures drawn from the table."""
+
+    title: str
+    prose: str
+    empty: str
+    csv: str
+    columns: list[str]
+    headers: list[str]
+    figures: Callable[[pd.DataFrame, Mapping[str, Any]], list[Figure]]
+    formats: dict[str, Any] = field(default_factory=dict)
+
+    def blocks(self, table: pd.DataFrame, colors: Mapping[str, Any]) -> list:
+        """The view's heading and prose, then its CSV, table and figures; one line saying why when the table is empty."""
+        head = [f"<h3>{esc(self.title)}</h3>", f"<p>{self.prose}</p>"]
+        if table.empty:
+            return head + [f'<p class="muted">{esc(self.empty)}</p>']
+        return head + [Csv(table, self.csv), Table(table, columns=self.columns, headers=self.headers, formats=self.formats), *self.figures(table, colors)]
+
+
 def serving_sections(frame: pd.DataFrame, colors: Mapping[str, Any], baseline: str | None = None) -> list[Section]:
     """The Serving section when the frame has rows of ragged batches, else nothing."""
     if not serving.has_serving_rows(frame):
@@ -28,9 +50,11 @@ def serving_sections(frame: pd.DataFrame, colors: Mapping[str, Any], baseline: s
     body: list = ["<p>Rows of serving-shaped batches: each request has its own query and KV length, laid out padded (to the longest, "
                   "masked), packed (tokens concatenated with offsets) or paged (the KV cache in scattered pages). Only rows that ran and "
                   "agree with the float64 reference of each sequence are used.</p>"]
-    body += _skew_blocks(serving.packed_vs_padded(frame), colors)
-    body += _bandwidth_blocks(serving.paged_decode_bandwidth(frame), colors)
-    body += _winner_blocks(serving.batch_winners(frame, baseline), colors)
+    wins = serving.batch_winners(frame, baseline)
+    if not wins.empty:
+        wins = wins.assign(layout_label=[layout_label(l, p) for l, p in zip(wins["layout"], wins["page_size"])])
+    for view, table in ((SKEW, serving.packed_vs_padded(frame)), (BANDWIDTH, serving.paged_decode_bandwidth(frame)), (WINNERS, wins)):
+        body += view.blocks(table, colors)
     return [Section(ANCHOR, "Serving: ragged, padded and paged batches", body, nav="Serving")]
 
 
@@ -40,45 +64,10 @@ def _speedup_cell(value: Any, row: Any) -> tuple[str, str]:
     return fmt(value), "good" if value > 1 else ""
 
 
-def _skew_blocks(table: pd.DataFrame, colors: Mapping[str, Any]) -> list:
-    body: list = ["<h3>Packed against padded as the lengths skew</h3>",
-                  "<p>Per backend and batch: the padded row's median over the packed row's (above 1, packing is faster), against the "
-                  "<em>padding share</em>, the part of the padded batch's query–key rectangle (B · longest query · longest KV) that holds "
-                  "no real pair. If time followed the real work, the speed-up would be 1 / (1 − padding share) (dashed).</p>"]
-    if table.empty:
-        return body + ['<p class="muted">No batch has both a padded and a packed row of one backend that ran and agreed.</p>']
-    body.append(Csv(table, "packed_vs_padded.csv"))
-    body.append(Table(table, columns=["backend", "batch", "group", "B", "tokens_kv", "kv_max_over_mean", "padding_share", "padded_ms", "packed_ms", "speedup", "ideal_speedup"],
-                      headers=["backend", "batch", "fixed parameters", "B", "KV tokens", "longest KV ÷ mean", "padding share", "padded ms", "packed ms",
-                               "speed-up of packing", "if time ∝ work"],
-                      formats={"speedup": _speedup_cell}))
-    body += _per_group_plot(table, ["group"], "padding_share", "speedup", colors, xlabel="padding share", ylabel="padded ms ÷ packed ms",
-                            title="Packed against padded", caption="One line per backend; dashed: 1 / (1 − padding share), the speed-up if time followed "
-                            "the real work; grey: no speed-up.", decorate=_ideal_line)
-    return body
-
-
 def _ideal_line(ax: Any, sub: pd.DataFrame) -> None:
     share = np.linspace(0.0, float(sub["padding_share"].max()), 50)
     ax.plot(share, 1.0 / (1.0 - share), color="black", ls="--", lw=1, label="time ∝ real work")
     ax.axhline(1.0, color="grey", lw=0.8)
-
-
-def _bandwidth_blocks(table: pd.DataFrame, colors: Mapping[str, Any]) -> list:
-    body: list = ["<h3>Paged decode: KV bandwidth against page size</h3>",
-                  "<p>Decode batches (one query token per request) with a paged KV cache: the bytes of the KV the batch really holds "
-                  "(real tokens only, never the unused tail of a page) over the median time, against the copy peak measured at the start "
-                  "of the run (bytes read plus written per second). Above 100 % is impossible and flagged.</p>"]
-    if table.empty:
-        return body + ['<p class="muted">No paged decode row ran and agreed.</p>']
-    body.append(Csv(table, "paged_decode_bandwidth.csv"))
-    body.append(Table(table, columns=["backend", "batch", "group", "page_size", "B", "tokens_kv", "latency_ms_median", "kv_gbps", "pct_copy_peak"],
-                      headers=["backend", "batch", "fixed parameters", "page size", "B", "KV tokens", "median ms", "KV GB/s", "% of copy peak"],
-                      formats={"pct_copy_peak": _pct_cell}))
-    body += _per_group_plot(table, ["group", "batch"], "page_size", "kv_gbps", colors, xlabel="page size (tokens)", ylabel="KV GB/s", logx=True,
-                            title="Paged decode bandwidth", caption="One line per backend; dashed: the run's measured copy peak; "
-                            "a red cross is above it (impossible).", decorate=_peak_lines)
-    return body
 
 
 def _pct_cell(value: Any, row: Any) -> tuple[str, str]:
@@ -94,6 +83,20 @@ def _peak_lines(ax: Any, sub: pd.DataFrame) -> None:
     above = sub[sub["impossible"]]
     if len(above):
         ax.scatter(above["page_size"].astype(float), above["kv_gbps"], marker="x", s=60, color="red", zorder=5, label="above the copy peak: impossible")
+
+
+def _skew_figures(table: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
+    """The speed-up of packing against the padding share, a panel per fixed-parameter group."""
+    return _per_group_plot(table, ["group"], "padding_share", "speedup", colors, xlabel="padding share", ylabel="padded ms ÷ packed ms",
+                           title="Packed against padded", caption="One line per backend; dashed: 1 / (1 − padding share), the speed-up if time "
+                           "followed the real work; grey: no speed-up.", decorate=_ideal_line)
+
+
+def _bandwidth_figures(table: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
+    """KV GB/s against page size, a panel per fixed-parameter group and batch, the run's copy peak dashed."""
+    return _per_group_plot(table, ["group", "batch"], "page_size", "kv_gbps", colors, xlabel="page size (tokens)", ylabel="KV GB/s", logx=True,
+                           title="Paged decode bandwidth", caption="One line per backend; dashed: the run's measured copy peak; "
+                           "a red cross is above it (impossible).", decorate=_peak_lines)
 
 
 def _per_group_plot(table: pd.DataFrame, keys: list[str], x: str, y: str, colors: Mapping[str, Any], *, xlabel: str, ylabel: str,
@@ -128,23 +131,6 @@ def layout_label(layout: Any, page_size: Any) -> str:
     return f"paged p{int(page_size)}" if layout == "paged" and page_size == page_size and page_size is not None else str(layout)
 
 
-def _winner_blocks(wins: pd.DataFrame, colors: Mapping[str, Any]) -> list:
-    body: list = ["<h3>The winner per batch</h3>",
-                  "<p>Per batch (its length distribution or mixed-batch description) and layout: the fastest backend among rows that agree, "
-                  "and how much slower the runner-up is. <em>Within noise</em> (their p20–p80 ranges overlap, the rule the backend-choice "
-                  "table uses) means either is a fair choice. <em>plan ms</em> is the winner's untimed set-up per batch, which a server pays "
-                  "once per step.</p>"]
-    if wins.empty:
-        return body + ['<p class="muted">No serving row ran and agreed: there is no winner to report.</p>']
-    wins = wins.assign(layout_label=[layout_label(l, p) for l, p in zip(wins["layout"], wins["page_size"])])
-    body.append(Csv(wins, "batch_winners.csv"))
-    body.append(Table(wins, columns=["batch", "layout_label", "group", "winner", "winner_ms", "winner_plan_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates"],
-                      headers=["batch", "layout", "fixed parameters", "winner", "winner ms", "plan ms", "runner-up", "runner-up ms", "margin %", "agreeing backends"],
-                      formats={"margin_pct": lambda v, r: (f"{fmt(v)} (within noise)", "bad") if r["within_noise"] else (fmt(v), "")}))
-    body += _winner_grids(wins, colors)
-    return body
-
-
 def _winner_grids(wins: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
     """Per fixed-parameter group: batches × layouts, each cell its winner and margin, coloured by the winner."""
     figures = []
@@ -167,3 +153,33 @@ def _winner_grids(wins: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]
         figures.append(Figure(f"Winner per batch: {group}", to_data_uri(fig),
                               "Each cell: the fastest agreeing backend for that batch and layout, and how much slower the runner-up is (noise: within noise)."))
     return figures
+
+
+SKEW = View(
+    "Packed against padded as the lengths skew",
+    "Per backend and batch: the padded row's median over the packed row's (above 1, packing is faster), against the "
+    "<em>padding share</em>, the part of the padded batch's query–key rectangle (B · longest query · longest KV) that holds "
+    "no real pair. If time followed the real work, the speed-up would be 1 / (1 − padding share) (dashed).",
+    "No batch has both a padded and a packed row of one backend that ran and agreed.", "packed_vs_padded.csv",
+    ["backend", "batch", "group", "B", "tokens_kv", "kv_max_over_mean", "padding_share", "padded_ms", "packed_ms", "speedup", "ideal_speedup"],
+    ["backend", "batch", "fixed parameters", "B", "KV tokens", "longest KV ÷ mean", "padding share", "padded ms", "packed ms",
+     "speed-up of packing", "if time ∝ work"],
+    _skew_figures, {"speedup": _speedup_cell})
+BANDWIDTH = View(
+    "Paged decode: KV bandwidth against page size",
+    "Decode batches (one query token per request) with a paged KV cache: the bytes of the KV the batch really holds "
+    "(real tokens only, never the unused tail of a page) over the median time, against the copy peak measured at the start "
+    "of the run (bytes read plus written per second). Above 100 % is impossible and flagged.",
+    "No paged decode row ran and agreed.", "paged_decode_bandwidth.csv",
+    ["backend", "batch", "group", "page_size", "B", "tokens_kv", "latency_ms_median", "kv_gbps", "pct_copy_peak"],
+    ["backend", "batch", "fixed parameters", "page size", "B", "KV tokens", "median ms", "KV GB/s", "% of copy peak"],
+    _bandwidth_figures, {"pct_copy_peak": _pct_cell})
+WINNERS = View(
+    "The winner per batch",
+    "Per batch (its length distribution or mixed-batch description) and layout: the fastest backend among rows that agree, "
+    "and how much slower the runner-up is. <em>Within noise</em> (their p20–p80 ranges overlap, the rule the backend-choice "
+    "table uses) means either is a fair choice. <em>plan ms</em> is the winner's untimed set-up per batch, which a server pays "
+    "once per step.", "No serving row ran and agreed: there is no winner to report.", "batch_winners.csv",
+    ["batch", "layout_label", "group", "winner", "winner_ms", "winner_plan_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates"],
+    ["batch", "layout", "fixed parameters", "winner", "winner ms", "plan ms", "runner-up", "runner-up ms", "margin %", "agreeing backends"],
+    _winner_grids, {"margin_pct": lambda v, r: (f"{fmt(v)} (within noise)", "bad") if r["within_noise"] else (fmt(v), "")})
