@@ -11,6 +11,8 @@ from harness.analysis import serving
 from harness.attention import theory
 from harness.cli.main import main
 from harness.report import build_report
+from harness.report.figures import backend_colors
+from harness.report.serving import serving_sections
 from harness.results.record import Record
 from harness.suite.cases import Case
 from test_analysis import PEAKS, _winner_records, frame_of, synthetic_record, write_run
@@ -118,9 +120,14 @@ def test_the_winner_per_batch_is_judged_per_layout_and_page_size():
     assert wins.loc["packed", "tokens_q"] == 4096 + 32 and wins.loc["packed", "tokens_kv"] == 4096 + 32 * 1024
 
 
-def test_lengths_are_read_from_json_lists_and_from_their_csv_text():
+def test_lengths_are_read_from_json_lists_and_from_their_csv_text_and_a_row_without_them_is_named():
     assert serving.lengths([3, 1]) == (3, 1) and serving.lengths("[3, 1]") == (3, 1)
     assert serving.lengths(None) is None and serving.lengths("") is None and serving.lengths(float("nan")) is None
+    frame = frame_of(_mixed_records())
+    frame.loc[0, "seq_lens_kv"] = None
+    assert list(serving.rows_without_lengths(frame)["backend"]) == ["lib-a"]
+    section = serving_sections(frame, backend_colors(frame["backend"]))[0]
+    assert any(isinstance(b, str) and "without sequence lengths (seq_lens_q, seq_lens_kv) are in no view below: 1," in b for b in section.blocks)
 
 
 # -- the report section --------------------------------------------------------------------------------

@@ -62,6 +62,14 @@ def has_serving_rows(frame: pd.DataFrame) -> bool:
     return not serving_rows(frame).empty
 
 
+def rows_without_lengths(frame: pd.DataFrame) -> pd.DataFrame:
+    """Serving rows that carry no sequence lengths (a damaged or hand-edited record): no view can place them."""
+    rows = serving_rows(frame)
+    has = [lengths(q) is not None and lengths(kv) is not None
+           for q, kv in zip(rows.get("seq_lens_q", pd.Series(None, index=rows.index)), rows.get("seq_lens_kv", pd.Series(None, index=rows.index)))]
+    return rows[[not h for h in has]]
+
+
 def padding_share(lens_q: tuple[int, ...], lens_kv: tuple[int, ...]) -> float:
     """The share of the padded batch's query–key rectangle (B·max q·max kv) that no real pair fills."""
     real = sum(q * kv for q, kv in zip(lens_q, lens_kv))

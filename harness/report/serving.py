@@ -50,6 +50,10 @@ def serving_sections(frame: pd.DataFrame, colors: Mapping[str, Any], baseline: s
     body: list = ["<p>Rows of serving-shaped batches: each request has its own query and KV length, laid out padded (to the longest, "
                   "masked), packed (tokens concatenated with offsets) or paged (the KV cache in scattered pages). Only rows that ran and "
                   "agree with the float64 reference of each sequence are used.</p>"]
+    unplaced = serving.rows_without_lengths(frame)
+    if len(unplaced):
+        body.append(f'<div class="warn">Serving rows without sequence lengths (seq_lens_q, seq_lens_kv) are in no view below: {len(unplaced)}, '
+                    f'e.g. {esc(unplaced["case_id"].iloc[0])} ({esc(unplaced["backend"].iloc[0])}).</div>')
     wins = serving.batch_winners(frame, baseline)
     if not wins.empty:
         wins = wins.assign(layout_label=[layout_label(l, p) for l, p in zip(wins["layout"], wins["page_size"])])
