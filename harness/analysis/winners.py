@@ -129,17 +129,37 @@ class Recommendation:
         return out
 
 
-def recommend(frame: pd.DataFrame, query: Mapping[str, Any]) -> list[Recommendation]:
-    """Answer from measured rows for the cases matching `query` (fields: B, S, H, H_kv, d_k, dtype, causal, window).
+def batch_key(text: Any) -> str | None:
+    """A batch description in the form rows are matched by: its whitespace removed (None for a row without one)."""
+    # TODO(merge): harness.suite.batch.canonical_batch, so that equal batches written differently match too.
+    return "".join(text.split()) if isinstance(text, str) and text.strip() else None
 
-    Unspecified fields match anything; `S` means S_q = S_kv = S. Raises UserError naming the
-    measured values when the run holds no case of that shape: it never interpolates or guesses.
+
+def _batch_rows(rows: pd.DataFrame, batch: str) -> pd.Series:
+    """Which rows measured the batch `batch` (their `length_dist`); UserError listing the run's batches when none did."""
+    recorded = rows["length_dist"] if "length_dist" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
+    match = recorded.map(batch_key) == batch_key(batch)
+    if not match.any():
+        seen = sorted({str(d) for d in recorded if batch_key(d)})
+        measured = f"its batches are {'; '.join(seen)}" if seen else "it has no serving batches (no row has a length_dist)"
+        raise UserError(f"the run measured no batch {batch!r}: {measured}; run a suite with that batch first")
+    return match
+
+
+def recommend(frame: pd.DataFrame, query: Mapping[str, Any]) -> list[Recommendation]:
+    """Answer from measured rows for the cases matching `query` (fields: B, S, H, H_kv, d_k, dtype, causal, window, batch).
+
+    Unspecified fields match anything; `S` means S_q = S_kv = S; `batch` is a batch description, matched
+    against the rows' `length_dist`. Raises UserError naming the measured values when the run holds no
+    case of that shape: it never interpolates or guesses.
     """
     rows = frame[is_core(frame)]
     for name, value in query.items():
         if value is None:
             continue
-        if name == "S":
+        if name == "batch":
+            match = _batch_rows(rows, value)
+        elif name == "S":
             match = (rows["S_q"] == value) & (rows["S_kv"] == value)
         elif name == "window":
             match = rows["window"].map(lambda w: w is not None and w == w and int(w) == int(value))

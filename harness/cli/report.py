@@ -69,7 +69,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from harness.suite.cases import canonical_dtype
 
     query: dict = {"B": args.B, "S": args.seq, "H": args.H, "H_kv": args.H_kv, "d_k": args.d_k,
-                   "dtype": canonical_dtype(args.dtype) if args.dtype else None, "causal": args.causal}
+                   "dtype": canonical_dtype(args.dtype) if args.dtype else None, "causal": args.causal, "batch": args.batch}
     label = ""
     if args.model:
         shape = analysis.model_shape(args.model)
@@ -79,7 +79,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             query[name] = shape[name]
         label = f"{args.model} (H={shape['H']}, H_kv={shape['H_kv']}, d_k={shape['d_k']}): "
     if all(v is None for v in query.values()):
-        raise UserError("say which shape: --model NAME and/or --seq, --B, --H, --H-kv, --d-k, --dtype, --causal")
+        raise UserError("say which shape: --model NAME and/or --seq, --B, --H, --H-kv, --d-k, --dtype, --causal, --batch")
     data = analysis.load([Path(args.run)])
     answers = analysis.recommend(data.frame, query)
     for answer in answers:
@@ -116,4 +116,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--d-k", dest="d_k", type=int, help="head dimension")
     p.add_argument("--dtype", help="fp32, fp16, bf16 or fp64")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="causal (or --no-causal); default: either")
+    p.add_argument("--batch", help="only rows of this serving batch, as the run recorded it: a mixed batch ('2x2048 + 32x1@1024') or a "
+                                   "length distribution ('uniform(64,512)')")
     p.set_defaults(func=cmd_recommend)

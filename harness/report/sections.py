@@ -20,6 +20,7 @@ from harness.report.flags import flag_summary, flags_section
 from harness.report.page import commands, esc, fmt
 from harness.report.profiling import profiling_section
 from harness.report.runtime import runtime_section
+from harness.report.serving import serving_sections
 from harness.report.state_energy import state_energy_section, state_summary
 from harness.report.telemetry import telemetry_html
 from harness.report.writer import Csv, Section, Table
@@ -321,6 +322,7 @@ def sections(data: analysis.RunData, baseline: str) -> list[Section]:
         _overview(data, ok, wins, baseline),
         _choose(frame, wins, speed, baseline, colors),
         _latency(frame, ok, colors),
+        *serving_sections(frame, colors, baseline),
         flags_section(frame),
         state_energy_section(frame, baseline, colors),
         _roofline(data, ok, colors),
