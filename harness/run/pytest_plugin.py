@@ -188,7 +188,8 @@ def attnbench_timer(request: pytest.FixtureRequest) -> PairClock:
     marker = request.node.get_closest_marker("benchmark")
     timer = marker.kwargs.get("timer") if marker is not None else None
     if not isinstance(timer, PairClock):
-        raise pytest.UsageError(f"{request.node.nodeid}: its benchmark marker names no attnbench timer (a marker of its own overrides it)")
+        pytest.fail(f"{request.node.nodeid}: its closest benchmark marker gives no attnbench timer (a marker of its own hides the plugin's)",
+                    pytrace=False)
     return timer
 
 
