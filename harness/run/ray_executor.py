@@ -6,8 +6,8 @@ How it maps onto the local supervisor (harness.run.supervisor), and why:
   does: the same manifest, each record appended and fsynced on its own by `RunWriter`, the same closing
   rows and records.csv. Only the driver writes, so the nodes need no shared file system, and `--resume`
   works from either executor: a pair is done when it has a row, whoever wrote it.
-- One task runs the pending backends of one case, in the suite's order, through the same `execute` as a
-  local worker (the case's float64 reference is computed once per task). The task is a streaming
+- One task runs the pending backends of one case, in the run's order, through the same worker loop as a
+  local worker (harness.run.worker; the case's float64 reference is computed once per task). The task is a streaming
   generator: before each pair it yields a `start` event (the pair, its node, process and device), after it
   the record, so the driver writes each row as it arrives and knows which pair was running if the task dies.
 - A task that dies (a segfault, SIGKILL, Ray's out-of-memory killer, a lost node) costs only the pair it was
