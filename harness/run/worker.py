@@ -35,7 +35,7 @@ from harness.results.documents import MANIFEST, Manifest
 from harness.results.record import Record, Status
 from harness.results.store import RunWriter
 from harness.run import protocol
-from harness.run.cooldown import Cooldown, worker_cooldown
+from harness.run.cooldown import Cooldown, Waited, worker_cooldown
 from harness.run.repro import RunRows
 from harness.run.rundir import RunFolder, read_run_manifest
 from harness.suite.cases import Case
@@ -99,7 +99,7 @@ class WorkerLoop:
             if poisons_process(record):
                 return  # nothing more can run here (a dead CUDA context): whoever watches starts a fresh worker
 
-    def run_pair(self, case: Case, backend_name: str, *, waited: Any = None,
+    def run_pair(self, case: Case, backend_name: str, *, waited: Waited | None = None,
                  loop_factory: Callable[[Clock], Loop] | None = None) -> Record:
         """Measure one pair (its timed rounds driven by `loop_factory`'s loop when given) and return its stamped record."""
         try:
