@@ -119,7 +119,7 @@ def test_no_harness_module_imports_itself_back_through_others():
 
 
 @pytest.mark.parametrize("name", sorted(n for n in import_graph() if not n.endswith("__main__")))  # __main__ runs the CLI
-def test_every_harness_module_imports_on_its_own(name):
+def test_every_harness_module_imports(name):
     """Each module imports (a syntax error or a missing name in a module nothing else imports shows here too)."""
     importlib.import_module(name)
 
