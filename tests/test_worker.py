@@ -124,3 +124,15 @@ def test_the_manifest_keeps_the_workers_fields_typed(tmp_path):
 
     with pytest.raises(Exception, match="cooldown_s"):
         Manifest.from_dict({**on_disk, "cooldown_s": "soon"}, "manifest.json")
+
+
+def test_the_supervisor_gives_a_worker_only_what_is_its_process_own(tmp_path):
+    import os
+    import sys
+
+    from harness.run.workers import Slot, worker_command
+
+    folder = make_folder(tmp_path, ["naive"], [8], energy=True, cooldown_s=30.0, timer="graph")
+    command = worker_command(folder, Slot("gpu1", {"CUDA_VISIBLE_DEVICES": "1"}), 2**30)
+    assert command == [sys.executable, "-m", "harness.run.worker", "--run-dir", str(folder.path), "--worker", "gpu1",
+                       "--parent-pid", str(os.getpid()), "--memory-limit", str(2**30)]
