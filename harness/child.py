@@ -20,7 +20,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "profile-ncu": ("harness.cli.profile", "ncu_job"),          # one pair's steps under Nsight Compute, for `profile --ncu`
     "stability": ("harness.cli.stability", "measurement_job"),  # one fresh measurement, for `attnbench stability`
     "peaks": ("harness.measure.peaks", "main"),                 # the CUDA ceilings into peaks.json, for the run folder
-    # "worker": ("harness.run.worker", "main"),  — the worker loop (claim → execute → append), registered when it lands
+    "worker": ("harness.run.worker", "worker_job"),             # the worker loop (claim → execute → append), for `attnbench run`
 }
 
 

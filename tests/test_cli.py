@@ -79,7 +79,7 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
 
 
 def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path):
-    """`attnbench run --suite quick` restricted to a few pairs: folder, files, a row per pair, pytest-benchmark's samples."""
+    """`attnbench run --suite quick` restricted to a few pairs: folder, files, a row per pair."""
     result = attnbench("run", "--suite", "quick", "--out", tmp_path, "--run-id", "q",
                        "--only", "B1-Sq128-Skv128-H8-Hkv2-dk64", "--backends", "naive,sdpa,sdpa-flash,sdpa-cudnn")
     assert result.returncode == 0, result.stderr
@@ -100,15 +100,8 @@ def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path):
     assert (ok.samples >= 6).all() and ok.latency_ms_ci95_low.notna().all()
     assert ((ok.latency_ms_ci95_low <= ok.latency_ms_median) & (ok.latency_ms_median <= ok.latency_ms_ci95_high)).all()
     assert set(ok.stopped_by) <= {"precision", "budget", "min_rounds", "max_rounds"}
-    # The samples in the records are the ones pytest-benchmark reported: one measurement path.
-    bench = json.loads((run_dir / "pytest-benchmark-0-0.json").read_text())
-    by_pair = {(b["extra_info"]["case_id"], b["extra_info"]["backend"]): b["stats"] for b in bench["benchmarks"]}
-    records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
-    for record in records:
-        if record["status"] == "ok":
-            stats = by_pair[(record["case_id"], record["backend"])]
-            assert stats["rounds"] == record["samples"]
-            assert stats["median"] * 1e3 == pytest.approx(record["latency_ms_median"], rel=1e-12)
-            assert stats["min"] * 1e3 == pytest.approx(record["latency_ms_min"], rel=1e-12)
+    # `attnbench run` runs its workers' loop without pytest: pytest-benchmark's files are `pytest suites/`'s
+    # (tests/test_pytest_benchmark_contract.py checks that they hold the records' samples).
+    assert not list(run_dir.glob("pytest-benchmark-*.json"))
     env = json.loads((run_dir / "env.json").read_text())
     assert env["before"]["torch"] and env["before"]["cpu_model"]

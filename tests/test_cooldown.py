@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from harness.cli.main import main
 from harness.errors import UserError
-from harness.results.store import read_records
-from harness.run import pytest_plugin
+from harness.backends.registry import load_registry
+from harness.measure.execute import PairRunner, Phases
 from harness.run.cooldown import AUTO_MAX_S, Cooldown, idle_temperature_c, nvml_index, parse_cooldown
-from harness.run.rundir import RunFolder
-from harness.run.workers import Slot, worker_command
+from harness.run.worker import Finished, WorkerLoop
+from harness.suite.catalog import load_suite, pair_key
 from test_reliability import write_suite
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class FakeGpu:
@@ -82,21 +79,15 @@ def test_cooldown_mistakes_are_one_line(args, message, tmp_path, capsys):
     assert err.count("\n") == 1 and message in err
 
 
-def test_workers_get_the_cooldown_the_manifest_records(tmp_path):
-    folder = RunFolder(tmp_path, {"suite_arg": "quick", "device": "cuda", "backends": ["sdpa"], "cooldown_s": 45.0})
-    command = worker_command(folder, Slot("0", {}), 0, None)
-    assert command[command.index("--attnbench-cooldown") + 1] == "45.0"
-
-
-def test_the_worker_waits_before_each_pair_and_records_the_wait(tmp_path, monkeypatch):
-    suite = write_suite(tmp_path / "two.toml", ["naive"], [8, 16])
+def test_the_worker_waits_before_each_pair_and_records_the_wait(tmp_path):
+    suite = load_suite(str(write_suite(tmp_path / "two.toml", ["naive"], [8, 16])))
     gpu = FakeGpu([52, 48, 45, 42, 41])  # hot before the first pair (3 polls to cool), cool before the second
-    made = []
-    monkeypatch.setattr(pytest_plugin, "worker_cooldown", lambda max_s, run_dir: made.append(max_s) or gpu.cooldown(max_s))
-    run_dir = tmp_path / "run"
-    code = pytest.main([str(ROOT / "suites" / "test_bench.py"), "--rootdir", str(ROOT), "-p", "no:cacheprovider", "-q",
-                        "--attnbench-suite", str(suite), "--attnbench-run-dir", str(run_dir), "--attnbench-no-check",
-                        "--attnbench-cooldown", "30"])
-    assert code == 0 and made == [30.0]
-    rows = read_records(run_dir / "records.jsonl").records
-    assert [(r["S_q"], r["cooldown_s"]) for r in rows] == [(8, 3.0), (16, 0.0)]
+    loop = WorkerLoop("run", "0", PairRunner(budget=suite.budget, phases=Phases(check=False)), load_registry(),
+                      cooldown=gpu.cooldown(30))
+    seen = []
+    for event in loop.events((pair_key(c, b), c, b) for c, b in suite.pairs(["naive"])):
+        # The wait is over before the pair is announced: a cool-down never counts against the pair's --timeout.
+        seen.append((type(event).__name__, gpu.now))
+        if isinstance(event, Finished):
+            seen[-1] += (event.record.S_q, event.record.cooldown_s)
+    assert seen == [("Started", 3.0), ("Finished", 3.0, 8, 3.0), ("Started", 3.0), ("Finished", 3.0, 16, 0.0)]

@@ -232,13 +232,14 @@ def test_without_energy_asked_no_energy_phase_runs_and_the_row_says_how_to_get_o
 
 def test_energy_travels_from_the_command_line_to_the_workers_and_ray_tasks(tmp_path):
     from harness.cli.main import build_parser
-    from harness.run.ray_tasks import run_phases
+    from harness.results.documents import Manifest
+    from harness.run.worker import run_phases
 
     assert build_parser().parse_args(["run", "--suite", "quick", "--energy"]).energy is True
     assert build_parser().parse_args(["run", "--suite", "quick"]).energy is False
-    assert run_phases({"energy": True, "timer": "kernels", "profile": True, "check": False}) == Phases(
-        check=False, timer="kernels", energy=True, profile=True)
-    assert run_phases({}) == Phases()
+    manifest = Manifest.from_dict({"run_id": "r", "energy": True, "timer": "kernels", "profile": True, "check": False}, "manifest.json")
+    assert run_phases(manifest) == Phases(check=False, timer="kernels", energy=True, profile=True)
+    assert run_phases(Manifest.from_dict({"run_id": "r"}, "manifest.json")) == Phases()
 
 
 def test_env_records_whether_application_clocks_were_set_away_from_their_default():

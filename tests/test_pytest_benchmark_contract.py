@@ -1,39 +1,52 @@
-"""The one private hook of pytest-benchmark the workers use, pinned: it fails the day pytest-benchmark changes it.
+"""pytest-benchmark's public interface is all `pytest suites/` uses: the `benchmark(timer=...)` marker and `pedantic`.
 
-pytest-benchmark has no public per-test timer (`--benchmark-timer` is process-wide), so the worker
-sets `benchmark._timer` to the device's clock before `pedantic`. These tests drive the real fixture
-with a fake clock: if pytest-benchmark stopped reading `_timer`, its statistics would come from its
-own clock and differ from the exact values the fake clock gives.
+The marker's timer is how the harness's clock (CUDA events on a GPU) replaces time.perf_counter;
+these tests give the real fixture a fake clock through the marker: if pytest-benchmark stopped
+reading the marker's timer, its statistics would come from its own clock and differ from the exact
+values the fake clock gives. The last test runs a tiny suite through `pytest suites/` and checks
+that pytest-benchmark's JSON holds the samples of the records.
 """
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from harness.measure.timing import FakeClock
-from harness.run.pytest_plugin import benchmark_loop
+from harness.run.pytest_plugin import PairClock, pedantic_loop
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMER = PairClock()
 
 
-def test_pedantic_reads_the_clock_set_on_the_fixture(benchmark):
+@pytest.mark.benchmark(timer=TIMER)
+def test_pedantic_reads_the_clock_the_marker_names(benchmark):
     clock = FakeClock()
     durations = iter([0.003, 0.001, 0.002, 0.005, 0.004])
 
     def call():
         clock.advance(next(durations))
 
-    samples = benchmark_loop(benchmark, clock)(call, setup=None, rounds=5, iterations=1)
+    samples = pedantic_loop(benchmark, TIMER)(clock)(call, setup=None, rounds=5, iterations=1)
     assert samples == pytest.approx([0.003, 0.001, 0.002, 0.005, 0.004], abs=1e-12)
     assert benchmark.stats.stats.median == pytest.approx(0.003, abs=1e-12)
 
 
+@pytest.mark.benchmark(timer=TIMER)
 def test_iterations_divide_each_round_by_its_calls(benchmark):
     clock = FakeClock()
 
     def call():
         clock.advance(0.002)
 
-    samples = benchmark_loop(benchmark, clock)(call, setup=None, rounds=3, iterations=4)
+    samples = pedantic_loop(benchmark, TIMER)(clock)(call, setup=None, rounds=3, iterations=4)
     assert samples == pytest.approx([0.002] * 3, abs=1e-12)  # per call, not per round of 4
 
 
+@pytest.mark.benchmark(timer=TIMER)
 def test_setup_runs_outside_the_timed_window(benchmark):
     clock = FakeClock()
 
@@ -43,5 +56,38 @@ def test_setup_runs_outside_the_timed_window(benchmark):
     def call():
         clock.advance(0.001)
 
-    samples = benchmark_loop(benchmark, clock)(call, setup=setup, rounds=3, iterations=1)
+    samples = pedantic_loop(benchmark, TIMER)(clock)(call, setup=setup, rounds=3, iterations=1)
     assert samples == pytest.approx([0.001] * 3, abs=1e-12)
+
+
+def test_unit_test_sessions_run_without_the_suite_plugin(request):
+    """The plugin freezes the collector's survivors after collection: no business in a unit-test session."""
+    assert not request.config.pluginmanager.has_plugin("harness.run.pytest_plugin")
+
+
+def test_nothing_sets_pytest_benchmarks_private_timer():
+    for path in (ROOT / "harness").rglob("*.py"):
+        assert "._timer" not in path.read_text(), path
+
+
+@pytest.mark.slow
+def test_pytest_benchmark_json_holds_the_records_samples(tmp_path):
+    """`pytest suites/test_bench.py --benchmark-json`: one benchmark per measured pair, its rounds the record's samples."""
+    from test_reliability import write_suite
+
+    suite = write_suite(tmp_path / "tiny.toml", ["naive", "sdpa"], [8, 16])
+    run_dir, bench_json = tmp_path / "run", tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "suites" / "test_bench.py"),
+                           "--attnbench-suite", str(suite), "--attnbench-run-dir", str(run_dir), "--attnbench-no-check",
+                           "--benchmark-json", str(bench_json)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    bench = json.loads(bench_json.read_text())
+    by_pair = {(b["extra_info"]["case_id"], b["extra_info"]["backend"]): b for b in bench["benchmarks"]}
+    records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and {r["status"] for r in records} == {"ok"}
+    for record in records:
+        entry = by_pair[(record["case_id"], record["backend"])]
+        assert entry["options"]["timer"] == "attnbench_device_clock"
+        assert entry["stats"]["rounds"] == record["samples"]
+        assert [s * 1e3 for s in entry["stats"]["data"]] == pytest.approx(record["sample_ms"], rel=1e-12)

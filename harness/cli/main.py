@@ -116,7 +116,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a suite (or resume a run) under the supervisor of the chosen executor and print where the results are."""
     from harness.run.cooldown import parse_cooldown
     from harness.run.order import DEFAULT_ORDER_SEED
-    from harness.run.supervisor import RunConfig, supervisor_for
+    from harness.run.executors import supervisor_for
+    from harness.run.supervisor import RunConfig
 
     if args.model is not None:
         if args.suite is not None:

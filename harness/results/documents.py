@@ -201,6 +201,9 @@ class Manifest(Document):
     profile: bool = False
     traces: bool = False
     timer: str = "events"
+    #: The energy phase per pair (`run --energy`), and the cool-down before each pair on CUDA (`run --cooldown`, seconds).
+    energy: bool = False
+    cooldown_s: float | None = None
     created_utc: str | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
     #: `attnbench` in every manifest written since it was added, and a random id given at creation.
@@ -211,6 +214,7 @@ class Manifest(Document):
         "run_id": _string, "suite": optional(_string), "suite_arg": optional(_string), "suite_copy": optional(_plain_name),
         "device": optional(_device), "backends": list_of(_string), "broken": object_of(_string), "capabilities": _CAPABILITIES,
         "pairs": list_of(_string), "check": _boolean, "profile": _boolean, "traces": _boolean, "timer": _string,
+        "energy": _boolean, "cooldown_s": optional(_positive),
         "created_utc": optional(_string), "attempts": list_of(_ATTEMPT), "harness": optional(_string), "run_uuid": optional(_string),
     }
     REQUIRED = ("run_id",)

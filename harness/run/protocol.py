@@ -27,6 +27,8 @@ WORKERS_LOCK = "workers.lock"
 CLAIMS = "claims"
 #: The pair keys still to run, one per line, in the run's order (the manifest's, harness.run.order; the same file for every worker).
 PENDING = "pending.txt"
+#: The folder of a run where `--traces` puts one Chrome trace per pair.
+TRACES = "traces"
 #: `worker-<name>.current` holds the key of the pair that worker is running, empty between pairs.
 CURRENT_SUFFIX = ".current"
 

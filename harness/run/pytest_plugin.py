@@ -1,79 +1,87 @@
-"""The pytest plugin that turns a suite into tests: one per (case, backend), measured through pytest-benchmark.
+"""`pytest suites/`: a suite as tests, one per (case, backend), measured through pytest-benchmark's public interface.
 
-pytest-benchmark drives the timed rounds (`benchmark.pedantic`) with the harness's clock (device
-time from CUDA events on a GPU), so the statistics pytest-benchmark reports and the record holds
-are the same samples: there is one measurement path.
+Each test runs its pair through the worker loop (harness.run.worker) with the timed rounds driven by
+`benchmark.pedantic`: as many rounds as the harness's plan sizes from the suite's budget, read with
+the harness's clock (device time from CUDA events on a GPU). The clock reaches pytest-benchmark by the
+`benchmark(timer=...)` marker this plugin puts on each item, so pytest-benchmark's table,
+`--benchmark-json` and `--benchmark-compare` hold the same samples as the records the test appends.
+
+`attnbench run` does not go through pytest (its workers run the loop directly); this plugin is
+loaded by suites/conftest.py only, never into a unit-test session (it freezes the garbage
+collector's survivors after collection).
 """
 
 from __future__ import annotations
 
 import gc
-import json
-import os
-import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
-from harness.backends.registry import load_registry
-from harness.suite.cases import Case
+from harness.backends.registry import Registry, load_registry
 from harness.errors import UserError
-from harness.run import protocol
-from harness.run.cooldown import worker_cooldown
-from harness.run.repro import RunRows
-from harness.run.rundir import MANIFEST
-from harness.measure.execute import PairRunner, Phases, execute
-from harness.measure.failures import poisons_process
+from harness.measure.execute import PairRunner, Phases
+from harness.measure.timing import Clock, Loop
 from harness.results.record import Record
 from harness.results.store import RunWriter
+from harness.run.worker import WorkerLoop
+from harness.suite.cases import Case
 from harness.suite.catalog import Suite, load_suite, pair_key
-from harness.measure.timing import Clock, Loop
-
-CURRENT_SUFFIX = protocol.CURRENT_SUFFIX
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Options of the benchmark workers (`attnbench run` sets them)."""
+    """Options of a suite run as tests."""
     group = parser.getgroup("attnbench")
     group.addoption("--attnbench-suite", default=None, help="built-in suite name or .toml file to run as tests")
-    group.addoption("--attnbench-run-dir", default=None, help="folder of the run (records.jsonl is appended there)")
+    group.addoption("--attnbench-run-dir", default=None, help="folder the records are appended to (default: a new one under results/)")
     group.addoption("--attnbench-backends", default=None, help="comma-separated backend names (default: the suite's)")
     group.addoption("--attnbench-device", default=None, help="move every case to this device (cpu or cuda)")
-    group.addoption("--attnbench-pairs", default=None, help="file listing the pair keys to run, one per line")
-    group.addoption("--attnbench-worker", default="0", help="this worker's name in records")
     group.addoption("--attnbench-no-check", action="store_true", help="skip the agreement check")
     group.addoption("--attnbench-profile", action="store_true", help="one profiled pass per pair after its timed samples")
     group.addoption("--attnbench-energy", action="store_true", help="the energy phase per pair (harness.measure.energy)")
     group.addoption("--attnbench-timer", default="events", choices=("events", "kernels", "graph"), help="what a sample is (harness.measure.timers)")
     group.addoption("--attnbench-traces", default=None, help="with --attnbench-profile: folder for one Chrome trace per pair")
-    group.addoption("--attnbench-share", action="store_true",
-                    help="share the pairs with other workers of the run folder: run only pairs this worker claims first")
-    group.addoption("--attnbench-parent-pid", type=int, default=None, help="exit when this process (the supervisor) is gone")
-    group.addoption("--attnbench-memory-limit", type=int, default=None,
-                    help="cap this worker's address space at its start-up size plus this many bytes (RLIMIT_AS)")
-    group.addoption("--attnbench-cooldown", type=float, default=None,
-                    help="before each pair, wait up to this many seconds for the GPU to cool to its idle temperature")
 
 
-def benchmark_loop(benchmark: Any, clock: Clock) -> Loop:
-    """A Loop that runs the rounds through pytest-benchmark's pedantic mode, reading `clock`."""
+class PairClock:
+    """The timer pytest-benchmark is given for one test: it reads the clock the pair's measurement chose (CPU or CUDA events).
 
-    def loop(fn, *, setup, rounds, iterations):
-        if benchmark.disabled:
-            raise UserError("pytest-benchmark is disabled (--benchmark-disable): nothing would be timed")
-        # pytest-benchmark reads its timer from this private attribute when it builds each round's runner
-        # (pinned by tests/test_pytest_benchmark_contract.py);
-        # setting it per test is how a device clock (CUDA events) replaces time.perf_counter.
-        benchmark._timer = clock
-        benchmark.pedantic(fn, setup=setup, rounds=rounds, iterations=iterations, warmup_rounds=0)
-        return list(benchmark.stats.stats.data)
+    pytest-benchmark takes its timer when the `benchmark` fixture is made, before the pair has picked
+    its device's clock, so the marker names this stand-in and the measurement points it at the clock.
+    """
 
-    return loop
+    #: How pytest-benchmark names the timer in its JSON (it reads the timer's `__name__`).
+    __name__ = "attnbench_device_clock"
+
+    def __init__(self) -> None:
+        self.clock: Clock | None = None
+
+    def __call__(self) -> float:
+        """The chosen clock's reading."""
+        if self.clock is None:
+            raise RuntimeError("the pair's clock is read before its measurement chose one")
+        return self.clock()
 
 
-def selected_pairs(config: pytest.Config) -> tuple[Suite, Any, list[tuple[Case, str]]]:
+def pedantic_loop(benchmark: Any, timer: PairClock) -> Callable[[Clock], Loop]:
+    """The loop factory that runs a pair's rounds through `benchmark.pedantic`, its timer (the marker's) reading the pair's clock."""
+
+    def factory(clock: Clock) -> Loop:
+        timer.clock = clock
+
+        def loop(fn, *, setup, rounds, iterations):
+            if benchmark.disabled:
+                raise UserError("pytest-benchmark is disabled (--benchmark-disable): nothing would be timed")
+            benchmark.pedantic(fn, setup=setup, rounds=rounds, iterations=iterations, warmup_rounds=0)
+            return list(benchmark.stats.stats.data)
+
+        return loop
+
+    return factory
+
+
+def selected_pairs(config: pytest.Config) -> tuple[Suite, Registry, list[tuple[Case, str]]]:
     """The suite, the registry and the (case, backend) pairs the --attnbench-* options select; touches no run folder."""
     suite = load_suite(config.getoption("--attnbench-suite"))
     device = config.getoption("--attnbench-device")
@@ -84,118 +92,42 @@ def selected_pairs(config: pytest.Config) -> tuple[Suite, Any, list[tuple[Case, 
     names = suite.backend_names(backends_opt.split(",") if backends_opt else None, registry.names())
     for name in names:
         registry.get(name)  # unknown names fail here, before any test
-    pairs = suite.pairs(names)
-    pairs_file = config.getoption("--attnbench-pairs")
-    if pairs_file:
-        # In the file's order, not the suite's: the run's order (harness.run.order) is the manifest's, pending.txt keeps it.
-        by_key = {pair_key(*p): p for p in pairs}
-        pairs = [by_key[k] for k in dict.fromkeys(Path(pairs_file).read_text().split()) if k in by_key]
-    return suite, registry, pairs
+    return suite, registry, suite.pairs(names)
 
 
 class AttnbenchSession:
-    """What one worker needs: the suite, the registry, the run folder and its writer."""
+    """What a suite session needs: its pairs, one worker loop over them and the writer of its records."""
 
     def __init__(self, config: pytest.Config) -> None:
-        self.config = config
         self.suite: Suite | None = None
         self.pairs: list[tuple[Case, str]] = []
-        suite_name = config.getoption("--attnbench-suite")
-        if not suite_name:
+        if not config.getoption("--attnbench-suite"):
             return
-        self.suite, self.registry, self.pairs = selected_pairs(config)
-        suite = self.suite
+        self.suite, registry, self.pairs = selected_pairs(config)
         run_dir = config.getoption("--attnbench-run-dir")
         if run_dir is None:
             from harness.run.rundir import new_run_id
 
-            run_dir = str(Path("results") / new_run_id(suite.slug))
+            run_dir = str(Path("results") / new_run_id(self.suite.slug))
         self.run_dir = Path(run_dir)
         self.writer = RunWriter(self.run_dir)
-        self.worker = config.getoption("--attnbench-worker")
-        self.run_id = self.run_dir.name
-        # One runner for the worker's life: its float64 reference is shared by the backends of a case.
         traces = config.getoption("--attnbench-traces")
         phases = Phases(check=not config.getoption("--attnbench-no-check"), profile=bool(config.getoption("--attnbench-profile")),
                         timer=config.getoption("--attnbench-timer"), energy=bool(config.getoption("--attnbench-energy")),
                         traces=Path(traces) if traces else None)
-        self.runner = PairRunner(budget=suite.budget, phases=phases)
-        self.current_path = protocol.current_path(self.run_dir, self.worker)
-        self.share = bool(config.getoption("--attnbench-share"))
-        self.rows = _run_rows(self.run_dir, config.getoption("--attnbench-suite"), suite)
-        cooldown_s = config.getoption("--attnbench-cooldown")
-        self.cooldown = worker_cooldown(cooldown_s, self.run_dir) if cooldown_s is not None else None
-        # Held until this process ends: a supervisor refuses to (re)start the folder while any worker lives.
-        self._workers_lock = protocol.FolderLock(self.run_dir / protocol.WORKERS_LOCK)
-        self._workers_lock.shared()
-        parent = config.getoption("--attnbench-parent-pid")
-        if parent is not None:
-            protocol.watch_parent(parent)
-        limit = config.getoption("--attnbench-memory-limit")
-        if limit is not None:
-            cap = protocol.limit_address_space(limit)
-            _say(config, f"attnbench worker {self.worker}: address space capped at {cap / 2**30:.2f} GiB")
+        # One loop for the session: its runner's float64 reference is shared by the backends of a case.
+        self.loop = WorkerLoop(self.run_dir.name, "pytest", PairRunner(budget=self.suite.budget, phases=phases), registry)
 
-    def claim(self, key: str) -> bool:
-        """Whether this worker should run pair `key`: always alone, first come first served when sharing."""
-        return not self.share or protocol.try_claim(self.run_dir, key, self.worker)
-
-    def run(self, case: Case, backend_name: str, benchmark: Any) -> Record:
-        """Measure one pair, append its record, and return it."""
-        backend = self.registry.get(backend_name)
-        # Before the pair is named current: a cool-down is not the pair's time, so it never counts against its --timeout.
-        waited = self.cooldown.wait() if self.cooldown is not None else None
-        # Say which pair is running before starting it, so a supervisor can name a crash.
-        protocol.atomic_write(self.current_path, pair_key(case, backend_name))
-        runner = replace(self.runner, loop_factory=lambda clock: benchmark_loop(benchmark, clock))
-        record = execute(case, backend, runner, self.run_id, self.worker)
-        if self.rows is not None:
-            self.rows.stamp(record)
-        if waited is not None:
-            record.cooldown_s = waited.seconds
-            if waited.problem:
-                record.notes = {**(record.notes or {}), "cooldown": waited.problem}
-        # What survived the pair's collection is alive on purpose (imports, caches, pytest's reports):
-        # frozen, the next pair's full collection walks only what that pair creates (85 ms -> ~1 ms a pair).
-        gc.freeze()
+    def run(self, case: Case, backend_name: str, benchmark: Any, timer: PairClock) -> Record:
+        """Measure one pair with its rounds in pytest-benchmark, append its record, and return it."""
+        record = self.loop.run_pair(case, backend_name, loop_factory=pedantic_loop(benchmark, timer))
         benchmark.extra_info.update({"case_id": case.id, "backend": backend_name, "status": record.status.value})
-        try:
-            self.writer.append(record)
-            protocol.atomic_write(self.current_path, "")
-        except OSError as exc:
-            # Measuring on would lose every later row too: stop, and let the supervisor say so once.
-            _say(self.config, f"attnbench worker {self.worker}: cannot write to {self.run_dir}: {exc.strerror or exc}")
-            os._exit(protocol.EXIT_CANNOT_WRITE)
-        if poisons_process(record):
-            # The record is on disk; nothing else can run in this process (a dead CUDA context), so end it
-            # here and let the supervisor start a fresh worker on the remaining pairs.
-            _say(self.config, f"attnbench worker {self.worker}: {record.reason}; exiting for a restart")
-            os._exit(protocol.EXIT_STICKY)
+        self.writer.append(record)
         return record
 
 
-def _run_rows(run_dir: Path, suite_arg: str, suite: Suite) -> RunRows | None:
-    """The stamper of a supervised run's rows (from its manifest); None for a bare pytest session, which has no manifest."""
-    try:
-        manifest = json.loads((run_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return RunRows(manifest, suite_arg, {pair_key(c, b): (c, b) for c, b in suite.pairs(manifest["backends"])})
-
-
-def _say(config: pytest.Config, text: str) -> None:
-    """A line in the worker's log, past pytest's output capture (which would swallow it, or lose it at os._exit)."""
-    capture = config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-        return
-    with capture.global_and_fixture_disabled():
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-
-
 _SESSION_KEY = pytest.StashKey[AttnbenchSession]()
+_CHECK_KEY = pytest.StashKey[tuple]()
 
 
 def _session(config: pytest.Config) -> AttnbenchSession:
@@ -207,7 +139,8 @@ def _session(config: pytest.Config) -> AttnbenchSession:
     return config.stash[_SESSION_KEY]
 
 
-_CHECK_KEY = pytest.StashKey[tuple]()
+def _no_suite(metafunc: pytest.Metafunc, argname: str) -> None:
+    metafunc.parametrize(argname, [pytest.param(None, marks=pytest.mark.skip(reason="no --attnbench-suite given"))], ids=["no-suite"])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -218,8 +151,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """
     if "attn_check_pair" in metafunc.fixturenames:
         if not metafunc.config.getoption("--attnbench-suite"):
-            metafunc.parametrize("attn_check_pair", [pytest.param(None, marks=pytest.mark.skip(reason="no --attnbench-suite given"))], ids=["no-suite"])
-            return
+            return _no_suite(metafunc, "attn_check_pair")
         if _CHECK_KEY not in metafunc.config.stash:
             try:
                 metafunc.config.stash[_CHECK_KEY] = selected_pairs(metafunc.config)
@@ -232,28 +164,33 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     session = _session(metafunc.config)
     if session.suite is None:
-        metafunc.parametrize("attn_pair", [pytest.param(None, marks=pytest.mark.skip(reason="no --attnbench-suite given"))], ids=["no-suite"])
-        return
+        return _no_suite(metafunc, "attn_pair")
     metafunc.parametrize("attn_pair", session.pairs, ids=[pair_key(c, b) for c, b in session.pairs])
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-    """When workers share a run, skip (silently, without a report) every pair another worker claimed first."""
-    callspec = getattr(item, "callspec", None)
-    pair = callspec.params.get("attn_pair") if callspec is not None else None
-    if pair is None:
-        return None
-    session = _session(item.config)
-    if session.claim(pair_key(*pair)):
-        return None
-    return True
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each pair's test its own timer through pytest-benchmark's public marker."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("attn_pair") is not None:
+            item.add_marker(pytest.mark.benchmark(timer=PairClock()))
 
 
 @pytest.fixture
 def attnbench_session(request: pytest.FixtureRequest) -> AttnbenchSession:
-    """The worker's session (suite, registry, writer)."""
+    """The suite session (its pairs, worker loop and writer)."""
     return _session(request.config)
+
+
+@pytest.fixture
+def attnbench_timer(request: pytest.FixtureRequest) -> PairClock:
+    """The timer this test's `benchmark` marker gave pytest-benchmark."""
+    marker = request.node.get_closest_marker("benchmark")
+    timer = marker.kwargs.get("timer") if marker is not None else None
+    if not isinstance(timer, PairClock):
+        pytest.fail(f"{request.node.nodeid}: its closest benchmark marker gives no attnbench timer (a marker of its own hides the plugin's)",
+                    pytrace=False)
+    return timer
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -6,8 +6,8 @@ How it maps onto the local supervisor (harness.run.supervisor), and why:
   does: the same manifest, each record appended and fsynced on its own by `RunWriter`, the same closing
   rows and records.csv. Only the driver writes, so the nodes need no shared file system, and `--resume`
   works from either executor: a pair is done when it has a row, whoever wrote it.
-- One task runs the pending backends of one case, in the suite's order, through the same `execute` as a
-  local worker (the case's float64 reference is computed once per task). The task is a streaming
+- One task runs the pending backends of one case, in the run's order, through the same worker loop as a
+  local worker (harness.run.worker; the case's float64 reference is computed once per task). The task is a streaming
   generator: before each pair it yields a `start` event (the pair, its node, process and device), after it
   the record, so the driver writes each row as it arrives and knows which pair was running if the task dies.
 - A task that dies (a segfault, SIGKILL, Ray's out-of-memory killer, a lost node) costs only the pair it was
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import sys
 import tempfile
@@ -41,15 +40,16 @@ from typing import Any, Iterator, TextIO
 from harness.errors import UserError
 from harness.errors import one_line
 from harness.results.documents import PEAKS
-from harness.results.store import ENV, RunWriter
+from harness.results.store import ENV
+from harness.run.driver import FailureRows, sigterm_interrupts
 from harness.run.progress import Progress
 from harness.run.rundir import RunFolder
-from harness.run.supervisor import RunConfig, RunSummary, Supervisor, _raise_interrupt
-from harness.suite.cases import Case
+from harness.run.supervisor import RunConfig, RunSummary, Supervisor
 from harness.run.ray_nodes import env_with_nodes, peaks_with_nodes, read_json, write_json
 from harness.run.ray_scheduler import PairsRun
 from harness.run.ray_tasks import describe_node, no_peaks, node_telemetry, task_options
-from harness.suite.catalog import Suite, load_suite
+from harness.run.worker import run_budget
+from harness.suite.catalog import Suite
 
 #: Ray's switch for clusters beyond one host; "0" keeps a local Ray on 127.0.0.1 (ray._private.services.get_node_ip_address).
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -131,7 +131,8 @@ class RaySupervisor(Supervisor):
         self.ray = import_ray()  # first: without Ray, one line and nothing else happens
         super().__init__(config, log)
         self._started_local = False
-        self._seen_nodes: set[str] = set()
+        #: The nodes that ran a pair of this attempt (those that joined mid-run are described after the pairs).
+        self.seen_nodes: set[str] = set()
 
     # -- set-up -------------------------------------------------------------------------------------------------------
     def _check_flags(self) -> None:
@@ -207,7 +208,7 @@ class RaySupervisor(Supervisor):
         return summary
 
     # -- the nodes ---------------------------------------------------------------------------------------------------
-    def _env(self) -> dict[str, str]:
+    def task_env(self) -> dict[str, str]:
         """What every task sets in its environment: the driver's ATTNBENCH_* variables and the run's worker_env."""
         return {**{k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}, **self.config.worker_env}
 
@@ -249,7 +250,7 @@ class RaySupervisor(Supervisor):
             return
         device = folder.device
         # On CUDA the probe holds a GPU, like a pair's task; nothing else runs yet, so nothing competes with the peaks.
-        refs = {label: self._on_node(describe_node, node_id, task_options(device)).remote(device, dtypes, True, self._env())
+        refs = {label: self._on_node(describe_node, node_id, task_options(device)).remote(device, dtypes, True, self.task_env())
                 for label, node_id in labels.items()}
         results = self._gather(refs, PROBE_TIMEOUT_S)
         env_entries, peak_entries = {}, {}
@@ -267,7 +268,7 @@ class RaySupervisor(Supervisor):
         device = folder.device
         env = read_json(folder.path / ENV)
         alive = self._alive_nodes(device)
-        late = {label: alive[label] for label in sorted(self._seen_nodes) if label not in (env.get("nodes") or {}) and label in alive}
+        late = {label: alive[label] for label in sorted(self.seen_nodes) if label not in (env.get("nodes") or {}) and label in alive}
         if late:  # nodes that joined during the run: described now that no pair competes with their peaks
             dtypes = sorted({c.dtype for c, _ in folder.pairs().values()})
             self._describe_nodes(folder, late, dtypes, note="described after the pairs: the node joined the cluster during the run")
@@ -285,23 +286,20 @@ class RaySupervisor(Supervisor):
         write_json(folder.path / ENV, env_with_nodes(env, entries))
 
     # -- the pairs ---------------------------------------------------------------------------------------------------
-    def _execute(self, folder: RunFolder, pairs: dict[str, tuple[Case, str]], pending: list[str], writer: RunWriter,
-                 progress: Progress) -> None:
+    def _execute(self, folder: RunFolder, pending: list[str], failures: FailureRows, progress: Progress) -> None:
         """Describe the nodes not yet in env.json, then run the pending pairs as one streaming task per case."""
         if not pending:
             return
-        suite = load_suite(folder.suite_arg).on_device(folder.device)
         known = read_json(folder.path / ENV).get("nodes") or {}
         new_nodes = {ip: node_id for ip, node_id in self._alive_nodes(folder.device).items() if ip not in known}
-        self._describe_nodes(folder, new_nodes, sorted({c.dtype for c in suite.cases}))
-        pairs_run = PairsRun(self, folder, pairs, writer, suite.budget)
-        previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-        try:
-            pairs_run.run(pending, progress)
-        except KeyboardInterrupt:
-            pairs_run.cancel_all()
-            self.log.write(f"\ninterrupted: finished rows are in {folder.path}; "
-                           f"finish with: attnbench run --resume {folder.path} --executor ray\n")
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous_term)
+        self._describe_nodes(folder, new_nodes, sorted({c.dtype for c, _ in failures.pairs.values()}))
+        pairs_run = PairsRun(self.ray, failures, run_budget(folder), timeout_s=self.config.case_timeout_s, env=self.task_env(),
+                             seen_nodes=self.seen_nodes, log=self.log)
+        with sigterm_interrupts():
+            try:
+                pairs_run.run(pending, progress)
+            except KeyboardInterrupt:
+                pairs_run.cancel_all()
+                self.log.write(f"\ninterrupted: finished rows are in {folder.path}; "
+                               f"finish with: attnbench run --resume {folder.path} --executor ray\n")
+                raise

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TextIO
 
 from harness.errors import one_line
 from harness.measure.timing import Budget
+from harness.results.documents import MANIFEST, Manifest
 from harness.results.record import Record
-from harness.results.store import RunWriter
+from harness.run.driver import FailureRows
 from harness.run.progress import Progress
-from harness.run.repro import RunRows
-from harness.run.rundir import RunFolder
+from harness.run.ray_tasks import run_case_batch, task_options
+from harness.run.worker import run_phases
 from harness.suite.cases import Case
-from harness.run.ray_tasks import run_case_batch, run_phases, task_options
 from harness.suite.catalog import pair_key
-
-
-if TYPE_CHECKING:
-    from harness.run.ray_executor import RaySupervisor
 
 #: New tasks a case may get after tasks that died before finishing any of its pairs (a crash at start-up would loop).
 MAX_FRUITLESS_TASKS = 2
@@ -55,14 +51,15 @@ class _Batch:
 class PairsRun:
     """The driver's loop over one run's tasks: submit a task per case, write each row as it arrives, replace dead tasks."""
 
-    def __init__(self, supervisor: RaySupervisor, folder: RunFolder, pairs: dict[str, tuple[Case, str]], writer: RunWriter,
-                 budget: Budget) -> None:
-        self.supervisor, self.ray, self.folder, self.pairs, self.writer = supervisor, supervisor.ray, folder, pairs, writer
-        self.timeout_s = supervisor.config.case_timeout_s
-        self.task = self.ray.remote(**task_options(folder.device))(run_case_batch)
-        self.arguments = (budget, run_phases(folder.manifest), folder.run_id, supervisor._env())
+    def __init__(self, ray: Any, failures: FailureRows, budget: Budget, *, timeout_s: float, env: dict[str, str],
+                 seen_nodes: set[str], log: TextIO) -> None:
+        """`failures` holds the run's folder, pairs and writer; `env` is set in every task; each node that runs a pair joins `seen_nodes`."""
+        self.ray, self.failures, self.timeout_s, self.seen_nodes, self.log = ray, failures, timeout_s, seen_nodes, log
+        self.folder, self.pairs, self.writer, self.rows = failures.folder, failures.pairs, failures.writer, failures.rows
+        self.task = ray.remote(**task_options(self.folder.device))(run_case_batch)
+        manifest = Manifest.from_dict(self.folder.manifest, self.folder.path / MANIFEST)
+        self.arguments = (budget, run_phases(manifest), self.folder.run_id, env)
         self.active: dict[Any, _Batch] = {}
-        self.rows = RunRows(folder.manifest, folder.suite_arg, pairs)
 
     def run(self, pending: list[str], progress: Progress) -> None:
         """Run every pending pair to a row."""
@@ -123,19 +120,17 @@ class PairsRun:
         if kind == "start":
             batch.running, batch.since = event["key"], time.monotonic()
             batch.where = {k: event[k] for k in ("worker", "node", "host", "device_name") if k in event}
-            self.supervisor._seen_nodes.add(event["node"])
+            self.seen_nodes.add(event["node"])
         elif kind == "record":
             record = Record.from_dict(event["record"], where=f"record from Ray task {batch.where.get('worker', '?')}")
             self.writer.append(self.rows.stamp(record))
             batch.finished(event["key"])
-        elif kind == "failed":
-            self.fail(batch, event["key"], "error", event["reason"])
         return None
 
     def fail(self, batch: _Batch, key: str, status: str, reason: str) -> None:
         """Write the row of a pair that did not finish, naming where it ran."""
         extra = {k: batch.where[k] for k in ("node", "device_name") if k in batch.where}
-        self.supervisor._record_failure(self.writer, self.folder, self.pairs, key, batch.where.get("worker", "ray"), status, reason, extra)
+        self.failures.write(key, batch.where.get("worker", "ray"), status, reason, extra)
         batch.finished(key)
 
     def fail_running(self, batch: _Batch, status: str, reason: str) -> None:
@@ -153,5 +148,5 @@ class PairsRun:
         reason = f"no Ray task could run this case's pairs ({MAX_FRUITLESS_TASKS + 1} tasks ended before any pair; last: {ended})"
         for key in batch.pending_keys():
             self.fail(batch, key, "error", reason)
-        self.supervisor.log.write(f"\nattnbench: the tasks of case {batch.case.id} kept ending before any pair ({ended}); "
+        self.log.write(f"\nattnbench: the tasks of case {batch.case.id} kept ending before any pair ({ended}); "
                                   "its pairs are recorded as errors\n")

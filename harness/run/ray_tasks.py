@@ -7,11 +7,10 @@ import socket
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from harness.errors import UserError
-from harness.measure.execute import PairRunner, Phases, execute
 from harness.errors import one_line
-from harness.measure.failures import poisons_process
+from harness.measure.execute import PairRunner, Phases
 from harness.measure.timing import Budget
+from harness.run.worker import Started, WorkerLoop
 from harness.suite.cases import Case
 from harness.suite.catalog import pair_key
 
@@ -66,7 +65,7 @@ _FROZEN = False
 
 
 def _freeze_once() -> None:
-    """Freeze what the worker process holds after its imports, once, so each pair's gc.collect() stays cheap (as pytest workers do)."""
+    """Freeze what the worker process holds after its imports, once, so each pair's gc.collect() stays cheap (as local workers do)."""
     global _FROZEN
     if not _FROZEN:
         import gc
@@ -75,15 +74,9 @@ def _freeze_once() -> None:
         _FROZEN = True
 
 
-def run_phases(manifest: dict[str, Any]) -> Phases:
-    """The phases every pair of the run its manifest describes runs: the check, the timer, energy and profile as asked."""
-    return Phases(check=bool(manifest.get("check", True)), timer=str(manifest.get("timer") or "events"),
-                  energy=bool(manifest.get("energy")), profile=bool(manifest.get("profile")))
-
-
 def run_case_batch(case: Case, backends: list[str], budget: Budget, phases: Phases, run_id: str,
                    env: dict[str, str]) -> Iterator[dict[str, Any]]:
-    """The Ray task: run `backends` on `case` in order, yielding a `start` event before each pair and its record after it."""
+    """The Ray task: the worker loop on `backends` of `case` in order, yielding a `start` event before each pair and its record after it."""
     with _task_environment(env):
         from harness.backends.registry import load_registry
 
@@ -92,20 +85,13 @@ def run_case_batch(case: Case, backends: list[str], budget: Budget, phases: Phas
         registry = load_registry()
         _freeze_once()
         # One runner for the task: the backends of the case share its float64 reference.
-        runner = PairRunner(budget=budget, phases=phases)
-        for name in backends:
-            key = pair_key(case, name)
-            yield {"event": "start", "key": key, **where}
-            try:
-                backend = registry.get(name)
-            except UserError as exc:  # the plugin is missing or broken on this node, not on the driver
-                yield {"event": "failed", "key": key, "reason": f"on node {where['node']}: {exc}"}
-                continue
-            record = execute(case, backend, runner, run_id, where["worker"])
-            record.node, record.device_name = where["node"], where["device_name"]
-            yield {"event": "record", "key": key, "record": record.to_dict()}
-            if poisons_process(record):
-                return  # nothing more can run in this process (a lost CUDA context): the driver gives the rest a new task
+        loop = WorkerLoop(run_id, where["worker"], PairRunner(budget=budget, phases=phases), registry,
+                          where={"node": where["node"], "device_name": where["device_name"]})
+        for event in loop.events((pair_key(case, name), case, name) for name in backends):
+            if isinstance(event, Started):
+                yield {"event": "start", "key": event.key, **where}
+            else:
+                yield {"event": "record", "key": event.key, "record": event.record.to_dict()}
 
 
 def describe_node(device: str, dtypes: list[str], peaks: bool, env: dict[str, str]) -> dict[str, Any]:
@@ -154,5 +140,3 @@ def task_options(device: str) -> dict[str, Any]:
         options.update(num_gpus=1, max_calls=1)
     return options
 
-
-# -- env.json and peaks.json with one entry per node -----------------------------------------------------------------

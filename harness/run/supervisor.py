@@ -1,4 +1,4 @@
-"""`attnbench run`: the supervisor that runs a suite's pairs in pytest worker processes.
+"""`attnbench run`: the supervisor that runs a suite's pairs in worker processes (`python -m harness.run.worker`).
 
 A worker that dies costs only the pair it was running, recorded `crashed` with its signal or exit
 code; a pair that overruns its time limit is killed and recorded `timeout`; the worker is then
@@ -29,32 +29,27 @@ workers can be started by a cluster scheduler on a shared file system instead of
 from __future__ import annotations
 
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from harness.backends.base import Backend
-from harness.backends.registry import Registry, UnloadedPlugin, load_registry
+from harness.backends.registry import Registry, load_registry
 from harness.env import detect_device
 from harness.errors import UserError
-from harness.measure.outcome import case_record
-from harness.results.record import Status
 from harness.results.store import RunWriter, validate_run_id, write_csv, write_file
 from harness.run import protocol
+from harness.run.driver import FailureRows, sigterm_interrupts
 from harness.run.order import DEFAULT_ORDER_SEED, fair_pairs, order_manifest, select_keys
 from harness.run.progress import Progress
-from harness.run.repro import RunRows
 from harness.run.rundir import RunFolder, new_run_id
-from harness.run.workers import TRACES, Slot, Worker, worker_slots
-from harness.suite.cases import Case
+from harness.run.workers import Slot, Worker, worker_slots
 from harness.suite.catalog import Suite, load_suite, resolve_suite_name
 
-#: pytest's exit codes for a session that ran to its end (all passed, some failed, nothing to run).
-_PYTEST_FINISHED = (0, 1, 5)
+#: A worker's exit code when it ran out of pairs (harness.run.worker; a failed pair is a row, never an exit code).
+_FINISHED = (0,)
 #: Restarts allowed to a worker slot that died without consuming a pair (a crash at start-up would loop).
 _MAX_FRUITLESS_RESTARTS = 2
 
@@ -93,7 +88,7 @@ class RunConfig:
     energy: bool = False
     #: What a row's latency is: events, kernels or graph (harness.measure.timers).
     timer: str = "events"
-    #: Who runs the pairs: `local` (pytest worker processes on this machine) or `ray` (tasks on a Ray cluster).
+    #: Who runs the pairs: `local` (worker processes on this machine) or `ray` (tasks on a Ray cluster): harness.run.executors.
     executor: str = "local"
     #: The Ray cluster to use with `executor="ray"` (host:port of its head); None starts a local one.
     ray_address: str | None = None
@@ -118,24 +113,8 @@ def _resolve_suite(name: str, device: str) -> tuple[Suite, str]:
     return suite.on_device(device), name
 
 
-EXECUTORS = ("local", "ray")
-
-
-def supervisor_for(config: RunConfig, log: TextIO = sys.stderr) -> "Supervisor":
-    """The supervisor of the executor the config names: this module's for `local`, harness.run.ray_executor's for `ray`."""
-    if config.executor not in EXECUTORS:
-        raise UserError(f"unknown executor {config.executor!r}: expected {' or '.join(EXECUTORS)}")
-    if config.ray_address is not None and config.executor != "ray":
-        raise UserError("--ray-address goes with --executor ray")
-    if config.executor == "ray":
-        from harness.run.ray_executor import RaySupervisor  # Ray is an optional extra: imported only when asked for
-
-        return RaySupervisor(config, log)
-    return Supervisor(config, log)
-
-
 class Supervisor:
-    """Runs the pending pairs of one run folder to completion, in local pytest workers.
+    """Runs the pending pairs of one run folder to completion, in local worker processes.
 
     The steps an executor may replace are methods: which devices exist (`_default_device`,
     `_check_device`), which options it accepts (`_check_options`), what is measured beside the
@@ -180,10 +159,6 @@ class Supervisor:
             raise UserError(f"--timeout must be a positive number of seconds, got {config.case_timeout_s}")
         return worker_slots(device, config.workers, config.gpus, config.memory_limit)
 
-    def _backend_for(self, name: str, folder: RunFolder) -> Backend:
-        broken = folder.broken
-        return UnloadedPlugin(name, broken[name]) if name in broken else self.registry.get(name)
-
     def _open(self) -> RunFolder:
         """The run folder: an existing one to resume, or a new one with its manifest, env.json and peaks.json."""
         config = self.config
@@ -225,7 +200,7 @@ class Supervisor:
         folder = RunFolder.create(Path(config.out) / run_id, manifest, force=config.force,
                                   suite_file=suite_arg if Path(suite_arg).suffix == ".toml" else None)
         if config.traces:
-            (folder.path / TRACES).mkdir(exist_ok=True)
+            (folder.path / protocol.TRACES).mkdir(exist_ok=True)
         self._write_environment(folder, suite)
         return folder
 
@@ -243,16 +218,6 @@ class Supervisor:
         finally:
             folder.unlock()
 
-    def _record_failure(self, writer: RunWriter, folder: RunFolder, pairs: dict[str, tuple[Case, str]], key: str, worker: str,
-                        status: str, reason: str, extra: dict[str, Any] | None = None) -> None:
-        case, backend = pairs[key]
-        record = case_record(case, self._backend_for(backend, folder), folder.run_id, worker)
-        record.status, record.reason = Status(status), reason
-        RunRows(folder.manifest, folder.suite_arg, pairs).stamp(record)
-        for name, value in (extra or {}).items():  # where it ran (node, device_name), for the executors that know
-            setattr(record, name, value)
-        writer.append(record)
-
     def _run(self, folder: RunFolder, started: float) -> RunSummary:
         manifest = folder.manifest
         self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -268,19 +233,19 @@ class Supervisor:
                             f"(first: {foreign[0].pair_key} of run {foreign[0].run_id!r}): the folder mixes runs; resume refuses it")
         done = {r.pair_key for r in recorded}
         total = len(manifest["pairs"])
-        writer = RunWriter(folder.path)
+        failures = FailureRows(RunWriter(folder.path), folder, pairs, self.registry)
         broken = folder.broken
         for key in manifest["pairs"]:
             if key not in done and pairs[key][1] in broken:
-                self._record_failure(writer, folder, pairs, key, "supervisor", "unsupported", broken[pairs[key][1]])
+                failures.write(key, "supervisor", "unsupported", broken[pairs[key][1]])
                 done.add(key)
         pending = [k for k in manifest["pairs"] if k not in done]
         progress = Progress(total, len(done), self.log if self.config.progress else None)
-        self._execute(folder, pairs, pending, writer, progress)
-        return self._finish(folder, pairs, writer, progress, started)
+        self._execute(folder, pending, failures, progress)
+        return self._finish(folder, failures, progress, started)
 
-    def _execute(self, folder: RunFolder, pairs: dict[str, tuple[Case, str]], pending: list[str], writer: RunWriter, progress: Progress) -> None:
-        """Run the pending pairs in local pytest workers that share them through the folder's claims."""
+    def _execute(self, folder: RunFolder, pending: list[str], failures: FailureRows, progress: Progress) -> None:
+        """Run the pending pairs in local workers that share them through the folder's claims."""
         run_dir = folder.path
         claims = run_dir / protocol.CLAIMS
         shutil.rmtree(claims, ignore_errors=True)  # claims of an earlier attempt: their pairs have no record
@@ -289,41 +254,39 @@ class Supervisor:
         slots = self._slots(folder.device)[: max(1, len(pending))]
         active: dict[str, Worker] = {}
         fruitless: dict[str, int] = {}
-        previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
         start = lambda slot, attempt=0: Worker.start(folder, slot, self.config.worker_env, self.config.memory_limit, attempt)  # noqa: E731
-        try:
-            if pending:
-                for slot in slots:
-                    active[slot.name] = start(slot)
-            while active:
-                time.sleep(0.2)
-                progress.update(folder.count_lines())
-                for name, worker in list(active.items()):
-                    outcome = worker.poll(self.config.case_timeout_s)
-                    if outcome is None:
-                        continue
-                    del active[name]
-                    restart, consumed = self._settle(worker, outcome, writer, folder, pairs)
-                    fruitless[name] = 0 if consumed else fruitless.get(name, 0) + 1
-                    unclaimed = any(not protocol.claim_path(run_dir, k).exists() for k in pending)
-                    if restart and unclaimed and fruitless[name] <= _MAX_FRUITLESS_RESTARTS:
-                        active[name] = start(worker.slot, worker.attempt + 1)
-        except BaseException as exc:
-            for worker in active.values():
-                worker.kill()
-            if isinstance(exc, KeyboardInterrupt):
-                self.log.write(f"\ninterrupted: finished rows are in {run_dir}; finish with: attnbench run --resume {run_dir}\n")
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous_term)
+        with sigterm_interrupts():
+            try:
+                if pending:
+                    for slot in slots:
+                        active[slot.name] = start(slot)
+                while active:
+                    time.sleep(0.2)
+                    progress.update(folder.count_lines())
+                    for name, worker in list(active.items()):
+                        outcome = worker.poll(self.config.case_timeout_s)
+                        if outcome is None:
+                            continue
+                        del active[name]
+                        restart, consumed = self._settle(worker, outcome, folder, failures)
+                        fruitless[name] = 0 if consumed else fruitless.get(name, 0) + 1
+                        unclaimed = any(not protocol.claim_path(run_dir, k).exists() for k in pending)
+                        if restart and unclaimed and fruitless[name] <= _MAX_FRUITLESS_RESTARTS:
+                            active[name] = start(worker.slot, worker.attempt + 1)
+            except BaseException as exc:
+                for worker in active.values():
+                    worker.kill()
+                if isinstance(exc, KeyboardInterrupt):
+                    self.log.write(f"\ninterrupted: finished rows are in {run_dir}; finish with: attnbench run --resume {run_dir}\n")
+                raise
 
-    def _finish(self, folder: RunFolder, pairs: dict[str, tuple[Case, str]], writer: RunWriter, progress: Progress, started: float) -> RunSummary:
+    def _finish(self, folder: RunFolder, failures: FailureRows, progress: Progress, started: float) -> RunSummary:
         """Give every pair still without a row one, write records.csv and the closing environment; the summary."""
         manifest = folder.manifest
         progress.update(folder.count_lines(), final=True)
         missing = set(manifest["pairs"]) - {r.pair_key for r in folder.recorded()}
         for key in [k for k in manifest["pairs"] if k in missing]:  # a worker that gave up without a trace still leaves a row
-            self._record_failure(writer, folder, pairs, key, "supervisor", "error", self.missing_reason)
+            failures.write(key, "supervisor", "error", self.missing_reason)
         write_csv(folder.path)
         self._write_env_after(folder)
         folder.clear_worker_files()
@@ -333,10 +296,10 @@ class Supervisor:
             counts[record.status.value] = counts.get(record.status.value, 0) + 1
         return RunSummary(folder.path, counts, len(manifest["pairs"]), time.monotonic() - started)
 
-    def _settle(self, worker: Worker, outcome: str, writer: RunWriter, folder: RunFolder, pairs: dict[str, tuple[Case, str]]) -> tuple[bool, bool]:
+    def _settle(self, worker: Worker, outcome: str, folder: RunFolder, failures: FailureRows) -> tuple[bool, bool]:
         """Account for a worker that ended: (whether to restart it, whether it used up a pair on the way)."""
         rc = worker.returncode
-        if outcome == "exited" and rc in _PYTEST_FINISHED:
+        if outcome == "exited" and rc in _FINISHED:
             return False, True
         if outcome == "exited" and rc == protocol.EXIT_STICKY:
             return True, True  # it wrote the pair's `crashed` record itself before exiting
@@ -345,13 +308,9 @@ class Supervisor:
         failed_key = worker.current_pair()
         if failed_key and failed_key not in {r.pair_key for r in folder.recorded()}:
             status, reason = worker.failure(outcome, self.config.case_timeout_s)
-            self._record_failure(writer, folder, pairs, failed_key, worker.slot.name, status, reason)
+            failures.write(failed_key, worker.slot.name, status, reason)
             return True, True
         self.log.write(f"\nworker {worker.slot.name} ended ({worker.describe_end(outcome)}) outside any pair; last lines of {worker.log_path}:\n")
         self.log.write(worker.log_tail())
         # A usage or internal error would only repeat itself; a signal (the kernel's OOM killer, say) may not.
         return outcome == "timeout" or (rc is not None and rc < 0), False
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")

@@ -1,8 +1,8 @@
-"""The worker pool: which worker slots a run gets, starting a pytest worker on a run folder, and watching it.
+"""The worker pool: which worker slots a run gets, starting a worker process on a run folder, and watching it.
 
-A worker is `pytest suites/test_bench.py` with the attnbench plugin: it claims pairs from the run
-folder's `pending.txt` and appends their records itself. The supervisor only starts workers, polls
-them, and accounts for the pair a worker was running when it died or overran.
+A worker is `python -m harness.child worker` (harness.run.worker: the one worker loop): it claims pairs
+from the run folder's `pending.txt` and appends their records itself. The supervisor only starts
+workers, polls them, and accounts for the pair a worker was running when it died or overran.
 """
 
 from __future__ import annotations
@@ -17,13 +17,8 @@ from typing import Mapping, TextIO
 
 from harness.errors import UserError
 from harness.run import protocol
-from harness.run.children import ROOT, kill_group, python_command, spawn
+from harness.run.children import child_command, kill_group, spawn
 from harness.run.rundir import RunFolder
-
-#: The folder of a run where `--traces` puts one Chrome trace per pair.
-TRACES = "traces"
-#: The worker's test module: one test per (case, backend) pair.
-BENCH_MODULE = ROOT / "suites" / "test_bench.py"
 
 
 @dataclass(frozen=True)
@@ -76,39 +71,16 @@ def worker_slots(device: str, workers: int, gpus: list[int] | None, memory_limit
     return [Slot(str(i), env) for i in range(workers)]
 
 
-def worker_command(folder: RunFolder, slot: Slot, attempt: int, memory_limit: int | None) -> list[str]:
-    """The pytest command line of one worker on a run folder."""
-    manifest = folder.manifest
-    command = python_command(
-        "pytest", str(BENCH_MODULE), "-p", "harness.run.pytest_plugin", "-p", "no:cacheprovider",
-        # pytest's log capture wraps every test in handlers (~2 ms a pair); nothing a worker runs logs through it.
-        "-p", "no:logging", "-q", "--no-header",
-        "--rootdir", str(ROOT),
-        "--attnbench-suite", folder.suite_arg, "--attnbench-device", folder.device,
-        "--attnbench-backends", ",".join(b for b in manifest["backends"] if b not in folder.broken),
-        "--attnbench-run-dir", str(folder.path), "--attnbench-pairs", str(folder.path / protocol.PENDING),
-        "--attnbench-share", "--attnbench-worker", slot.name, "--attnbench-parent-pid", str(os.getpid()),
-        "--benchmark-json", str(folder.path / f"pytest-benchmark-{slot.name}-{attempt}.json"),
-    )
-    if not manifest.get("check", True):
-        command.append("--attnbench-no-check")
-    if manifest.get("timer", "events") != "events":
-        command += ["--attnbench-timer", manifest["timer"]]
-    if manifest.get("energy"):
-        command.append("--attnbench-energy")
-    if manifest.get("profile"):
-        command.append("--attnbench-profile")
-        if manifest.get("traces"):
-            command += ["--attnbench-traces", str(folder.path / TRACES)]
+def worker_command(folder: RunFolder, slot: Slot, memory_limit: int | None) -> list[str]:
+    """The command line of one worker on a run folder: only what is its process's own; the rest it reads from the folder."""
+    command = child_command("worker", "--run-dir", str(folder.path), "--worker", slot.name, "--parent-pid", str(os.getpid()))
     if memory_limit is not None:
-        command += ["--attnbench-memory-limit", str(memory_limit)]
-    if manifest.get("cooldown_s") is not None:
-        command += ["--attnbench-cooldown", str(manifest["cooldown_s"])]
+        command += ["--memory-limit", str(memory_limit)]
     return command
 
 
 class Worker:
-    """One pytest worker process and what it is doing."""
+    """One worker process and what it is doing."""
 
     def __init__(self, slot: Slot, process: subprocess.Popen, current: Path, log_path: Path, log: TextIO, attempt: int) -> None:
         self.slot, self.process, self.current, self.log_path, self._log, self.attempt = slot, process, current, log_path, log, attempt
@@ -122,7 +94,7 @@ class Worker:
         current = protocol.current_path(folder.path, slot.name)
         protocol.atomic_write(current, "")
         log_path = folder.path / f"worker-{slot.name}.log"
-        command = worker_command(folder, slot, attempt, memory_limit)
+        command = worker_command(folder, slot, memory_limit)
         log = open(log_path, "a")
         log.write(f"\n=== attempt {attempt}: {' '.join(command)}\n")
         log.flush()
