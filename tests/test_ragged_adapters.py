@@ -1,0 +1,348 @@
+"""The serving layouts' library translations (FlashAttention, xFormers, FlashInfer), checked on the CPU.
+
+The kernels need a GPU, so each translation is fed to an emulation of its library's DOCUMENTED
+contract in plain torch, reading cu_seqlens, block tables, CSR page indices and last-page lengths
+exactly as the library defines them and refusing what the library would misread (a -1 page, a
+last_page_len outside [1, page_size]); the result must match each sequence's own float64 reference.
+Mutation checks show the emulations are strict enough to catch the usual translation bugs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from harness.backends.flash_attn import FlashAttn2Backend, FlashAttn3Backend, FlashAttn4Backend, flash_ragged_call
+from harness.backends.flashinfer import (
+    PAGED_DECODE, PAGED_PREFILL, RAGGED_PREFILL, FlashinferBackend, flashinfer_call, flashinfer_dense_call,
+)
+from harness.attention.numerics import check_forward
+from harness.errors import Unsupported
+from harness.suite.cases import Case
+from harness.suite.inputs import make_inputs
+from tests.ragged_fixtures import agrees, attend_one, ragged_batch, serving_case
+
+#: (seq_lens_q, seq_lens_kv): a prefill batch, chunked prefill over a longer cache, decode, speculative decoding.
+BATCHES = {
+    "prefill": ([5, 3, 7], [5, 3, 7]),
+    "chunked": ([4, 2, 6], [9, 13, 6]),
+    "decode": ([1, 1, 1, 1], [7, 16, 3, 11]),
+    "spec": ([3, 3, 3], [10, 5, 17]),
+}
+PAGE_SIZES = (1, 4, 16)
+
+
+def batches(paged: bool):
+    """(id, RaggedInputs) for every batch shape, causal and not, over several page sizes when paged."""
+    out = []
+    for name, (lq, lkv) in BATCHES.items():
+        for causal in (False, True):
+            for ps in (PAGE_SIZES if paged else (None,)):
+                out.append(pytest.param(ragged_batch(lq, lkv, causal=causal, page_size=ps, seed=len(out)),
+                                        id=f"{name}-{'causal' if causal else 'full'}" + (f"-ps{ps}" if ps else "")))
+    return out
+
+
+def _check_index(t: torch.Tensor, what: str) -> None:
+    assert t.dtype == torch.int32, f"{what} must be int32 (the libraries index with int32), got {t.dtype}"
+
+
+def gather_pages(pages: torch.Tensor, page_ids: list[int], length: int) -> torch.Tensor:
+    """A sequence's first `length` KV rows from a page pool, its pages in the order given; a bad page id is an error."""
+    num_pages, page_size = pages.shape[:2]
+    assert len(page_ids) * page_size >= length, "fewer pages than the sequence's length needs"
+    for p in page_ids:
+        assert 0 <= p < num_pages, f"page {p} outside the pool of {num_pages} pages"
+    return pages[torch.tensor(page_ids, dtype=torch.long)].reshape(-1, *pages.shape[2:])[:length]
+
+
+# -- FlashAttention: varlen (cu_seqlens), kvcache (cache_seqlens + block_table/page_table), FA4's seqused_k --
+
+
+def flash_emulator(function: str, args, kwargs) -> torch.Tensor:
+    """FlashAttention's documented semantics for `flash_attn_varlen_func` / `flash_attn_with_kvcache`, output as the call returns it."""
+    q, k, v = args
+    scale, causal = kwargs["softmax_scale"], kwargs["causal"]
+    table = kwargs.get("block_table", kwargs.get("page_table"))
+    if function == "flash_attn_with_kvcache" and "cu_seqlens_q" not in kwargs:
+        q_rows = [q[b] for b in range(q.shape[0])]  # [B, S_q, H, d]
+    else:
+        cu_q = kwargs["cu_seqlens_q"]
+        _check_index(cu_q, "cu_seqlens_q")
+        assert kwargs["max_seqlen_q"] == int((cu_q[1:] - cu_q[:-1]).max())
+        q_rows = [q[int(cu_q[b]):int(cu_q[b + 1])] for b in range(len(cu_q) - 1)]
+    if table is None:
+        cu_k = kwargs["cu_seqlens_k"]
+        _check_index(cu_k, "cu_seqlens_k")
+        kv = [(k[int(cu_k[b]):int(cu_k[b + 1])], v[int(cu_k[b]):int(cu_k[b + 1])]) for b in range(len(cu_k) - 1)]
+    else:
+        _check_index(table, "block table")
+        if "cache_seqlens" in kwargs:
+            lengths = kwargs["cache_seqlens"]
+        elif "seqused_k" in kwargs:
+            lengths = kwargs["seqused_k"]
+        else:  # FA2's varlen function over pages: lengths are cu_seqlens_k's differences
+            lengths = kwargs["cu_seqlens_k"][1:] - kwargs["cu_seqlens_k"][:-1]
+            _check_index(kwargs["cu_seqlens_k"], "cu_seqlens_k")
+        _check_index(lengths, "KV lengths")
+        kv = [(gather_pages(k, table[b].tolist(), int(n)), gather_pages(v, table[b].tolist(), int(n))) for b, n in enumerate(lengths)]
+    outs = [attend_one(qb, kb, vb, scale, causal).to(q.dtype) for qb, (kb, vb) in zip(q_rows, kv)]
+    return torch.stack(outs) if q.dim() == 4 else torch.cat(outs)
+
+
+@pytest.mark.parametrize("generation", [2, 3, 4])
+@pytest.mark.parametrize("inputs", batches(paged=False))
+def test_flash_packed_translation_meets_the_reference(inputs, generation):
+    call = flash_ragged_call(inputs, generation)
+    assert call.function == "flash_attn_varlen_func"
+    assert agrees(call.to_packed(flash_emulator(call.function, call.args, call.kwargs)), inputs)
+
+
+@pytest.mark.parametrize("generation", [2, 3, 4])
+@pytest.mark.parametrize("inputs", batches(paged=True))
+def test_flash_paged_translation_meets_the_reference(inputs, generation):
+    call = flash_ragged_call(inputs, generation)
+    uniform = len(set(inputs.seq_lens_q)) == 1
+    expected = "flash_attn_with_kvcache" if (generation != 4 and (uniform or generation == 3)) else "flash_attn_varlen_func"
+    assert call.function == expected
+    assert ("block_table" if generation == 2 else "page_table") in call.kwargs
+    assert call.args[1] is not inputs.k and call.args[1].shape == inputs.k_pages.shape  # the pool as it lies, never gathered
+    assert agrees(call.to_packed(flash_emulator(call.function, call.args, call.kwargs)), inputs)
+
+
+def test_flash_emulator_catches_pages_assumed_in_order_and_unused_entries_left_at_minus_one():
+    inputs = ragged_batch([1, 1, 1], [7, 2, 9], page_size=4, seed=3)
+    call = flash_ragged_call(inputs, 2)
+    in_order = torch.arange(call.kwargs["block_table"].numel(), dtype=torch.int32).view_as(call.kwargs["block_table"])
+    assert not agrees(call.to_packed(flash_emulator(call.function, call.args, {**call.kwargs, "block_table": in_order})), inputs)
+    with pytest.raises(AssertionError, match="outside the pool"):
+        flash_emulator(call.function, call.args, {**call.kwargs, "block_table": inputs.block_table.clone()})
+    assert (inputs.block_table == -1).any()  # the batch really has unused entries to get wrong
+
+
+def test_flash_paged_limits_are_the_libraries_own():
+    cuda = serving_case(device="cuda", dtype="bf16", layout="paged", causal=True)
+    fa2 = FlashAttn2Backend().supports(cuda.replace(page_size=16))
+    assert fa2 and "multiple of 256" in fa2 and "page_size=16" in fa2
+    assert FlashAttn2Backend().supports(cuda.replace(page_size=512)) is None
+    for backend in (FlashAttn3Backend(), FlashAttn4Backend()):
+        assert backend.supports(cuda.replace(page_size=1)) is None  # FA3: "page_block_size can be arbitrary"
+    assert "forward only" in FlashAttn2Backend().supports(cuda.replace(page_size=256, mode="bwd"))
+    assert "padded" in FlashAttn2Backend().supports(cuda.replace(layout="padded"))
+
+
+# -- xFormers: block-diagonal biases on one packed sequence; paged biases over the flattened page pool --
+
+
+def xformers_emulator(call) -> torch.Tensor:
+    """memory_efficient_attention as xFormers defines it: softmax(q·kᵀ·scale + bias) v.
+
+    A block-diagonal bias is materialised by xFormers itself. A paged one is read as its docstring
+    defines it (sequence b's logical page p is physical page block_tables[b, p] of the flattened pool):
+    xFormers' own `materialize` writes every table entry's page, so an unused entry that repeats a
+    page the sequence owns would mask that page out there, though the kernel never reads past a length.
+    """
+    bias = call.attn_bias
+    if getattr(bias, "block_tables", None) is not None:
+        return paged_bias_emulator(call)
+    q, k, v = call.view(call.q, call.k, call.v)
+    if q.dim() == 4:
+        q, k, v = q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2)
+    additive = bias.materialize((q.shape[1], k.shape[1]))
+    scores = torch.einsum("bmghk,bnghk->bghmn", q.double(), k.double()) * call.scale + additive.double()
+    out = torch.einsum("bghmn,bnghk->bmghk", torch.softmax(scores, -1).nan_to_num(0.0), v.double())
+    return out.reshape(1, q.shape[1], -1, v.shape[-1])
+
+
+def paged_bias_emulator(call) -> torch.Tensor:
+    """A paged block-diagonal bias's attention, from the bias's own sequence starts, lengths and block tables."""
+    bias = call.attn_bias
+    _check_index(bias.block_tables, "block_tables")
+    page_size = bias.page_size
+    pool_k = call.k[0].reshape(-1, page_size, *call.k.shape[2:])  # [1, pages·page_size, H_kv, d] → the pages
+    pool_v = call.v[0].reshape(-1, page_size, *call.v.shape[2:])
+    causal = "CausalWithOffset" in type(bias).__name__
+    starts, lengths = bias.q_seqinfo.seqstart_py, bias.k_seqinfo.seqlen_py
+    outs = []
+    for b, n in enumerate(lengths):
+        pages = bias.block_tables[b].tolist()
+        qb = call.q[0, starts[b]:starts[b + 1]]
+        outs.append(attend_one(qb, gather_pages(pool_k, pages, n), gather_pages(pool_v, pages, n), call.scale, causal))
+    return torch.cat(outs).unsqueeze(0)
+
+
+def _xformers_bias():
+    pytest.importorskip("xformers")
+    from harness.backends.xformers import import_xformers
+
+    import_xformers()
+    from xformers.ops import fmha
+
+    return fmha.attn_bias
+
+
+@pytest.mark.parametrize("inputs", batches(paged=False) + batches(paged=True))
+def test_xformers_translation_meets_the_reference(inputs):
+    from harness.backends.xformers import xformers_ragged_call
+
+    call = xformers_ragged_call(inputs, _xformers_bias())
+    expected = ("Paged" if inputs.block_table is not None else "") + ("BlockDiagonalCausal" if inputs.causal else "BlockDiagonal")
+    assert type(call.attn_bias).__name__.startswith(expected)
+    assert agrees(call.out_to_bhsd(xformers_emulator(call)), inputs)
+
+
+def test_xformers_paged_bias_reads_the_block_table_it_is_given():
+    from harness.backends.xformers import xformers_ragged_call
+
+    inputs = ragged_batch([1, 1], [9, 6], page_size=4, seed=5)
+    good = xformers_ragged_call(inputs, _xformers_bias())
+    in_order = dataclasses.replace(inputs, block_table=torch.tensor([[0, 1, 2], [3, 4, -1]], dtype=torch.int32))
+    wrong = xformers_ragged_call(in_order, _xformers_bias())
+    wrong.k, wrong.v = good.k, good.v
+    assert agrees(good.out_to_bhsd(xformers_emulator(good)), inputs)
+    assert not agrees(wrong.out_to_bhsd(xformers_emulator(wrong)), inputs)
+    assert int(good.attn_bias.block_tables.min()) >= 0  # no -1 reaches xFormers
+
+
+def test_xformers_causal_block_with_more_queries_than_keys_is_unsupported_with_xformers_reason():
+    from harness.backends.xformers import xformers_ragged_call
+
+    with pytest.raises(Unsupported, match="num_keys >= num_queries"):
+        xformers_ragged_call(ragged_batch([4, 2], [2, 5], causal=True), _xformers_bias())
+
+
+# -- FlashInfer: ragged prefill (qo_indptr, kv_indptr); paged decode and prefill (CSR pages, last_page_len) --
+
+
+def flashinfer_emulator(call) -> torch.Tensor:
+    """FlashInfer's documented semantics of the wrapper `call` names, run on `run()`'s arguments after `plan()`'s."""
+    plan = call.plan_args
+    assert plan["q_data_type"] == plan["kv_data_type"] == call.run_args[0].dtype
+    q = call.run_args[0]
+    H, H_kv = plan["num_qo_heads"], plan["num_kv_heads"]
+    assert q.shape[1] == H and H % H_kv == 0
+    scale, causal = plan["sm_scale"], plan.get("causal", False)
+    if call.wrapper == RAGGED_PREFILL:
+        k, v = call.run_args[1:]
+        qo, kv_ptr = plan["qo_indptr"], plan["kv_indptr"]
+        _check_index(qo, "qo_indptr"), _check_index(kv_ptr, "kv_indptr")
+        assert k.shape[1] == H_kv and k.shape[2] == plan["head_dim_qk"] and v.shape[2] == plan["head_dim_vo"]
+        pieces = [(q[int(qo[i]):int(qo[i + 1])], k[int(kv_ptr[i]):int(kv_ptr[i + 1])], v[int(kv_ptr[i]):int(kv_ptr[i + 1])])
+                  for i in range(len(qo) - 1)]
+    else:
+        k_cache, v_cache = call.run_args[1]  # NHD: [max_num_pages, page_size, H_kv, d]
+        page_size = plan["page_size"]
+        assert k_cache.shape[1] == page_size and k_cache.shape[2] == H_kv
+        if call.wrapper == PAGED_DECODE:
+            indptr, indices, last = plan["indptr"], plan["indices"], plan["last_page_len"]
+            qo = torch.arange(q.shape[0] + 1, dtype=torch.int32)  # one query per request
+        else:
+            indptr, indices, last = plan["paged_kv_indptr"], plan["paged_kv_indices"], plan["paged_kv_last_page_len"]
+            qo = plan["qo_indptr"]
+        for t, what in ((indptr, "indptr"), (indices, "indices"), (last, "last_page_len"), (qo, "qo_indptr")):
+            _check_index(t, what)
+        assert len(indices) == int(indptr[-1])
+        pieces = []
+        for i in range(len(indptr) - 1):
+            pages = indices[int(indptr[i]):int(indptr[i + 1])].tolist()
+            assert 1 <= int(last[i]) <= page_size, f"last_page_len {int(last[i])} outside [1, {page_size}]"
+            length = page_size * (len(pages) - 1) + int(last[i])  # FlashInfer's definition of the KV length
+            pieces.append((q[int(qo[i]):int(qo[i + 1])], gather_pages(k_cache, pages, length), gather_pages(v_cache, pages, length)))
+    return torch.cat([attend_one(qi, ki, vi, scale, causal).to(q.dtype) for qi, ki, vi in pieces])
+
+
+@pytest.mark.parametrize("inputs", batches(paged=False) + batches(paged=True))
+def test_flashinfer_translation_meets_the_reference(inputs):
+    call = flashinfer_call(inputs, torch.float32)
+    decode = set(inputs.seq_lens_q) == {1}
+    expected = RAGGED_PREFILL if inputs.block_table is None else (PAGED_DECODE if decode else PAGED_PREFILL)
+    assert call.wrapper == expected
+    assert agrees(call.to_checked(flashinfer_emulator(call)), inputs)
+
+
+@pytest.mark.parametrize("wrapper_batch", [([1, 1, 1], [9, 4, 12]), ([3, 2, 4], [9, 4, 12])], ids=["decode", "prefill"])
+def test_flashinfer_emulator_catches_last_page_len_off_by_one_and_pages_assumed_in_order(wrapper_batch):
+    inputs = ragged_batch(*wrapper_batch, page_size=4, causal=True, seed=11)
+    call = flashinfer_call(inputs, torch.float32)
+    last_key = "last_page_len" if call.wrapper == PAGED_DECODE else "paged_kv_last_page_len"
+    index_key = "indices" if call.wrapper == PAGED_DECODE else "paged_kv_indices"
+    assert agrees(flashinfer_emulator(call), inputs)
+
+    def mutated(**changes):
+        return dataclasses.replace(call, plan_args={**call.plan_args, **changes})
+
+    last = call.plan_args[last_key]
+    assert last.tolist() == [1, 4, 4]
+    # One token too many where the last page has room: a slot the sequence never wrote is read.
+    assert not agrees(flashinfer_emulator(mutated(**{last_key: last + (last < 4).int()})), inputs)
+    # One too few where the last page holds more than one token: a real key is dropped.
+    assert not agrees(flashinfer_emulator(mutated(**{last_key: last - (last > 1).int()})), inputs)
+    # kv_len % page_size gives 0 for a full last page, which FlashInfer's layout forbids.
+    with pytest.raises(AssertionError, match="last_page_len 0"):
+        flashinfer_emulator(mutated(**{last_key: last % 4}))
+    in_order = torch.arange(len(call.plan_args[index_key]), dtype=torch.int32)
+    assert not agrees(flashinfer_emulator(mutated(**{index_key: in_order})), inputs)
+
+
+def test_flashinfer_dense_prefill_decode_and_window_meet_the_dense_reference():
+    for case in (Case(B=2, S_q=6, S_kv=6, H=4, H_kv=2, d_k=16, d_v=16, causal=True),
+                 Case(B=3, S_q=1, S_kv=9, H=4, H_kv=1, d_k=16, d_v=16),
+                 Case(B=2, S_q=8, S_kv=8, H=2, H_kv=2, d_k=16, d_v=16, window=3)):
+        inputs = make_inputs(case)
+        call = flashinfer_dense_call(case, inputs)
+        assert call.wrapper == RAGGED_PREFILL
+        emulated = flashinfer_window_emulator(call) if case.window else flashinfer_emulator(call)
+        assert check_forward(case, inputs, call.to_checked(emulated)).agree, case.id
+
+
+def flashinfer_window_emulator(call) -> torch.Tensor:
+    """Ragged prefill with FlashInfer's window_left: query j sees keys t with j + shift − window_left ≤ t ≤ j + shift."""
+    plan = call.plan_args
+    q, k, v = call.run_args
+    qo, kv = plan["qo_indptr"], plan["kv_indptr"]
+    outs = []
+    for i in range(len(qo) - 1):
+        qi, ki, vi = q[int(qo[i]):int(qo[i + 1])], k[int(kv[i]):int(kv[i + 1])], v[int(kv[i]):int(kv[i + 1])]
+        heads = torch.arange(qi.shape[1]) // (qi.shape[1] // ki.shape[1])
+        scores = torch.einsum("qhd,khd->hqk", qi.double(), ki[:, heads].double()) * plan["sm_scale"]
+        pos = torch.arange(qi.shape[0])[:, None] + (ki.shape[0] - qi.shape[0])
+        t = torch.arange(ki.shape[0])[None, :]
+        keep = (t <= pos) & (t >= pos - plan["window_left"])
+        p = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1)
+        outs.append(torch.einsum("hqk,khd->qhd", p, vi[:, heads].double()).to(q.dtype))
+    return torch.cat(outs)
+
+
+def test_flashinfer_is_unavailable_here_with_a_reason_and_refuses_what_it_cannot_serve():
+    backend = FlashinferBackend()
+    reason = backend.available()
+    if not torch.cuda.is_available():
+        assert reason and ("not installed" in reason or "needs CUDA" in reason)
+    cuda = serving_case(device="cuda", dtype="bf16", layout="paged", page_size=16)
+    assert backend.supports(cuda) is None
+    assert "fp16 and bf16" in backend.supports(cuda.replace(dtype="fp32"))
+    assert "no backward" in backend.supports(cuda.replace(mode="fwd_bwd"))
+    assert "no CPU kernel" in backend.supports(cuda.replace(device="cpu"))
+    assert "padded" in backend.supports(cuda.replace(layout="padded"))
+    with pytest.raises(Unsupported, match="at least one KV token"):
+        flashinfer_call(dataclasses.replace(ragged_batch([1, 1], [3, 1], page_size=2), seq_lens_kv=(3, 0)), torch.float32)
+
+
+def test_flashinfer_is_registered():
+    from harness.backends.registry import load_registry
+
+    registry = load_registry(plugins=False)
+    assert "flashinfer" in registry.names()
+    assert registry.get("flashinfer").layouts == {"dense", "packed", "paged"}
+
+
+def test_fixture_pages_are_scattered_with_spares_and_minus_one_for_unused_entries():
+    inputs = ragged_batch([1, 1], [9, 2], page_size=4, seed=1)
+    table = inputs.block_table
+    assert table.tolist()[1][1:] == [-1, -1] and inputs.k_pages.shape[0] == 3 + 1 + 3
+    used = table[table >= 0]
+    assert len(set(used.tolist())) == len(used) and used.tolist() != sorted(used.tolist())
+    assert math.isclose(float(inputs.k_pages[int(table[0, 2]), 0, 0, 0]), float(inputs.k[8, 0, 0]))
