@@ -99,14 +99,17 @@ def test_compiled_bwd_leaves_donated_buffer_as_the_process_has_it_after_prepare_
     own = functorch_config.donated_buffer
     functorch_config.donated_buffer = True  # torch's default, set so that no earlier test's leftover decides
     try:
-        case = Case(B=1, S_q=8, S_kv=8, H=2, H_kv=2, d_k=16, d_v=16, mode="bwd", causal=True)
-        inputs, _ = InputsCache().get(case)  # as the executor hands them: q, k, v requiring grad
-        prepared = NaiveCompiledBackend().prepare(case, inputs)
-        after_prepare = functorch_config.donated_buffer
-        step = build_step(case, prepared, inputs)
-        grads = [step() for _ in range(3)]  # retain_graph backward, which donated buffers would refuse
-        after_step = functorch_config.donated_buffer
+        seen = []
+        # fwd_bwd first: its graph, backward compiled with donated buffers, lands in AOTAutograd's cache.
+        for mode in ("fwd_bwd", "bwd"):
+            case = Case(B=1, S_q=8, S_kv=8, H=2, H_kv=2, d_k=16, d_v=16, mode=mode)
+            inputs, _ = InputsCache().get(case)  # as the executor hands them: q, k, v requiring grad
+            prepared = NaiveCompiledBackend().prepare(case, inputs)
+            seen.append(functorch_config.donated_buffer)
+            step = build_step(case, prepared, inputs)
+            grads = [step() for _ in range(3)]  # bwd: retain_graph backward, which donated buffers would refuse
+            seen.append(functorch_config.donated_buffer)
     finally:
         functorch_config.donated_buffer = own
-    assert after_prepare is True and after_step is True
+    assert seen == [True] * 4
     assert all(torch.equal(g[0], grads[0][0]) for g in grads)

@@ -16,6 +16,7 @@ build is the batch's plan, timed into `Prepared.plan_s`.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from typing import Any, Callable
@@ -232,13 +233,30 @@ def compile_timed(fn: Callable[[], torch.Tensor], case: Case, leaves: tuple[torc
             torch.autograd.grad(out, leaves, torch.ones_like(out), retain_graph=retain)
 
     timings = []
-    for _ in range(2):
-        if case.device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        with torch.set_grad_enabled(case.mode != "fwd"):
-            first_calls()
-        if case.device == "cuda":
-            torch.cuda.synchronize()
-        timings.append(time.perf_counter() - start)
+    with _no_autograd_cache() if retain else contextlib.nullcontext():
+        for _ in range(2):
+            if case.device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.set_grad_enabled(case.mode != "fwd"):
+                first_calls()
+            if case.device == "cuda":
+                torch.cuda.synchronize()
+            timings.append(time.perf_counter() - start)
     return max(0.0, timings[0] - timings[1])
+
+
+def _no_autograd_cache() -> contextlib.AbstractContextManager[Any]:
+    """AOTAutograd's compiled-graph cache off for this compile only (private `torch._functorch.config.enable_autograd_cache`).
+
+    A cached graph arrives with its backward already compiled, donated buffers and all, if a `fwd_bwd`
+    pair (or an earlier process: the cache is on disk) compiled the same graph; the `bwd` step's
+    retain_graph backward would then be refused. Without the cache its backward is compiled here,
+    for retain_graph, and nothing from it is stored to change a later `fwd_bwd` pair's memory either.
+    A torch without the flag has no such cache to bypass.
+    """
+    import torch._functorch.config as functorch_config
+
+    if not isinstance(getattr(functorch_config, "enable_autograd_cache", None), bool):
+        return contextlib.nullcontext()
+    return functorch_config.patch(enable_autograd_cache=False)
