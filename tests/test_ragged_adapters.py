@@ -346,3 +346,103 @@ def test_fixture_pages_are_scattered_with_spares_and_minus_one_for_unused_entrie
     used = table[table >= 0]
     assert len(set(used.tolist())) == len(used) and used.tolist() != sorted(used.tolist())
     assert math.isclose(float(inputs.k_pages[int(table[0, 2]), 0, 0, 0]), float(inputs.k[8, 0, 0]))
+
+
+# -- each adapter's prepare(), wired to a stand-in library that runs the emulation above --
+
+
+def _module(name, **attrs):
+    import types
+
+    mod = types.ModuleType(name)
+    for key, value in attrs.items():
+        setattr(mod, key, value)
+    return mod
+
+
+@pytest.mark.parametrize("backend_cls", [FlashAttn2Backend, FlashAttn3Backend, FlashAttn4Backend])
+@pytest.mark.parametrize("page_size", [None, 4], ids=["packed", "paged"])
+def test_flash_prepare_calls_the_named_function_and_returns_packed_rows(monkeypatch, backend_cls, page_size):
+    import sys
+
+    called = []
+
+    def kernel(name):
+        def call(*args, **kwargs):
+            called.append(name)
+            return flash_emulator(name, args, kwargs), None  # (out, lse), as some versions return
+        return call
+
+    fake = _module(backend_cls.module, flash_attn_varlen_func=kernel("flash_attn_varlen_func"),
+                   flash_attn_with_kvcache=kernel("flash_attn_with_kvcache"))
+    monkeypatch.setitem(sys.modules, backend_cls.module, fake)
+    inputs = ragged_batch([1, 1, 1], [9, 4, 12], page_size=page_size, causal=True, seed=2)
+    case = serving_case(device="cuda", dtype="bf16", layout="packed" if page_size is None else "paged", page_size=page_size)
+    prepared = backend_cls().prepare(case, inputs)
+    assert called == [] and prepared.notes["layout"] == case.layout
+    assert agrees(prepared.to_bhsd(prepared.fn()), inputs)
+    assert called and prepared.notes["kernel"].endswith(called[0])
+
+
+def test_flashinfer_prepare_plans_once_untimed_and_runs_the_planned_wrapper(monkeypatch):
+    import sys
+
+    from harness.backends.flashinfer import FlashinferCall
+
+    log = []
+
+    def wrapper_class(name):
+        class Wrapper:
+            def __init__(self, workspace, kv_layout):
+                assert workspace.dtype == torch.uint8 and kv_layout == "NHD"
+                log.append(("init", name))
+
+            def plan(self, **plan_args):
+                log.append(("plan", name))
+                self.plan_args = plan_args
+
+            def run(self, *run_args):
+                log.append(("run", name))
+                return flashinfer_emulator(FlashinferCall(name, self.plan_args, run_args))
+        return Wrapper
+
+    monkeypatch.setitem(sys.modules, "flashinfer", _module("flashinfer", **{n: wrapper_class(n) for n in (RAGGED_PREFILL, PAGED_PREFILL, PAGED_DECODE)}))
+    backend = FlashinferBackend()
+    for lens, page_size, wrapper in ((([3, 2], [8, 5]), None, RAGGED_PREFILL), (([1, 1], [8, 5]), 4, PAGED_DECODE),
+                                     (([3, 2], [8, 5]), 4, PAGED_PREFILL)):
+        log.clear()
+        inputs = ragged_batch(*lens, page_size=page_size, causal=True, seed=6)
+        prepared = backend.prepare(serving_case(dtype="fp32"), inputs)
+        assert log == [("init", wrapper), ("plan", wrapper)] and prepared.plan_s is not None and prepared.plan_s >= 0
+        assert agrees(prepared.to_bhsd(prepared.fn()), inputs) and log[-1] == ("run", wrapper)
+    dense = Case(B=2, S_q=5, S_kv=7, H=4, H_kv=2, d_k=16, d_v=16, causal=True)
+    dense_inputs = make_inputs(dense)
+    prepared = backend.prepare(dense, dense_inputs)
+    assert check_forward(dense, dense_inputs, prepared.to_bhsd(prepared.fn())).agree
+
+
+@pytest.mark.parametrize("page_size", [None, 4], ids=["packed", "paged"])
+def test_xformers_prepare_passes_the_ragged_bias_and_returns_packed_rows(monkeypatch, page_size):
+    from types import SimpleNamespace
+
+    import harness.backends.xformers as xf
+
+    _xformers_bias()
+    from xformers.ops import fmha
+
+    class FakeOp:
+        NAME = "fake_fw"
+
+    def memory_efficient_attention(q, k, v, attn_bias=None, scale=None):
+        if q.dim() == 5 and hasattr(attn_bias, "block_tables"):  # the paged emulation reads [1, M, H_kv, d] pools
+            q, k, v = q.flatten(2, 3), k[:, :, :, 0], v[:, :, :, 0]
+        call = SimpleNamespace(q=q, k=k, v=v, attn_bias=attn_bias, scale=scale, view=lambda *t: t)
+        return xformers_emulator(call).to(q.dtype)
+
+    monkeypatch.setattr(xf, "import_xformers", lambda: (SimpleNamespace(memory_efficient_attention=memory_efficient_attention), None))
+    monkeypatch.setattr(fmha.dispatch, "_dispatch_fw", lambda inp, needs_gradient: FakeOp)
+    inputs = ragged_batch([3, 1, 4], [6, 9, 4], page_size=page_size, causal=True, seed=8)
+    case = serving_case(device="cuda", dtype="bf16", layout="packed" if page_size is None else "paged", page_size=page_size)
+    prepared = xf.XformersBackend().prepare(case, inputs)
+    assert prepared.notes["op_fw"] == "fake_fw" and prepared.notes["layout"] == case.layout
+    assert agrees(prepared.to_bhsd(prepared.fn()), inputs)
