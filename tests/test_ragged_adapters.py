@@ -446,3 +446,14 @@ def test_xformers_prepare_passes_the_ragged_bias_and_returns_packed_rows(monkeyp
     prepared = xf.XformersBackend().prepare(case, inputs)
     assert prepared.notes["op_fw"] == "fake_fw" and prepared.notes["layout"] == case.layout
     assert agrees(prepared.to_bhsd(prepared.fn()), inputs)
+
+
+def test_serving_layouts_refuse_what_their_translations_do_not_carry():
+    from harness.backends.flex import FlexBackend
+    from harness.backends.xformers import XformersBackend
+
+    paged = serving_case(device="cuda", dtype="bf16", layout="paged", page_size=256, causal=True)
+    for backend in (FlashAttn2Backend(), FlashAttn3Backend(), XformersBackend(), FlashinferBackend(), FlexBackend()):
+        assert backend.supports(paged) is None, backend.name
+        assert "sliding window" in backend.supports(paged.replace(window=8)), backend.name
+        assert "does not serve the padded layout" in backend.supports(paged.replace(layout="padded")), backend.name

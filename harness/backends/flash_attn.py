@@ -169,7 +169,7 @@ class _FlashBase(Backend):
     layouts = frozenset({"dense", "packed", "paged"})
     #: The FlashAttention generation (2, 3, 4): which function and argument names serve a paged batch.
     generation: ClassVar[int] = 2
-    #: What a paged KV cache's page size must be a multiple of, and where the build says so.
+    #: What a paged KV cache's page size must be a multiple of, and the build's own rule in words.
     page_multiple: ClassVar[int] = 1
     page_rule_source: ClassVar[str] = ""
 
@@ -283,7 +283,7 @@ class FlashAttn2Backend(_FlashBase):
     arch_words = "an Ampere or newer GPU (sm80+)"
     same_head_dims = True
     page_multiple = 256
-    page_rule_source = "flash_attn_with_kvcache's docstring: 'page_block_size must be a multiple of 256'; csrc/flash_attn/flash_api.cpp checks it"
+    page_rule_source = "its paged kernels check page_block_size % 256 == 0"
 
     def available(self) -> str | None:
         """As the base, and the installed `flash_attn` must be a 2.x release."""

@@ -26,12 +26,16 @@ def case_layout(case: Case) -> str:
 
 
 def layout_refusal(backend: Any, case: Case) -> str | None:
-    """Why `backend` cannot serve the case's layout (not declared, or a backward mode on a serving layout), or None."""
+    """Why `backend` cannot serve the case's layout (not declared; on a serving layout, a backward mode or a mask it does not translate), or None."""
     layout = case_layout(case)
     if layout not in backend.layouts:
         return f"{backend.name} does not serve the {layout} layout (it serves: {', '.join(sorted(backend.layouts))})"
-    if layout != "dense" and case.mode != "fwd":
+    if layout == "dense":
+        return None
+    if case.mode != "fwd":
         return f"{backend.name} runs the {layout} layout forward only (a serving batch is an inference step)"
+    if case.window is not None or case.mla:
+        return f"{backend.name}'s {layout} translation has no {'sliding window' if case.window is not None else 'MLA latent cache'}"
     return None
 
 
