@@ -7,7 +7,8 @@ Every batch goes through one of FlashInfer's planned wrappers, in the NHD layout
     paged          BatchPrefillWithPagedKVCacheWrapper    plan(qo_indptr, paged_kv_indptr, paged_kv_indices,
                                                                paged_kv_last_page_len, …); run(q, (k_pages, v_pages))
 
-A dense case is the ragged batch whose sequences all have S_q queries and S_kv keys. Paged arguments
+A dense case is the ragged batch whose sequences all have S_q queries and S_kv keys (a dense decode,
+its KV one page per sequence, runs the decode wrapper). Paged arguments
 are FlashInfer's CSR page table: sequence i's pages are `indices[indptr[i]:indptr[i+1]]`, in the
 sequence's own order (read from the block table, never assumed in order), and its KV length is
 `page_size·(pages − 1) + last_page_len[i]` with 1 ≤ last_page_len ≤ page_size. Causal masks are
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -90,18 +91,27 @@ def flashinfer_call(inputs: RaggedInputs, dtype: torch.dtype, window_left: int =
 
 
 def dense_as_ragged(case: Case, inputs: AttentionInputs) -> RaggedInputs:
-    """A dense case as the ragged batch it is: B sequences of S_q queries and S_kv keys, packed (copies, untimed)."""
+    """A dense case as the ragged batch it is: B sequences of S_q queries and S_kv keys, packed (copies, untimed).
+
+    A decode case (S_q = 1, no window) is also given its KV as a paged cache of one S_kv-token page per
+    sequence, so that it runs FlashInfer's decode kernel, the one a server calls for decode steps.
+    """
     def rows(t: torch.Tensor) -> torch.Tensor:
         return t.detach().transpose(1, 2).reshape(-1, t.shape[1], t.shape[-1]).contiguous()
 
     device = inputs.q.device
     cu = lambda S: torch.arange(0, (case.B + 1) * S, S, dtype=torch.int32, device=device)  # noqa: E731
-    return RaggedInputs(rows(inputs.q), rows(inputs.k), rows(inputs.v), (case.S_q,) * case.B, (case.S_kv,) * case.B,
-                        cu(case.S_q), cu(case.S_kv), causal=case.causal or case.window is not None)
+    ragged = RaggedInputs(rows(inputs.q), rows(inputs.k), rows(inputs.v), (case.S_q,) * case.B, (case.S_kv,) * case.B,
+                          cu(case.S_q), cu(case.S_kv), causal=case.causal or case.window is not None)
+    if case.S_q != 1 or case.window is not None or case.d_k != case.d_v:
+        return ragged
+    pages = lambda t: t.view(case.B, case.S_kv, *t.shape[1:])  # noqa: E731
+    table = torch.arange(case.B, dtype=torch.int32, device=device)[:, None]
+    return replace(ragged, page_size=case.S_kv, k_pages=pages(ragged.k), v_pages=pages(ragged.v), block_table=table)
 
 
 def flashinfer_dense_call(case: Case, inputs: AttentionInputs) -> FlashinferCall:
-    """A dense case through the ragged prefill wrapper; a window of w keys is FlashInfer's window_left = w − 1."""
+    """A dense case through the ragged prefill wrapper (decode: the paged decode wrapper); a window of w keys is window_left = w − 1."""
     call = flashinfer_call(dense_as_ragged(case, inputs), torch_dtype(case), -1 if case.window is None else case.window - 1)
     call.to_checked = lambda out: out.reshape(case.B, case.S_q, case.H, out.shape[-1]).transpose(1, 2)
     return call
