@@ -379,9 +379,9 @@ def test_flash_prepare_calls_the_named_function_and_returns_packed_rows(monkeypa
     inputs = ragged_batch([1, 1, 1], [9, 4, 12], page_size=page_size, causal=True, seed=2)
     case = serving_case(device="cuda", dtype="bf16", layout="packed" if page_size is None else "paged", page_size=page_size)
     prepared = backend_cls().prepare(case, inputs)
-    assert called == [] and prepared.notes["layout"] == case.layout
+    assert len(called) == 1 and prepared.notes["layout"] == case.layout  # the untimed probe call
     assert agrees(prepared.to_bhsd(prepared.fn()), inputs)
-    assert called and prepared.notes["kernel"].endswith(called[0])
+    assert called == called[:1] * 2 and prepared.notes["kernel"].endswith(called[0])
 
 
 def test_flashinfer_prepare_plans_once_untimed_and_runs_the_planned_wrapper(monkeypatch):
@@ -457,3 +457,22 @@ def test_serving_layouts_refuse_what_their_translations_do_not_carry():
         assert backend.supports(paged) is None, backend.name
         assert "sliding window" in backend.supports(paged.replace(window=8)), backend.name
         assert "does not serve the padded layout" in backend.supports(paged.replace(layout="padded")), backend.name
+
+
+def test_a_flash_build_that_refuses_paged_kv_is_unsupported_with_its_words(monkeypatch):
+    import sys
+
+    def refusing(*args, **kwargs):
+        raise RuntimeError("This flash attention build does not support paged KV.")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    inputs = ragged_batch([1, 1], [5, 9], page_size=4, seed=9)
+    case = serving_case(device="cuda", dtype="bf16", layout="paged", page_size=4)
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", _module("flash_attn_interface", flash_attn_with_kvcache=refusing))
+    with pytest.raises(Unsupported, match="flash-attn3 flash_attn_with_kvcache: This flash attention build does not support paged KV"):
+        FlashAttn3Backend().prepare(case, inputs)
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", _module("flash_attn_interface", flash_attn_with_kvcache=broken))
+    with pytest.raises(RuntimeError, match="illegal memory access"):  # a failure stays a failure
+        FlashAttn3Backend().prepare(case, inputs)

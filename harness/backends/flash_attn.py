@@ -32,9 +32,14 @@ from harness.backends.ragged_args import (
     case_layout, is_paged, kernel_block_table, layout_refusal, lengths_int32, softmax_scale, uniform_length,
 )
 from harness.backends.registry import register
+from harness.errors import Unsupported
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs
 from harness.suite.ragged import RaggedInputs
+
+#: How FlashAttention words a configuration its build or kernels refuse (e.g. FA3 built without paged KV:
+#: "This flash attention build does not support paged KV."), as opposed to a failure.
+REFUSALS = ("does not support", "not supported", "only supports")
 
 
 @dataclass
@@ -257,6 +262,14 @@ class _FlashBase(Backend):
         def fn() -> torch.Tensor:
             return first(kernel(*args, **kwargs))
 
+        try:
+            # One untimed call: a build compiled without paged KV (or varlen) refuses only when called.
+            fn()
+        except (RuntimeError, AssertionError, NotImplementedError) as exc:
+            message = " ".join(str(exc).split())[:300]
+            if any(words in message for words in REFUSALS):
+                raise Unsupported(f"{self.name} {call.function}: {message}") from None
+            raise
         notes = {"kernel": f"{self.module}.{call.function}", "layout": "paged" if is_paged(inputs) else "packed"}
         return Prepared(fn=fn, to_bhsd=call.to_packed, notes=notes)
 
