@@ -1,4 +1,4 @@
-"""Ragged batches built directly from lengths, their per-sequence float64 reference, and a Case that names the layout.
+"""Ragged batches built directly from lengths, their per-sequence float64 reference, and a stand-in for a ragged case.
 
 The adapters' tests build their own RaggedInputs (seeded) rather than the suite's generator, so a
 translation is checked against the layout contract of harness.suite.ragged itself. Pages are a
@@ -13,7 +13,6 @@ import math
 
 import torch
 
-from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs
 
 
@@ -85,16 +84,37 @@ def agrees(out: torch.Tensor, inputs: RaggedInputs, tol: float = 1e-4) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class _LayoutCase(Case):
-    """Case with issue 21's serving fields, for a checkout where Case does not have them yet."""
+class LayoutCase:
+    """A stand-in for a ragged Case with the fields an adapter's `supports` and `prepare` read.
 
-    layout: str = "dense"
+    Not a Case: a real ragged Case must also carry the lengths its `length_dist` draws from its seed
+    (checked by the suite's own tests); these tests hand the adapters RaggedInputs built from lengths
+    directly, and need only the case's dtype, device, mode, head dims, mask and layout.
+    """
+
+    B: int = 2
+    S_q: int = 8
+    S_kv: int = 8
+    H: int = 4
+    H_kv: int = 2
+    d_k: int = 16
+    d_v: int = 16
+    dtype: str = "fp32"
+    device: str = "cpu"
+    causal: bool = False
+    mode: str = "fwd"
+    window: int | None = None
+    padding: bool = False
+    mla: bool = False
+    seed: int = 0
+    layout: str = "packed"
     page_size: int | None = None
 
+    def replace(self, **changes) -> "LayoutCase":
+        """A copy with some fields changed, as Case.replace."""
+        return dataclasses.replace(self, **changes)
 
-def serving_case(**fields) -> Case:
-    """A Case carrying `layout` and `page_size` (the real fields when Case has them)."""
-    names = {f.name for f in dataclasses.fields(Case)}
-    cls = Case if {"layout", "page_size"} <= names else _LayoutCase
-    base = dict(B=2, S_q=8, S_kv=8, H=4, H_kv=2, d_k=16, d_v=16)
-    return cls(**{**base, **fields})
+
+def serving_case(**fields) -> LayoutCase:
+    """A ragged case's stand-in (see LayoutCase)."""
+    return LayoutCase(**fields)

@@ -113,7 +113,7 @@ def dense_as_ragged(case: Case, inputs: AttentionInputs) -> RaggedInputs:
 
 def flashinfer_dense_call(case: Case, inputs: AttentionInputs) -> FlashinferCall:
     """A dense case through the ragged prefill wrapper (decode: the paged decode wrapper); a window of w keys is window_left = w − 1."""
-    call = flashinfer_call(dense_as_ragged(case, inputs), torch_dtype(case), -1 if case.window is None else case.window - 1)
+    call = flashinfer_call(dense_as_ragged(case, inputs), torch_dtype(case.dtype), -1 if case.window is None else case.window - 1)
     call.to_checked = lambda out: out.reshape(case.B, case.S_q, case.H, out.shape[-1]).transpose(1, 2)
     return call
 
@@ -163,7 +163,7 @@ class FlashinferBackend(Backend):
         """Translate (untimed), build the wrapper on a workspace, time `plan()` into plan_s, and time `run()`."""
         flashinfer = importlib.import_module("flashinfer")
         if isinstance(inputs, RaggedInputs):
-            call = flashinfer_call(inputs, torch_dtype(case))
+            call = flashinfer_call(inputs, torch_dtype(case.dtype))
         else:
             call = flashinfer_dense_call(case, inputs)
         device = inputs.q.device
