@@ -21,7 +21,6 @@ from harness.backends.compiled import NaiveCompiledBackend
 from harness.backends.sdpa import (
     FUSED_SDP_CHOICE_ARGUMENTS, SdpaBackend, causal_bias_materialize_problem, dispatched_kernel, fused_sdp_choice_problem,
 )
-from harness.backends.flex import donated_buffer_problem
 from harness.errors import Unsupported
 from harness.measure.cuda_clock import CudaEventClock, spin_problem
 from harness.measure.timers import device_clock
@@ -150,23 +149,13 @@ def test_cuda_pairs_are_unsupported_with_the_reason_when_sleep_is_missing(monkey
     _one_line_naming(outcome.reason, "torch.cuda._sleep", torch.__version__)
 
 
-# -- torch._functorch.config.donated_buffer: off for compiled bwd steps only, and only while they live --
-
-
-def test_donated_buffer_is_a_bool_flag():
-    assert donated_buffer_problem() is None
-    assert isinstance(functorch_config.donated_buffer, bool)
-
-
-def test_donated_buffer_problem_names_a_missing_flag(monkeypatch):
-    monkeypatch.delattr(functorch_config, "donated_buffer")
-    _one_line_naming(donated_buffer_problem(), "torch._functorch.config.donated_buffer", torch.__version__)
+# -- torch._functorch.config.donated_buffer: never changed; compiled bwd steps compile their backward for retain_graph --
 
 
 @pytest.mark.parametrize("mode", ["bwd", "fwd_bwd"])
 def test_compiled_backward_pairs_leave_donated_buffer_as_they_found_it(mode, one_thread):
-    # bwd differentiates one saved forward many times, which donated buffers forbid: it runs only
-    # with the flag off. Afterwards, and around every other mode, the flag is the process's own
+    # bwd differentiates one saved forward many times, which donated buffers forbid: its backward is
+    # compiled for that use, and the flag stays the process's own throughout
     # (set on here, torch's default, so that no earlier test's leftover can make this pass).
     own = functorch_config.donated_buffer
     functorch_config.donated_buffer = True

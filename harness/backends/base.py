@@ -38,6 +38,9 @@ class Prepared:
     #: projections): its own agreement check of one step's result (the output, or the leaves' gradients),
     #: returning a `harness.attention.numerics.Agreement`. None: the runner compares with the attention reference.
     check: Callable[[Any], Any] | None = None
+    #: Seconds of the backend's untimed per-batch set-up (FlashInfer's plan(), a BlockMask, scheduler metadata),
+    #: measured by the adapter around that set-up alone: the row's `plan_ms` (a server pays it once per step).
+    plan_s: float | None = None
 
 
 class Backend:

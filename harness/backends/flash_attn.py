@@ -4,6 +4,12 @@
 - `flash-attn3`: the Hopper build, `flash_attn_interface` (sm90).
 - `flash-attn4`: the CuTe-DSL build, `flash_attn.cute` (sm90, sm100/sm110).
 
+Serving layouts (a `RaggedInputs` batch): packed → `flash_attn_varlen_func` on the packed rows with
+`cu_seqlens_q/k`; paged → `flash_attn_with_kvcache` with `cache_seqlens` and the block table (FA2's
+`block_table`, FA3's `page_table`) when every sequence has the same query length, else the varlen
+function over the pages (FA2: `block_table` with `cu_seqlens_k`; FA3: `flash_attn_with_kvcache` with
+`cu_seqlens_q`; FA4 always: `flash_attn_varlen_func` with `page_table` and `seqused_k`).
+
 `flash_call` translates a case into the kernel's arguments (BSHD layout, packed rows with cumulative
 sequence lengths, window sizes); it is a plain function of CPU-runnable torch code, tested on the CPU
 against FlashAttention's documented contract. The kernels themselves need a GPU and are unverified
@@ -22,9 +28,18 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.layouts import Varlen, from_bshd, is_causal, pack, to_bshd, unpack, varlen, window_size
+from harness.backends.ragged_args import (
+    case_layout, is_paged, kernel_block_table, layout_refusal, lengths_int32, softmax_scale, uniform_length,
+)
 from harness.backends.registry import register
+from harness.errors import Unsupported
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs
+from harness.suite.ragged import RaggedInputs
+
+#: How FlashAttention words a configuration its build or kernels refuse (e.g. FA3 built without paged KV:
+#: "This flash attention build does not support paged KV."), as opposed to a failure.
+REFUSALS = ("does not support", "not supported", "only supports")
 
 
 @dataclass
@@ -77,6 +92,56 @@ def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None =
     )
 
 
+@dataclass
+class FlashRaggedCall:
+    """One FlashAttention call on a ragged batch: the function's name, its arguments, and how its output becomes `[T_q, H, d_v]`."""
+
+    function: str
+    args: tuple[torch.Tensor, ...]
+    kwargs: dict[str, Any]
+    to_packed: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def flash_ragged_call(inputs: RaggedInputs, generation: int) -> FlashRaggedCall:
+    """Translate a packed or paged batch into FlashAttention `generation`'s (2, 3 or 4) arguments (untimed).
+
+    Paged: k/v are the page pools `[num_pages, page_size, H_kv, d]` as they lie; unused block-table
+    entries point at page 0 (ragged_args.kernel_block_table), never read past a sequence's length.
+    """
+    q = inputs.q.detach()
+    device = q.device
+    lens_q = inputs.seq_lens_q
+    common: dict[str, Any] = {"softmax_scale": softmax_scale(inputs), "causal": inputs.causal}
+    ragged_q = {"cu_seqlens_q": inputs.cu_seqlens_q.to(torch.int32), "max_seqlen_q": max(lens_q)}
+    if not is_paged(inputs):
+        kwargs = {**ragged_q, "cu_seqlens_k": inputs.cu_seqlens_kv.to(torch.int32), "max_seqlen_k": max(inputs.seq_lens_kv), **common}
+        return FlashRaggedCall("flash_attn_varlen_func", (q, inputs.k.detach(), inputs.v.detach()), kwargs, _same)
+    pools = (q, inputs.k_pages.detach(), inputs.v_pages.detach())
+    table = kernel_block_table(inputs)
+    kv_lens = lengths_int32(inputs.seq_lens_kv, device)
+    if generation == 4:
+        kwargs = {**ragged_q, "seqused_k": kv_lens, "page_table": table, **common}
+        return FlashRaggedCall("flash_attn_varlen_func", pools, kwargs, _same)
+    table_name = "block_table" if generation == 2 else "page_table"
+    S_q = uniform_length(lens_q)
+    if S_q is not None:
+        # Every sequence has S_q queries, so the packed rows are already the documented [B, S_q, H, d].
+        H, d = q.shape[1:]
+        q_bshd = q.reshape(len(lens_q), S_q, H, d)
+        kwargs = {"cache_seqlens": kv_lens, table_name: table, **common}
+        return FlashRaggedCall("flash_attn_with_kvcache", (q_bshd, *pools[1:]), kwargs, lambda out: out.reshape(-1, H, out.shape[-1]))
+    if generation == 2:
+        kwargs = {**ragged_q, "cu_seqlens_k": inputs.cu_seqlens_kv.to(torch.int32), "max_seqlen_k": max(inputs.seq_lens_kv),
+                  "block_table": table, **common}
+        return FlashRaggedCall("flash_attn_varlen_func", pools, kwargs, _same)
+    kwargs = {**ragged_q, "cache_seqlens": kv_lens, "page_table": table, **common}
+    return FlashRaggedCall("flash_attn_with_kvcache", pools, kwargs, _same)
+
+
 def first(result: Any) -> torch.Tensor:
     """The output of a FlashAttention call: some versions return `(out, lse)` or `(out, lse, …)`."""
     return result[0] if isinstance(result, (tuple, list)) else result
@@ -106,6 +171,12 @@ class _FlashBase(Backend):
     same_head_dims: ClassVar[bool] = False
     #: How the build spells an unbounded window side.
     none_window: ClassVar[int | None] = -1
+    layouts = frozenset({"dense", "packed", "paged"})
+    #: The FlashAttention generation (2, 3, 4): which function and argument names serve a paged batch.
+    generation: ClassVar[int] = 2
+    #: What a paged KV cache's page size must be a multiple of, and the build's own rule in words.
+    page_multiple: ClassVar[int] = 1
+    page_rule_source: ClassVar[str] = ""
 
     def _import(self) -> Any:
         return importlib.import_module(self.module)
@@ -148,13 +219,21 @@ class _FlashBase(Backend):
             return f"{self.name} needs head dims that are multiples of 8 (case has d_k={case.d_k}, d_v={case.d_v})"
         if self.same_head_dims and case.d_v != case.d_k:
             return f"{self.name} needs d_v = d_k (case has d_k={case.d_k}, d_v={case.d_v})"
+        reason = layout_refusal(self, case)
+        if reason:
+            return reason
+        page_size = getattr(case, "page_size", None)
+        if case_layout(case) == "paged" and page_size and page_size % self.page_multiple:
+            return f"{self.name} needs a paged KV block size that is a multiple of {self.page_multiple} ({self.page_rule_source}; case has page_size={page_size})"
         return None
 
     def _kernels(self, mod: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
         return mod.flash_attn_func, mod.flash_attn_varlen_func
 
-    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+    def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Translate the inputs (untimed), then time one kernel call on them."""
+        if isinstance(inputs, RaggedInputs):
+            return self._prepare_ragged(inputs)
         dense, varlen_fn = self._kernels(self._import())
         call = flash_call(case, inputs, none_window=self.none_window, requires_grad=case.mode != "fwd")
         kernel = varlen_fn if call.is_varlen else dense
@@ -173,6 +252,26 @@ class _FlashBase(Backend):
 
         notes = {**call.layout, "kernel": f"{self.module}.{getattr(kernel, '__name__', 'flash_attn_func')}"}
         return Prepared(fn=fn, leaves=(q, k, v), to_bhsd=call.q_to_bhsd, from_bhsd=call.grad_from_bhsd, notes=notes, check=check)
+
+    def _prepare_ragged(self, inputs: RaggedInputs) -> Prepared:
+        """A packed or paged batch: one call of the function `flash_ragged_call` names, output as packed rows."""
+        call = flash_ragged_call(inputs, self.generation)
+        kernel = getattr(self._import(), call.function)
+        args, kwargs = call.args, call.kwargs
+
+        def fn() -> torch.Tensor:
+            return first(kernel(*args, **kwargs))
+
+        try:
+            # One untimed call: a build compiled without paged KV (or varlen) refuses only when called.
+            fn()
+        except (RuntimeError, AssertionError, NotImplementedError) as exc:
+            message = " ".join(str(exc).split())[:300]
+            if any(words in message for words in REFUSALS):
+                raise Unsupported(f"{self.name} {call.function}: {message}") from None
+            raise
+        notes = {"kernel": f"{self.module}.{call.function}", "layout": "paged" if is_paged(inputs) else "packed"}
+        return Prepared(fn=fn, to_bhsd=call.to_packed, notes=notes)
 
 
 def _dist_version(name: str) -> str | None:
@@ -196,6 +295,8 @@ class FlashAttn2Backend(_FlashBase):
     majors = (8, 9, 10, 11, 12)
     arch_words = "an Ampere or newer GPU (sm80+)"
     same_head_dims = True
+    page_multiple = 256
+    page_rule_source = "its paged kernels check page_block_size % 256 == 0"
 
     def available(self) -> str | None:
         """As the base, and the installed `flash_attn` must be a 2.x release."""
@@ -216,6 +317,7 @@ class FlashAttn3Backend(_FlashBase):
     dist = "flash_attn_3"
     majors = (9,)
     arch_words = "a Hopper GPU (sm90)"
+    generation = 3
 
 
 @register
@@ -230,6 +332,7 @@ class FlashAttn4Backend(_FlashBase):
     majors = (9, 10, 11)
     arch_words = "a Hopper or Blackwell GPU (sm90, sm100, sm110)"
     none_window = None
+    generation = 4
 
     def version(self) -> str:
         """The installed flash-attn-4 version."""

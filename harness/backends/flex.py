@@ -5,22 +5,31 @@ as `kv < len[b]`), and `create_block_mask` turns it into the block-sparse struct
 kernel skip fully masked tiles. Compilation happens once in `prepare`, timed there and recorded in
 the `compile_s` column, never inside latency. On the CPU, inductor generates C++ (it needs a C++
 compiler, as for any torch.compile on CPU); on CUDA, Triton kernels.
+
+Serving layouts (`ragged_mask_mod`): the packed queries are one sequence of T_q rows and each query
+row's document (its sequence) is looked up per token. Packed keys are masked to the query's own
+document, causal bottom-right within it. Paged keys are the page pool's slots in storage order; a
+page table inverted per sequence (physical page → logical page, -1 for a page the sequence does not
+own) turns a slot into the sequence's own KV position, as a paged KV cache reads it. The BlockMask
+build is the batch's plan, timed into `Prepared.plan_s`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
-import weakref
 from typing import Any, Callable
 
 import torch
 
 from harness.backends.base import Backend, Prepared
+from harness.backends.ragged_args import is_paged, layout_refusal, pages_used, timed_setup
 from harness.backends.registry import register
 from harness.suite.cases import Case
 from harness.errors import Unsupported
 from harness.suite.inputs import AttentionInputs, kv_lengths, q_lengths
+from harness.suite.ragged import RaggedInputs
 
 
 def mask_mod_for(case: Case, device: str | torch.device = "cpu") -> Callable[..., Any] | None:
@@ -60,6 +69,58 @@ def mask_mod_for(case: Case, device: str | torch.device = "cpu") -> Callable[...
     return dense
 
 
+def ragged_mask_mod(inputs: RaggedInputs) -> Callable[..., Any]:
+    """The mask of a packed or paged batch as a `mask_mod` over (packed query row, key slot in storage order)."""
+    device = inputs.q.device
+    B = inputs.batch_size
+    lens_q = torch.as_tensor(inputs.seq_lens_q, device=device)
+    lens_kv = torch.as_tensor(inputs.seq_lens_kv, device=device)
+    document = torch.repeat_interleave(torch.arange(B, device=device), lens_q)
+    q_start = inputs.cu_seqlens_q[:-1].to(device=device, dtype=torch.int64)
+    shift = lens_kv - lens_q  # bottom-right: query j of a sequence sits at key position j + shift
+    causal = inputs.causal
+    if not is_paged(inputs):
+        kv_document = torch.repeat_interleave(torch.arange(B, device=device), lens_kv)
+        kv_start = inputs.cu_seqlens_kv[:-1].to(device=device, dtype=torch.int64)
+
+        def packed(b, h, q_idx, kv_idx):
+            seq = document[q_idx]
+            keep = kv_document[kv_idx] == seq
+            if causal:
+                keep = keep & (kv_idx - kv_start[seq] <= q_idx - q_start[seq] + shift[seq])
+            return keep
+
+        return packed
+    page_size = inputs.page_size
+    logical = torch.full((B, inputs.k_pages.shape[0]), -1, dtype=torch.int64, device=device)
+    for b, used in enumerate(pages_used(inputs)):
+        logical[b, inputs.block_table[b, :used].to(device=device, dtype=torch.int64)] = torch.arange(used, device=device)
+
+    def paged(b, h, q_idx, kv_idx):
+        seq = document[q_idx]
+        page = logical[seq, kv_idx // page_size]
+        position = page * page_size + kv_idx % page_size
+        keep = (page >= 0) & (position < lens_kv[seq])
+        if causal:
+            keep = keep & (position <= q_idx - q_start[seq] + shift[seq])
+        return keep
+
+    return paged
+
+
+def flex_ragged_layout(inputs: RaggedInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v of a packed or paged batch as flex's `[1, H, T, d]` (copies, untimed): the page pool keeps its page order."""
+    def heads_first(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().transpose(0, 1).unsqueeze(0).contiguous()
+
+    if is_paged(inputs):
+        k = inputs.k_pages.reshape(-1, *inputs.k_pages.shape[2:])
+        v = inputs.v_pages.reshape(-1, *inputs.v_pages.shape[2:])
+    else:
+        k, v = inputs.k, inputs.v
+    return heads_first(inputs.q), heads_first(k), heads_first(v)
+
+
 def compiler_reason(device: str) -> str | None:
     """Why torch.compile cannot generate code for `device` here, or None."""
     if device == "cpu":
@@ -92,6 +153,7 @@ class FlexBackend(Backend):
     family = "flex"
     description = "torch.compile(flex_attention) with a BlockMask; compile time in compile_s"
     native_gqa = True
+    layouts = frozenset({"dense", "packed", "paged"})
 
     def available(self) -> str | None:
         """Needs torch.nn.attention.flex_attention (torch ≥ 2.5) and a compiler for this machine's device."""
@@ -112,114 +174,89 @@ class FlexBackend(Backend):
             return f"flex_attention has no backward on CPU in torch {torch.__version__} (torch raises NotImplementedError); backward runs on CUDA"
         if case.device == "cuda" and min(case.d_k, case.d_v) < 16:
             return f"flex_attention's CUDA kernels need head dims ≥ 16 (case has d_k={case.d_k}, d_v={case.d_v})"
-        return compiler_reason(case.device)
+        return layout_refusal(self, case) or compiler_reason(case.device)
 
-    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
-        """Build the block mask and compile (both untimed; compile time kept apart), then time the compiled call."""
+    def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
+        """Build the block mask (the plan, timed into plan_s) and compile (compile time kept apart), then time the compiled call."""
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        q, k, v = inputs.q, inputs.k, inputs.v
+        to_bhsd: Callable[[torch.Tensor], torch.Tensor] | None = None
+        if isinstance(inputs, RaggedInputs):
+            q, k, v = flex_ragged_layout(inputs)
+            mod, batch = ragged_mask_mod(inputs), None
+            to_bhsd = _packed_rows  # [1, H, T_q, d_v] → the packed [T_q, H, d_v]
+        else:
+            q, k, v = inputs.q, inputs.k, inputs.v
+            mod, batch = mask_mod_for(case, q.device), (case.B if case.padding else None)
         device = q.device
-        mod = mask_mod_for(case, device)
-        notes: dict[str, Any] = {}
-        block_mask = None
+        notes: dict[str, Any] = {"layout": "paged" if is_paged(inputs) else "packed"} if to_bhsd else {}
+        block_mask, plan_s = None, None
         if mod is not None:
-            start = time.perf_counter()
-            block_mask = create_block_mask(mod, B=case.B if case.padding else None, H=None, Q_LEN=case.S_q, KV_LEN=case.S_kv, device=device)
-            notes["block_mask_s"] = time.perf_counter() - start
+            block_mask, plan_s = timed_setup(
+                lambda: create_block_mask(mod, B=batch, H=None, Q_LEN=q.shape[2], KV_LEN=k.shape[2], device=device), device)
             notes["block_sparsity"] = round(float(block_mask.sparsity()), 2)
         compiled = fresh_compile(flex_attention)
-        gqa = case.H_kv != case.H
-        scale = 1.0 / (case.d_k ** 0.5)
+        gqa = k.shape[1] != q.shape[1]
+        scale = 1.0 / (q.shape[-1] ** 0.5)
 
         def fn() -> torch.Tensor:
             return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
         try:
-            compile_s = compile_timed(fn, case, (q, k, v), notes)
+            compile_s = compile_timed(fn, case, (q, k, v))
         except torch._dynamo.exc.Unsupported as exc:
             raise Unsupported(f"flex: torch.compile cannot trace this case: {' '.join(str(exc).split())[:200]}") from None
-        return Prepared(fn=fn, leaves=(q, k, v), notes=notes, compile_s=compile_s)
+        if to_bhsd is not None:
+            return Prepared(fn=fn, to_bhsd=to_bhsd, notes=notes, compile_s=compile_s, plan_s=plan_s)
+        return Prepared(fn=fn, leaves=(q, k, v), notes=notes, compile_s=compile_s, plan_s=plan_s)
 
 
-def donated_buffer_problem() -> str | None:
-    """Why the private `torch._functorch.config.donated_buffer` cannot be turned off here, or None when it is the bool the harness sets."""
-    try:
-        import torch._functorch.config as functorch_config
-    except ImportError as exc:
-        return f"torch {torch.__version__} has no torch._functorch.config ({' '.join(str(exc).split())[:200]})"
-    value = getattr(functorch_config, "donated_buffer", None)
-    if not isinstance(value, bool):
-        return f"torch {torch.__version__} has no bool torch._functorch.config.donated_buffer (found {value!r})"
-    return None
+def _packed_rows(out: torch.Tensor) -> torch.Tensor:
+    """flex's `[1, H, T_q, d_v]` output as the packed `[T_q, H, d_v]` rows of RaggedInputs."""
+    return out[0].transpose(0, 1)
 
 
-class DonatedBuffersOff:
-    """AOTAutograd's donated buffers off while any compiled `bwd` step lives; the process's own setting back after the last.
-
-    The `bwd` mode differentiates one saved forward many times (retain_graph), which donated
-    buffers forbid, and torch reads the flag again on every backward call, not only when it
-    compiles: a `config.patch` around the compile is not enough. Tying the setting to the timed
-    callable's lifetime keeps it from leaking into later pairs (a `fwd_bwd` pair would otherwise
-    be measured with more backward memory or not depending on whether a `bwd` pair ran before it).
-    """
-
-    def __init__(self) -> None:
-        self.holders = 0
-        self.saved: bool | None = None
-
-    def hold(self, owner: object) -> str | None:
-        """Turn donated buffers off until `owner` is garbage collected; why they cannot be, or None."""
-        problem = donated_buffer_problem()
-        if problem:
-            return problem
-        import torch._functorch.config as functorch_config
-
-        if self.holders == 0:
-            self.saved = functorch_config.donated_buffer
-            functorch_config.donated_buffer = False
-        self.holders += 1
-        weakref.finalize(owner, self._release)
-        return None
-
-    def _release(self) -> None:
-        import torch._functorch.config as functorch_config
-
-        self.holders -= 1
-        if self.holders == 0:
-            functorch_config.donated_buffer = self.saved
-
-
-#: The one holder of the process-wide flag, shared by every compiled backend.
-DONATED_BUFFERS_OFF = DonatedBuffersOff()
-
-
-def compile_timed(fn: Callable[[], torch.Tensor], case: Case, leaves: tuple[torch.Tensor, ...],
-                  notes: dict[str, Any] | None = None) -> float:
+def compile_timed(fn: Callable[[], torch.Tensor], case: Case, leaves: tuple[torch.Tensor, ...]) -> float:
     """Call a freshly compiled `fn` twice; its compile time is the first call's time minus the second's.
 
     In backward modes each call also differentiates with respect to `leaves`, so the backward graph
-    is compiled here too and not on the first timed iteration. In `bwd` mode donated buffers are off
-    for as long as `fn` lives (DonatedBuffersOff); when they cannot be turned off, `notes` says why.
+    is compiled here too and not on the first timed iteration. In `bwd` mode that first backward
+    keeps its graph, as every timed one does: AOTAutograd compiles a backward first called that way
+    without donated buffers (they forbid retain_graph), so `torch._functorch.config.donated_buffer`
+    is never touched and the process keeps its own setting for every pair, before and after this one.
     """
-    if case.mode == "bwd":
-        problem = DONATED_BUFFERS_OFF.hold(fn)
-        if problem and notes is not None:
-            notes["donated_buffer"] = f"left as torch has it: {problem}"
+    retain = case.mode == "bwd"
 
     def first_calls() -> None:
         out = fn()
         if case.mode != "fwd" and all(t.requires_grad for t in leaves):
-            torch.autograd.grad(out, leaves, torch.ones_like(out))
+            torch.autograd.grad(out, leaves, torch.ones_like(out), retain_graph=retain)
 
     timings = []
-    for _ in range(2):
-        if case.device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        with torch.set_grad_enabled(case.mode != "fwd"):
-            first_calls()
-        if case.device == "cuda":
-            torch.cuda.synchronize()
-        timings.append(time.perf_counter() - start)
+    with _no_autograd_cache() if retain else contextlib.nullcontext():
+        for _ in range(2):
+            if case.device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.set_grad_enabled(case.mode != "fwd"):
+                first_calls()
+            if case.device == "cuda":
+                torch.cuda.synchronize()
+            timings.append(time.perf_counter() - start)
     return max(0.0, timings[0] - timings[1])
+
+
+def _no_autograd_cache() -> contextlib.AbstractContextManager[Any]:
+    """AOTAutograd's compiled-graph cache off for this compile only (private `torch._functorch.config.enable_autograd_cache`).
+
+    A cached graph arrives with its backward already compiled, donated buffers and all, if a `fwd_bwd`
+    pair (or an earlier process: the cache is on disk) compiled the same graph; the `bwd` step's
+    retain_graph backward would then be refused. Without the cache its backward is compiled here,
+    for retain_graph, and nothing from it is stored to change a later `fwd_bwd` pair's memory either.
+    A torch without the flag has no such cache to bypass.
+    """
+    import torch._functorch.config as functorch_config
+
+    if not isinstance(getattr(functorch_config, "enable_autograd_cache", None), bool):
+        return contextlib.nullcontext()
+    return functorch_config.patch(enable_autograd_cache=False)

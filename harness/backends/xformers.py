@@ -5,6 +5,12 @@ expanded along g with stride 0, so nothing is copied. Masks are xFormers' attent
 bottom-right aligned (per sequence with padding), the harness's convention. `xformers_call` is the
 translation, a plain function tested on the CPU (its biases materialise on the CPU too); the
 kernels have no CPU implementation and are unverified until `make gpu-check` runs on a GPU.
+
+Serving layouts (`xformers_ragged_call`): packed rows as one `[1, T, H, d]` sequence with a
+block-diagonal bias (`BlockDiagonalMask`, causal `BlockDiagonalCausalFromBottomRightMask`); paged,
+the page pool viewed as `[1, num_pages·page_size, H_kv, d]` with `PagedBlockDiagonalPaddedKeysMask`
+(causal: `PagedBlockDiagonalCausalWithOffsetPaddedKeysMask`), which reads sequence b's logical page p
+at physical page block_tables[b, p]. Which operator serves them is the dispatcher's answer, in notes.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.layouts import from_bshd, kv_to_bmghk, pack, to_bshd, unpack, varlen
+from harness.backends.ragged_args import is_paged, kernel_block_table, layout_refusal, softmax_scale
 from harness.backends.registry import register
 from harness.suite.cases import Case
+from harness.suite.ragged import RaggedInputs
 from harness.errors import Unsupported
 from harness.private_api import refused_signature
 from harness.suite.inputs import AttentionInputs
@@ -148,6 +156,49 @@ def xformers_call(case: Case, inputs: AttentionInputs, attn_bias: Any, *, requir
     )
 
 
+def xformers_ragged_call(inputs: RaggedInputs, fmha_bias: Any) -> XformersCall:
+    """Translate a packed or paged batch into `memory_efficient_attention`'s arguments and bias (untimed).
+
+    q is the packed rows as one sequence `[1, T_q, H, d_k]`; k/v the packed rows `[1, T_kv, H_kv, d]`, or
+    for a paged batch the page pools flattened to `[1, num_pages·page_size, H_kv, d]` (a view, no copy).
+    """
+    q = inputs.q.detach().unsqueeze(0)
+    H, d_k = q.shape[2:]
+    H_kv = inputs.k.shape[1]
+    lens_q, lens_kv = list(inputs.seq_lens_q), list(inputs.seq_lens_kv)
+    if is_paged(inputs):
+        num_pages, page_size = inputs.k_pages.shape[:2]
+        k = inputs.k_pages.detach().reshape(1, num_pages * page_size, H_kv, d_k)
+        v = inputs.v_pages.detach().reshape(1, num_pages * page_size, H_kv, inputs.v_pages.shape[-1])
+        cls = fmha_bias.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask if inputs.causal else fmha_bias.PagedBlockDiagonalPaddedKeysMask
+        bias = cls.from_seqlens(q_seqlen=lens_q, kv_seqlen=lens_kv, block_tables=kernel_block_table(inputs), page_size=page_size,
+                                device=inputs.q.device)
+    else:
+        k, v = inputs.k.detach().unsqueeze(0), inputs.v.detach().unsqueeze(0)
+        cls = fmha_bias.BlockDiagonalCausalFromBottomRightMask if inputs.causal else fmha_bias.BlockDiagonalMask
+        try:
+            bias = cls.from_seqlens(lens_q, lens_kv, device=inputs.q.device)
+        except ValueError as exc:  # a causal block with fewer keys than queries: xFormers leaves it undefined
+            raise Unsupported(f"xformers: {' '.join(str(exc).split())[:200]}") from None
+    g = H // H_kv
+
+    def view(ql: torch.Tensor, kl: torch.Tensor, vl_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if g == 1:
+            return ql, kl, vl_
+        return ql.view(1, ql.shape[1], H_kv, g, d_k), kv_to_bmghk(kl, g), kv_to_bmghk(vl_, g)
+
+    def to_packed(out: torch.Tensor) -> torch.Tensor:
+        return out.reshape(out.shape[1], H, out.shape[-1])
+
+    notes = {"layout": "paged" if is_paged(inputs) else "packed", "attn_bias": type(bias).__name__}
+    return XformersCall(q, k, v, bias, softmax_scale(inputs), view, out_to_bhsd=to_packed, q_to_bhsd=to_packed,
+                        kv_to_bhsd=_unused_in_forward, grad_from_bhsd=_unused_in_forward, notes=notes)
+
+
+def _unused_in_forward(t: torch.Tensor) -> torch.Tensor:
+    raise Unsupported("xformers runs the serving layouts forward only")
+
+
 @register
 class XformersBackend(Backend):
     """xformers.ops.memory_efficient_attention (xFormers chooses among its cutlass, flash, ck, triton operators)."""
@@ -157,10 +208,15 @@ class XformersBackend(Backend):
     description = "xformers.ops.memory_efficient_attention; the operator it dispatched to is in notes"
     devices = ("cuda",)
     native_gqa = True
+    layouts = frozenset({"dense", "packed", "paged"})
 
     def version(self) -> str:
         """The installed xFormers version."""
         return xformers_version()
+
+    def supports(self, case: Case) -> str | None:
+        """A CUDA case in a layout it serves (serving layouts forward only)."""
+        return super().supports(case) or layout_refusal(self, case)
 
     def available(self) -> str | None:
         """A CUDA device (xFormers has no CPU kernel), xFormers installed, and its compiled extensions loaded."""
@@ -175,15 +231,19 @@ class XformersBackend(Backend):
             return f"xformers failed to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         return broken
 
-    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+    def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Translate the inputs (untimed), ask xFormers' dispatcher which operator it will use, and time the call."""
         xops, _ = import_xformers()
         from xformers.ops import fmha
 
-        bias = attention_bias(case, fmha.attn_bias)
-        if bias is not None and hasattr(bias, "to"):
-            bias = bias.to(inputs.q.device)
-        call = xformers_call(case, inputs, bias, requires_grad=case.mode != "fwd")
+        if isinstance(inputs, RaggedInputs):
+            call = xformers_ragged_call(inputs, fmha.attn_bias)
+            bias = call.attn_bias
+        else:
+            bias = attention_bias(case, fmha.attn_bias)
+            if bias is not None and hasattr(bias, "to"):
+                bias = bias.to(inputs.q.device)
+            call = xformers_call(case, inputs, bias, requires_grad=case.mode != "fwd")
         notes = dict(call.notes)
         notes["attn_bias"] = type(bias).__name__ if bias is not None else None
         ql, kl, vl = call.view(call.q, call.k, call.v)
@@ -226,6 +286,8 @@ class XformersBackend(Backend):
             dq, dk, dv = result
             return check_backward(case, inputs, [call.q_to_bhsd(dq), call.kv_to_bhsd(dk), call.kv_to_bhsd(dv)])
 
+        if isinstance(inputs, RaggedInputs):  # checked by the runner against each sequence's own reference
+            return Prepared(fn=fn, to_bhsd=call.out_to_bhsd, notes=notes)
         return Prepared(fn=fn, leaves=(q, k, v), to_bhsd=call.out_to_bhsd, from_bhsd=call.grad_from_bhsd, notes=notes, check=check)
 
 
