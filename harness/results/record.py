@@ -73,6 +73,15 @@ class Record:
     mla: bool
     seed: int
     backend: str
+    #: The batch's layout and, for a batch of requests, its page size, the description its lengths were drawn from
+    #: and the lengths (harness.suite.cases.Case); tokens_q/tokens_kv: its real query and KV tokens (a dense case's too).
+    layout: str = "dense"
+    page_size: int | None = None
+    length_dist: str | None = None
+    seq_lens_q: list[int] | None = None
+    seq_lens_kv: list[int] | None = None
+    tokens_q: int | None = None
+    tokens_kv: int | None = None
     #: MHA, GQA or MQA (derived from H and H_kv; empty in a record written without it).
     attention_kind: str = ""
     family: str = ""
@@ -111,6 +120,8 @@ class Record:
     cpu_wall_ratio: float | None = None
     timer: str | None = None
     compile_s: float | None = None
+    #: Milliseconds of the backend's untimed per-batch set-up (FlashInfer's plan(), a BlockMask), timed on its own.
+    plan_ms: float | None = None
     peak_mem_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     memory_method: str | None = None
@@ -257,7 +268,9 @@ def _check_case_id(record: Record, where: str) -> None:
 
 
 def _clean(value: Any) -> Any:
-    """JSON has no NaN or Infinity: store them as null; numpy scalars as the Python numbers they are."""
+    """JSON has no NaN or Infinity: store them as null; numpy scalars as the Python numbers they are; tuples as lists."""
+    if isinstance(value, tuple):
+        return list(value)
     if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
