@@ -138,9 +138,10 @@ class Lengths:
 
     @property
     def id_text(self) -> str:
-        """The text a case id carries: the canonical one; a file by its name's safe characters (the id adds the lengths' hash)."""
+        """The text a case id carries: the canonical one with `_` for `,` (`--case` lists ids by commas); a file by its name's
+        safe characters (the id adds the lengths' hash)."""
         if self.kind != "file":
-            return self.text
+            return self.text.replace(",", "_")
         return "file:" + re.sub(r"[^A-Za-z0-9_.]+", "_", Path(self.params[0]).name)
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -290,6 +291,11 @@ def lengths_digest(seq_lens_q: tuple[int, ...], seq_lens_kv: tuple[int, ...]) ->
     """Eight hex digits of SHA-256 over a batch's lengths: what a case id drawn from a user's file carries instead of them."""
     text = ",".join(map(str, seq_lens_q)) + ";" + ",".join(map(str, seq_lens_kv))
     return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def from_id_text(text: str) -> Batch:
+    """The batch a case id's `L` token names (its `_` are the canonical text's `,`); files named, not read."""
+    return parse_batch(text.replace("_", ","), read=False)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from harness.errors import UserError
-from harness.suite.batch import case_batch, lengths_digest
+from harness.suite.batch import case_batch, from_id_text, lengths_digest
 
 #: Short dtype names used in ids, CSVs and suite files, mapped to torch dtype attribute names.
 DTYPES: dict[str, str] = {
@@ -316,7 +316,7 @@ def parse_case_id(case_id: str, device: str = "cpu") -> Case:
 
 def _draw_id_lengths(case_id: str, fields: dict[str, Any]) -> None:
     """Fill in the lengths an id's batch draws from its seed; UserError for one drawn from a user's file, which an id cannot redraw."""
-    batch = case_batch(fields["length_dist"])
+    batch = from_id_text(fields["length_dist"])
     if batch.from_file:
         raise UserError(f"case id {case_id!r} draws its lengths from a user's file: rebuild it from a record's fields "
                         f"(seq_lens_q, seq_lens_kv), which carry them")

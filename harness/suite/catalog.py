@@ -96,10 +96,10 @@ def pair_key(case: Case, backend: str) -> str:
 
 
 def builtin_suites() -> list[str]:
-    """Names of the suites shipped in the `suites` package."""
+    """Names of the suites shipped in the `suites` package (module `serving_quick` is the suite `serving-quick`)."""
     import suites
 
-    return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith(("_", "test_", "conftest")))
+    return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith(("_", "test_", "conftest")))
 
 
 def model_suite(spec: str) -> Suite:
@@ -144,7 +144,7 @@ def load_suite(name_or_path: str) -> Suite:
         return suite_from_toml(path)
     if name_or_path not in builtin_suites():
         raise UserError(f"unknown suite {name_or_path!r}: built-in suites are {', '.join(builtin_suites())}, or give a .toml file")
-    module = importlib.import_module(f"suites.{name_or_path}")
+    module = importlib.import_module(f"suites.{name_or_path.replace('-', '_')}")
     suite = getattr(module, "SUITE", None)
     if not isinstance(suite, Suite):
         raise UserError(f"suites/{name_or_path}.py defines no SUITE")
