@@ -119,6 +119,35 @@ def test_a_users_lengths_file_runs_and_agrees(tmp_path):
     assert record.status is Status.OK and record.agree, record.reason
 
 
+def test_a_toml_suite_runs_a_lengths_file_beside_it_in_every_layout(tmp_path):
+    (tmp_path / "lengths.txt").write_text("24 40\n96 12\n")
+    (tmp_path / "mine.toml").write_text('''
+[[grid]]
+batch = ["8xfile:lengths.txt", "2x64 + 8x1@file:lengths.txt"]
+layout = ["padded", "packed", "paged"]
+page_size = [1, 16]
+H = [8]
+H_kv = [2]
+d_k = [32]
+causal = [true]
+''')
+    suite = load_suite(str(tmp_path / "mine.toml"))
+    assert len(suite.cases) == 2 * 4
+    assert {c.layout for c in suite.cases} == {"padded", "packed", "paged"} and {c.page_size for c in suite.cases} == {None, 1, 16}
+    assert all(set(c.seq_lens_kv) <= {24, 64, 96} for c in suite.cases)
+
+
+@pytest.mark.parametrize("grid, message", [
+    ('batch = ["8x5"]\nlayout = ["tiled"]\nH = [8]\nd_k = [32]', "field 'layout' has value ['tiled'], expected some of padded, packed, paged"),
+    ('batch = ["8x5"]\nS = [128]\nH = [8]\nd_k = [32]', "unknown field 'S' in a batch grid"),
+    ('batch = ["8xfile:nowhere.txt"]\nH = [8]\nd_k = [32]', "nowhere.txt does not exist"),
+])
+def test_a_bad_batch_grid_names_the_field(tmp_path, grid, message):
+    (tmp_path / "bad.toml").write_text("[[grid]]\n" + grid + "\n")
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_suite(str(tmp_path / "bad.toml"))
+
+
 # -- inputs ---------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("page_size", [1, 16, 64, 128, 256])

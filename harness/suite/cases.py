@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from harness.errors import UserError
-from harness.suite.batch import case_batch, from_id_text, lengths_digest
+from harness.suite.case_layout import RAGGED_LAYOUTS, check_layout, draw_id_lengths, layout_from_record, layout_id_tokens
 
 #: Short dtype names used in ids, CSVs and suite files, mapped to torch dtype attribute names.
 DTYPES: dict[str, str] = {
@@ -35,9 +35,6 @@ MAX_PADDED_B = 2**31 - 1
 #: The integer fields of a case (all positive), and its boolean ones.
 SIZE_FIELDS = ("B", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v")
 BOOL_FIELDS = ("causal", "padding", "mla")
-#: How a batch's tensors are laid out (harness.suite.ragged): a rectangle, or a batch of requests with lengths of their own.
-LAYOUTS = ("dense", "padded", "packed", "paged")
-RAGGED_LAYOUTS = LAYOUTS[1:]
 
 
 def _is_bool(value: Any) -> bool:
@@ -140,50 +137,11 @@ class Case:
             raise UserError(f"B={self.B} is too many sequences for a padded case (one length is drawn per sequence): at most {MAX_PADDED_B}")
         if self.mla and (self.H_kv != 1 or self.d_v > self.d_k):
             raise UserError(f"an MLA case has one shared latent cache: needs H_kv=1 and d_v <= d_k, got H_kv={self.H_kv}, d_k={self.d_k}, d_v={self.d_v}")
-        self._check_layout()
+        check_layout(self, _integer)
         largest = max(self.B * self.H * self.S_q * max(self.d_k, self.d_v), self.B * self.H_kv * self.S_kv * max(self.d_k, self.d_v))
         if largest > MAX_INT:
             raise UserError(f"B={self.B}, H={self.H}, S={self.S_kv}, d={max(self.d_k, self.d_v)}: one input tensor would hold "
                             f"{largest:.3g} elements, more than a tensor can index (2^63 - 1)")
-
-    def _check_layout(self) -> None:
-        """The layout fields: none on a dense case; on a ragged one, lengths that match B, S_q, S_kv and their distribution."""
-        if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
-            raise UserError(f"unknown layout {self.layout!r}: expected one of {', '.join(LAYOUTS)}")
-        ragged = ("page_size", "seq_lens_q", "seq_lens_kv", "length_dist")
-        if self.layout == "dense":
-            given = [name for name in ragged if getattr(self, name) is not None]
-            if given:
-                raise UserError(f"a dense case has no {given[0]}: give layout padded, packed or paged for a batch of requests")
-            return
-        if self.padding or self.mla:
-            raise UserError(f"a {self.layout} case cannot also be {'padding' if self.padding else 'mla'} (that is a dense case's field)")
-        if self.layout == "paged":
-            object.__setattr__(self, "page_size", _integer("page_size", self.page_size))
-        elif self.page_size is not None:
-            raise UserError(f"page_size is for paged cases, not {self.layout} ones")
-        if not isinstance(self.length_dist, str):
-            raise UserError(f"a {self.layout} case needs length_dist, the batch description its lengths were drawn from")
-        batch = case_batch(self.length_dist)
-        if batch.text != self.length_dist:
-            raise UserError(f"length_dist {self.length_dist!r} is not canonical: write {batch.text!r}")
-        for name in ("seq_lens_q", "seq_lens_kv"):
-            value = getattr(self, name)
-            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not len(value):
-                raise UserError(f"{name} must be a non-empty list of lengths, got {value!r}")
-            object.__setattr__(self, name, tuple(_integer(f"{name}[{i}]", n) for i, n in enumerate(value)))
-        q, kv = self.seq_lens_q, self.seq_lens_kv
-        if len(q) != len(kv):
-            raise UserError(f"seq_lens_q has {len(q)} requests, seq_lens_kv {len(kv)}")
-        short = next((i for i in range(len(q)) if kv[i] < q[i]), None)
-        if short is not None:
-            raise UserError(f"request {short} has {q[short]} queries over {kv[short]} keys: its keys include its queries, so KV >= Q")
-        derived = {"B": len(q), "S_q": max(q), "S_kv": max(kv)}
-        for name, value in derived.items():
-            if getattr(self, name) != value:
-                raise UserError(f"{name}={getattr(self, name)} contradicts the lengths, which make {name}={value}")
-        if not batch.from_file and batch.draw(self.seed, self.B) != (q, kv):
-            raise UserError(f"the lengths are not those {self.length_dist!r} draws from seed {self.seed}")
 
     @property
     def ragged(self) -> bool:
@@ -207,14 +165,7 @@ class Case:
             parts.append("mla")
         if self.mode != "fwd":
             parts.append(self.mode)
-        if self.ragged:
-            parts.append(self.layout)
-            if self.page_size is not None:
-                parts.append(f"page{self.page_size}")
-            batch = case_batch(self.length_dist)
-            parts.append(f"L{batch.id_text}")
-            if batch.from_file:
-                parts.append(f"h{lengths_digest(self.seq_lens_q, self.seq_lens_kv)}")
+        parts += layout_id_tokens(self)
         if self.seed:
             parts.append(f"seed{self.seed}")
         return "-".join(parts)
@@ -307,22 +258,11 @@ def parse_case_id(case_id: str, device: str = "cpu") -> Case:
         name, _, value = optional.pop(0)
         fields[name] = value(token)
     if "length_dist" in fields:
-        _draw_id_lengths(case_id, fields)
+        draw_id_lengths(case_id, fields)
     case = Case(**fields)
     if case.id != case_id.strip():
         raise UserError(f"case id {case_id!r} is not canonical: the same case is written {case.id!r}")
     return case
-
-
-def _draw_id_lengths(case_id: str, fields: dict[str, Any]) -> None:
-    """Fill in the lengths an id's batch draws from its seed; UserError for one drawn from a user's file, which an id cannot redraw."""
-    batch = from_id_text(fields["length_dist"])
-    if batch.from_file:
-        raise UserError(f"case id {case_id!r} draws its lengths from a user's file: rebuild it from a record's fields "
-                        f"(seq_lens_q, seq_lens_kv), which carry them")
-    fields.pop("lengths_hash", None)
-    fields["length_dist"] = batch.text
-    fields["seq_lens_q"], fields["seq_lens_kv"] = batch.draw(fields.get("seed", 0), fields.get("B"))
 
 
 def case_from_fields(fields: Mapping[str, Any]) -> Case:
@@ -345,34 +285,7 @@ def case_from_fields(fields: Mapping[str, Any]) -> Case:
                 kwargs[name] = int(value)
             else:
                 raise UserError(f"{name} must be an integer, got {value!r}")
-    page_size = kwargs.get("page_size")
-    if isinstance(page_size, float) and page_size != page_size:  # NaN from a CSV round-trip: not paged
-        kwargs["page_size"] = None
-    elif isinstance(page_size, float) and page_size.is_integer():
-        kwargs["page_size"] = int(page_size)
-    for name in ("seq_lens_q", "seq_lens_kv"):
-        value = kwargs.get(name)
-        if isinstance(value, str):  # a CSV's JSON list
-            kwargs[name] = _json_lengths(name, value)
-        elif isinstance(value, list):
-            kwargs[name] = tuple(value)
-    for name in ("layout", "length_dist"):
-        if isinstance(kwargs.get(name), float) and kwargs[name] != kwargs[name]:  # an empty CSV cell
-            kwargs.pop(name)
-    return Case(**kwargs)
-
-
-def _json_lengths(name: str, text: str) -> tuple[int, ...]:
-    """A CSV cell's JSON list of lengths as a tuple; UserError naming the field when it is not one."""
-    import json
-
-    try:
-        value = json.loads(text)
-    except ValueError:
-        raise UserError(f"{name} must be a JSON list of lengths, got {text[:60]!r}") from None
-    if not isinstance(value, list):
-        raise UserError(f"{name} must be a JSON list of lengths, got {text[:60]!r}")
-    return tuple(value)
+    return Case(**layout_from_record(kwargs))
 
 
 def grid(
