@@ -72,14 +72,16 @@ class Record:
     padding: bool
     mla: bool
     seed: int
-    backend: str
     #: The batch's layout and, for a batch of requests, its page size, the description its lengths were drawn from
-    #: and the lengths (harness.suite.cases.Case); tokens_q/tokens_kv: its real query and KV tokens (a dense case's too).
-    layout: str = "dense"
-    page_size: int | None = None
-    length_dist: str | None = None
-    seq_lens_q: list[int] | None = None
-    seq_lens_kv: list[int] | None = None
+    #: and the lengths (harness.suite.cases.Case). Keyword-only so that they sit with the case's other fields, in
+    #: its order, while `backend` stays required.
+    layout: str = field(default="dense", kw_only=True)
+    page_size: int | None = field(default=None, kw_only=True)
+    seq_lens_q: list[int] | None = field(default=None, kw_only=True)
+    seq_lens_kv: list[int] | None = field(default=None, kw_only=True)
+    length_dist: str | None = field(default=None, kw_only=True)
+    backend: str
+    #: The real query and KV tokens of the case (a dense case's too): what its FLOPs and bytes count.
     tokens_q: int | None = None
     tokens_kv: int | None = None
     #: MHA, GQA or MQA (derived from H and H_kv; empty in a record written without it).
