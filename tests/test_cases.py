@@ -135,3 +135,15 @@ def test_a_lengths_file_case_carries_its_lengths_and_a_hash_in_its_id(tmp_path):
     assert other.id != c.id  # edited lengths change the id's hash
     with pytest.raises(UserError, match="draws its lengths from a user's file: rebuild it from a record's fields"):
         parse_case_id(c.id)
+
+
+@pytest.mark.parametrize("case_id, message", [
+    ("B2-Sq4-Skv4-H2-Hkv2-dk8-fp32-packed", "a packed case needs length_dist"),
+    ("B2-Sq4-Skv4-H2-Hkv2-dk8-fp32-packed-L2x4-h0123abcd", "a lengths hash"),
+    ("B2-Sq4-Skv4-H2-Hkv2-dk8-fp32-paged-L2x4", "page_size must be a positive integer"),
+    ("B2-Sq5-Skv4-H2-Hkv2-dk8-fp32-packed-L2x4", "S_q=5 contradicts the lengths"),
+    ("B2-Sq4-Skv4-H2-Hkv2-dk8-fp32-packed-Lnormal(3_4)", "length distribution 'normal"),
+])
+def test_bad_ragged_ids_name_the_problem(case_id, message):
+    with pytest.raises(UserError, match=message):
+        parse_case_id(case_id)

@@ -76,7 +76,6 @@ def draw_id_lengths(case_id: str, fields: dict[str, Any]) -> None:
     if batch.from_file:
         raise UserError(f"case id {case_id!r} draws its lengths from a user's file: rebuild it from a record's fields "
                         f"(seq_lens_q, seq_lens_kv), which carry them")
-    fields.pop("lengths_hash", None)
     fields["length_dist"] = batch.text
     fields["seq_lens_q"], fields["seq_lens_kv"] = batch.draw(fields.get("seed", 0), fields.get("B"))
 

@@ -259,6 +259,8 @@ def parse_case_id(case_id: str, device: str = "cpu") -> Case:
         fields[name] = value(token)
     if "length_dist" in fields:
         draw_id_lengths(case_id, fields)
+    if fields.pop("lengths_hash", None) is not None:  # a hash without a file's batch: the id is not one attnbench writes
+        raise UserError(f"case id {case_id!r}: a lengths hash (h<hex>) belongs to a batch drawn from a lengths file (L…file:…)")
     case = Case(**fields)
     if case.id != case_id.strip():
         raise UserError(f"case id {case_id!r} is not canonical: the same case is written {case.id!r}")
