@@ -177,7 +177,7 @@ class _SdpaBase(Backend):
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Pick GQA handling and mask arguments, then probe a kernel that may refuse once, so a refusal becomes Unsupported."""
         if case.ragged:
-            return prepare_ragged(case, inputs, self._run, self._refusal, _HAS_ENABLE_GQA and case.H_kv != case.H, self.name,
+            return prepare_ragged(case, inputs, self._run, self._refusal, _HAS_ENABLE_GQA and case.H_kv != case.H, self.name, self.kernel,
                                   lambda q, k, v, kwargs: self._prepare_rectangle(case, q, k, v, kwargs))
         return self._prepare_rectangle(case, inputs.q, inputs.k, inputs.v, _mask_arguments(case, inputs.q.device))
 

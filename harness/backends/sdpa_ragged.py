@@ -69,9 +69,10 @@ def _nested_step(run: Run, inputs: RaggedInputs, case: Case, kv: Callable[[], tu
     return step
 
 
-def prepare_ragged(case: Case, inputs: RaggedInputs, run: Run, probe: Probe, gqa: bool, name: str,
+def prepare_ragged(case: Case, inputs: RaggedInputs, run: Run, probe: Probe, gqa: bool, name: str, kernel: str | None,
                    prepare_rectangle: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]], Prepared]) -> Prepared:
-    """The Prepared of a padded, packed or paged batch for one SDPA backend (`run` its call, `probe` its refusal test)."""
+    """The Prepared of a padded, packed or paged batch for one SDPA backend (`run` its call, `probe` its refusal test,
+    `kernel` the forced one or None for torch's choice, which may differ from request to request)."""
     if case.layout == "padded":
         rect = padded(inputs, case.window)
         prepared = prepare_rectangle(rect.q, rect.k, rect.v, {"attn_mask": rect.mask})
@@ -82,7 +83,7 @@ def prepare_ragged(case: Case, inputs: RaggedInputs, run: Run, probe: Probe, gqa
         kv, via = (lambda: (inputs.k, inputs.v)), {}
     else:
         kv, via = paged_gather(inputs), {"paged_via": "gather_then_sdpa"}
-    notes: dict[str, Any] = {**via, "kv_expanded": False}
+    notes: dict[str, Any] = {**via, "kv_expanded": False, "sdpa_kernel": kernel}
     if not case.causal and case.window is None:
         nested = _nested_step(run, inputs, case, kv)
         refusal = probe(nested)
