@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from harness.backends.base import Backend, Prepared
+from harness.backends.ragged_views import padded, per_request, request_masks, requests
 from harness.backends.registry import load_registry
 from harness.attention.eager import naive_attention
 from harness.errors import UserError
@@ -186,6 +187,34 @@ class AcrossRequestsBackend(Backend):
         return Prepared(fn=lambda: naive_attention(q, k, v)[0].transpose(0, 1))
 
 
+class PagesInOrderBackend(Backend):
+    """Paged attention that ignores the block table: reads each request's pages as if they lay in order."""
+
+    name = "pages-in-order"
+    family = "test-wrong"
+    layouts = frozenset({"paged"})
+
+    def prepare(self, case, inputs: RaggedInputs) -> Prepared:
+        """Naive's per-request loop over K/V taken from the pages in storage order."""
+        count = inputs.k.shape[0]
+        k, v = (pages.reshape(-1, *pages.shape[2:])[:count] for pages in (inputs.k_pages, inputs.v_pages))
+        batch = requests(inputs, k, v, request_masks(inputs, case.window))
+        return Prepared(fn=lambda: per_request(lambda r: naive_attention(r.q, r.k, r.v, r.mask), batch))
+
+
+class PaddingSeenBackend(Backend):
+    """Padded attention without the key mask: queries also attend to the zeros padding each request."""
+
+    name = "padding-seen"
+    family = "test-wrong"
+    layouts = frozenset({"padded"})
+
+    def prepare(self, case, inputs: RaggedInputs) -> Prepared:
+        """The padded rectangle, unmasked."""
+        rect = padded(inputs, case.window)
+        return Prepared(fn=lambda: naive_attention(rect.q, rect.k, rect.v), to_bhsd=rect.packed_output)
+
+
 class PlannedBackend(Backend):
     """Right answers through naive, with a measured plan phase and a record of what `prepare` was handed."""
 
@@ -202,8 +231,12 @@ class PlannedBackend(Backend):
         return prepared
 
 
-def test_an_output_that_mixes_requests_disagrees():
-    record = execute(ragged("uniform(4,30)", "packed", B=4, causal=False), AcrossRequestsBackend(), PairRunner(budget=TINY))
+@pytest.mark.parametrize("wrong, layout", [
+    (AcrossRequestsBackend, "packed"), (PagesInOrderBackend, "paged"), (PaddingSeenBackend, "padded"),
+])
+def test_a_layout_bug_disagrees(wrong, layout):
+    case = ragged("uniform(4,30)", layout, B=4, causal=False, page_size=4 if layout == "paged" else None)
+    record = execute(case, wrong(), PairRunner(budget=TINY))
     assert record.status is Status.OK and record.agree is False
 
 
