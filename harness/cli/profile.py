@@ -103,10 +103,10 @@ def ncu_child(case: Case, backend_name: str) -> None:
 
     from harness.backends.registry import load_registry
     from harness.measure.execute import build_step
-    from harness.suite.inputs import make_inputs
+    from harness.suite.inputs import make_case_inputs
 
     backend = load_registry().get(backend_name)
-    inputs = make_inputs(case)
+    inputs = make_case_inputs(case)
     if case.mode != "fwd":
         for t in (inputs.q, inputs.k, inputs.v):
             t.requires_grad_(True)

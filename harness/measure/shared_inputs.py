@@ -8,8 +8,7 @@ import torch
 
 from harness.attention.numerics import Agreement
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, make_inputs
-from harness.suite.ragged import make_ragged_inputs
+from harness.suite.inputs import AttentionInputs, make_case_inputs
 
 #: The tensors of AttentionInputs (and of a ragged batch's RaggedInputs) a backend is handed and must leave as they were drawn.
 GUARDED = ("q", "k", "v", "kv_lens", "grad_out", "cu_seqlens_q", "cu_seqlens_kv", "k_pages", "v_pages", "block_table")
@@ -89,7 +88,7 @@ class InputsCache:
         """The case's inputs (with q, k, v requiring grad in backward modes) and the copy of them as drawn."""
         if self._case != case or self._inputs is None or self._kept is None:
             self.drop()
-            inputs = make_ragged_inputs(case) if case.ragged else make_inputs(case)
+            inputs = make_case_inputs(case)
             if case.mode != "fwd":
                 for t in (inputs.q, inputs.k, inputs.v):
                     t.requires_grad_(True)
