@@ -22,6 +22,9 @@ MIXED_Q, MIXED_KV = (2048, 2048) + (1,) * 32, (2048, 2048) + (1024,) * 32
 UNIFORM_LENS = (64, 128, 256, 512)  # padding share 1 − (64² + 128² + 256² + 512²) / (4·512²)
 LONGTAIL_LENS = (32, 32, 32, 1024)  # padding share 1 − (3·32² + 1024²) / (4·1024²)
 DECODE_KV = (1000, 3000)  # 4000 KV tokens; bf16, H_kv 2, d 64: 512 bytes a token, 2.048 MB a batch
+# Batches written term by term, so a real Case's lengths are exactly these (a Case checks them against its description).
+UNIFORM, LONGTAIL = "1x64 + 1x128 + 1x256 + 1x512", "3x32 + 1x1024"
+DECODE, CHUNKED = "1x1@1000 + 1x1@3000", "1x256@1000 + 1x256@3000"
 
 
 def serving_record(layout: str, dist: str, lens_q: tuple[int, ...], lens_kv: tuple[int, ...], backend: str, ms: float, *,
@@ -46,23 +49,23 @@ def serving_record(layout: str, dist: str, lens_q: tuple[int, ...], lens_kv: tup
 
 def _skew_records() -> list[Record]:
     records = []
-    for dist, lens, padded_ms, packed_ms in (("constant(256)", (256,) * 4, 1.0, 1.0), ("uniform(64,512)", UNIFORM_LENS, 3.0, 1.2),
-                                             ("longtail(32,1024)", LONGTAIL_LENS, 4.0, 1.0)):
+    for dist, lens, padded_ms, packed_ms in (("256", (256,) * 4, 1.0, 1.0), (UNIFORM, UNIFORM_LENS, 3.0, 1.2),
+                                             (LONGTAIL, LONGTAIL_LENS, 4.0, 1.0)):
         records.append(serving_record("padded", dist, lens, lens, "sdpa", padded_ms))
         records.append(serving_record("packed", dist, lens, lens, "sdpa", packed_ms))
         records.append(serving_record("padded", dist, lens, lens, "naive", 2 * padded_ms))
     # naive's packed row of one batch disagrees: that pair has no speed-up, the others none at all (no packed row)
-    records.append(serving_record("packed", "uniform(64,512)", UNIFORM_LENS, UNIFORM_LENS, "naive", 0.1, agree=False))
+    records.append(serving_record("packed", UNIFORM, UNIFORM_LENS, UNIFORM_LENS, "naive", 0.1, agree=False))
     return records
 
 
 def _decode_records() -> list[Record]:
     records = []
     for page_size, ms_a, ms_b in ((1, 2.048 / 10, 2.048 / 5), (16, 2.048 / 25, 2.048 / 20), (128, 2.048 / 150, 2.048 / 40)):
-        records.append(serving_record("paged", "uniform(1000,3000)", (1, 1), DECODE_KV, "paged-a", ms_a, page_size=page_size))
-        records.append(serving_record("paged", "uniform(1000,3000)", (1, 1), DECODE_KV, "paged-b", ms_b, page_size=page_size))
-    records.append(serving_record("paged", "uniform(1000,3000)", (1, 1), DECODE_KV, "paged-c", 0.001, page_size=16, agree=False))
-    records.append(serving_record("paged", "chunked", (256, 256), DECODE_KV, "paged-a", 1.0, page_size=16))  # a prefill: not decode
+        records.append(serving_record("paged", DECODE, (1, 1), DECODE_KV, "paged-a", ms_a, page_size=page_size))
+        records.append(serving_record("paged", DECODE, (1, 1), DECODE_KV, "paged-b", ms_b, page_size=page_size))
+    records.append(serving_record("paged", DECODE, (1, 1), DECODE_KV, "paged-c", 0.001, page_size=16, agree=False))
+    records.append(serving_record("paged", CHUNKED, (256, 256), DECODE_KV, "paged-a", 1.0, page_size=16))  # a prefill: not decode
     return records
 
 
@@ -81,16 +84,16 @@ def test_packed_against_padded_gives_the_speedup_beside_the_padding_share():
     table = serving.packed_vs_padded(frame_of(_skew_records()))
     assert list(table["backend"]) == ["sdpa"] * 3  # naive: its only packed row disagrees
     by_batch = table.set_index("batch")
-    assert by_batch.loc["constant(256)", "padding_share"] == 0.0 and by_batch.loc["constant(256)", "speedup"] == pytest.approx(1.0)
-    assert bool(by_batch.loc["constant(256)", "within_noise"])  # equal medians are no speed-up
+    assert by_batch.loc["256", "padding_share"] == 0.0 and by_batch.loc["256", "speedup"] == pytest.approx(1.0)
+    assert bool(by_batch.loc["256", "within_noise"])  # equal medians are no speed-up
     uniform = 1 - sum(n * n for n in UNIFORM_LENS) / (4 * 512**2)
-    assert by_batch.loc["uniform(64,512)", "padding_share"] == pytest.approx(uniform)
-    assert by_batch.loc["uniform(64,512)", "speedup"] == pytest.approx(2.5) and not by_batch.loc["uniform(64,512)", "within_noise"]
-    assert by_batch.loc["uniform(64,512)", "ideal_speedup"] == pytest.approx(1 / (1 - uniform))
+    assert by_batch.loc[UNIFORM, "padding_share"] == pytest.approx(uniform)
+    assert by_batch.loc[UNIFORM, "speedup"] == pytest.approx(2.5) and not by_batch.loc[UNIFORM, "within_noise"]
+    assert by_batch.loc[UNIFORM, "ideal_speedup"] == pytest.approx(1 / (1 - uniform))
     longtail = 1 - (3 * 32**2 + 1024**2) / (4 * 1024**2)
-    assert by_batch.loc["longtail(32,1024)", "padding_share"] == pytest.approx(longtail)
-    assert by_batch.loc["longtail(32,1024)", "speedup"] == pytest.approx(4.0)
-    assert by_batch.loc["longtail(32,1024)", "kv_max_over_mean"] == pytest.approx(1024 / ((3 * 32 + 1024) / 4))
+    assert by_batch.loc[LONGTAIL, "padding_share"] == pytest.approx(longtail)
+    assert by_batch.loc[LONGTAIL, "speedup"] == pytest.approx(4.0)
+    assert by_batch.loc[LONGTAIL, "kv_max_over_mean"] == pytest.approx(1024 / ((3 * 32 + 1024) / 4))
     assert list(table["padding_share"]) == sorted(table["padding_share"])  # ordered as the skew grows
 
 
@@ -141,8 +144,8 @@ def test_the_serving_section_appears_with_serving_rows_only(tmp_path):
         assert f'href="{name}"' in html
     wins = pd.read_csv(page.parent / "batch_winners.csv")
     assert set(wins["winner"]) == {"lib-a", "lib-b", "sdpa", "paged-a"} and "impossible" in section
-    order = wins[wins["batch"].isin(("constant(256)", "uniform(1000,3000)"))]  # padded, packed, then paged by page size
-    assert list(zip(order["layout"], order["page_size"].fillna(0))) == [("padded", 0), ("packed", 0), ("paged", 1), ("paged", 16), ("paged", 128)]
+    order = wins[wins["batch"].isin(("256", DECODE))]  # by batch; within one, padded, packed, then paged by page size
+    assert list(zip(order["layout"], order["page_size"].fillna(0))) == [("paged", 1), ("paged", 16), ("paged", 128), ("padded", 0), ("packed", 0)]
     assert not serving.has_serving_rows(frame_of(_winner_records()).assign(layout="dense"))  # merged records: every row has a layout
     dense = build_report([write_run(tmp_path / "results" / "dense", _winner_records())], out_root=tmp_path / "reports")
     assert '<section id="serving">' not in dense.read_text() and not (dense.parent / "batch_winners.csv").exists()
@@ -157,7 +160,7 @@ def test_recommend_with_a_batch_answers_from_that_batch_only(tmp_path, capsys):
     answered = {line.split(":", 1)[0] for line in out.splitlines() if not line.startswith(" ")}
     assert answered == {r.case_id for r in _mixed_records()}
     assert "lib-b (1.5 ms), 33.3% faster than the runner-up lib-a" in out and "sdpa" not in out
-    assert main(["recommend", str(run), "--batch", "uniform(64, 512)", "--dtype", "bf16"]) == 0
+    assert main(["recommend", str(run), "--batch", "1x64+1x128 + 1x256+ 1x512", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "sdpa (1.2 ms), the only backend that ran and agreed" in out and "lib-a" not in out
 
@@ -167,7 +170,7 @@ def test_recommend_with_an_unknown_batch_names_the_runs_batches_in_one_line(tmp_
     assert main(["recommend", str(run), "--batch", "2x4096"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no batch '2x4096'" in err
-    assert f"its batches are {MIXED}; constant(256); longtail(32,1024); uniform(64,512)" in err
+    assert f"its batches are {'; '.join(sorted({MIXED, '256', UNIFORM, LONGTAIL}))}" in err
     dense = write_run(tmp_path / "dense", _winner_records())
     assert main(["recommend", str(dense), "--batch", MIXED]) == 2
     err = capsys.readouterr().err.strip()

@@ -139,3 +139,55 @@ def test_model_crossover_for_the_h200_gqa_rows_of_the_issue():
     # H = 32, H_kv = 8, d_k = 128 (D = 4096): 5120 non-causal, 10240 causal (not 8192 for both).
     assert theory.model_crossover(4096, 32, 8, False) == 5120
     assert theory.model_crossover(4096, 32, 8, True) == 10240
+
+
+# -- batches of requests: costs count each request's real tokens, whatever the layout --------------------------------------
+
+from harness.backends.registry import load_registry  # noqa: E402
+from harness.measure.outcome import case_record  # noqa: E402
+from harness.suite.batch import ragged_case  # noqa: E402
+
+BATCHES = ["2x64 + 8x1@256", "uniform(3,90)", "4x32@256 + 16x4@128", "longtail(2,300)", "6x5@bimodal(7,120,0.5)"]
+
+
+def brute_force_pairs(q_lens, kv_lens, causal, window=None):
+    """Visible (query, key) pairs counted one by one per request, bottom-right: query j of a request sits at j + kv − q."""
+    total = 0
+    for q_len, kv_len in zip(q_lens, kv_lens):
+        for j in range(q_len):
+            position = j + kv_len - q_len
+            for t in range(kv_len):
+                seen = (not causal and window is None) or t <= position
+                if window is not None:
+                    seen = seen and t > position - window
+                total += seen
+    return total
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, 16)])
+def test_ragged_flops_match_a_brute_force_count_per_request_in_every_layout(batch, causal, window):
+    rows = {}
+    for layout in ("padded", "packed", "paged"):
+        c = ragged_case(batch, layout, B=7, H=4, H_kv=2, d_k=16, d_v=8, causal=causal, window=window, page_size=16 if layout == "paged" else None, seed=5)
+        pairs = brute_force_pairs(c.seq_lens_q, c.seq_lens_kv, causal, window)
+        rows[layout] = case_record(c, load_registry().get("naive")).flops  # the FLOPs the row carries
+        assert rows[layout] == 2 * c.H * (c.d_k + c.d_v) * pairs, layout
+    # the padded row carries the packed row's FLOPs: its padding is waste, so its TFLOP/s shows it
+    assert rows["padded"] == rows["packed"] == rows["paged"]
+    dense = case(B=c.B, S_q=c.S_q, S_kv=c.S_kv, H=4, H_kv=2, d_k=16, d_v=8, causal=causal, window=window)
+    if len(set(c.seq_lens_q)) > 1 or len(set(c.seq_lens_kv)) > 1:
+        assert theory.flops(dense) > rows["padded"]  # the rectangle the batch was padded to is more work
+
+
+def test_ragged_bytes_count_real_tokens_and_a_paged_row_its_block_table():
+    packed = ragged_case("3x1@100 + 1x1@40", "packed", H=4, H_kv=2, d_k=16, causal=True)
+    tokens = 3 * 100 + 40
+    assert theory.mask_counts(packed).kv_tokens == tokens
+    kv = tokens * 2 * (16 + 16) * 4  # K and V of the tokens actually read, fp32
+    q_and_o = 4 * 4 * (16 + 16) * 4  # one query and one output row per request
+    assert theory.min_bytes(packed) == kv + q_and_o
+    for size, pages in ((1, tokens), (16, 3 * 7 + 3), (256, 4)):
+        paged = packed.replace(layout="paged", page_size=size)
+        assert theory.min_bytes(paged) == kv + q_and_o + 4 * pages  # one int32 block-table entry per page read
+    assert theory.kv_cache_bytes(packed) == kv

@@ -130,14 +130,27 @@ class Recommendation:
 
 
 def batch_key(text: Any) -> str | None:
-    """A batch description in the form rows are matched by: its whitespace removed (None for a row without one)."""
-    # TODO(merge): harness.suite.batch.canonical_batch, so that equal batches written differently match too.
-    return "".join(text.split()) if isinstance(text, str) and text.strip() else None
+    """A batch description in the one spelling rows are matched by (harness.suite.batch's canonical text); None for none.
+
+    A file is named, not read: rows carry its name. Text the grammar does not read is matched as written, spaces removed.
+    """
+    from harness.suite.batch import parse_batch
+
+    if not isinstance(text, str) or not text.strip():
+        return None
+    try:
+        text = parse_batch(text, read=False).text
+    except UserError:
+        pass
+    return "".join(text.split())
 
 
 def _batch_rows(rows: pd.DataFrame, batch: str) -> pd.Series:
     """Which rows measured the batch `batch` (their `length_dist`); UserError listing the run's batches when none did."""
     recorded = rows["length_dist"] if "length_dist" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
+    from harness.suite.batch import parse_batch
+
+    parse_batch(batch, read=False)  # a query the grammar cannot read is the user's mistake, said in one line
     match = recorded.map(batch_key) == batch_key(batch)
     if not match.any():
         seen = sorted({str(d) for d in recorded if batch_key(d)})

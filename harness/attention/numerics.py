@@ -31,10 +31,11 @@ import torch
 
 from harness.attention.reference import (
     ReferenceCache, cached, default_scale, eager_kernel, forward, gradient_slices, gradients, query_rows,
-    reference_device, reference_kernel,
+    ragged_forward, ragged_rows, reference_device, reference_kernel,
 )
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, empty_query_rows, torch_dtype, visible_mask
+from harness.suite.ragged import RaggedInputs
 
 #: Unit roundoff u (half the spacing of numbers just above 1) per dtype: the relative error of one rounding.
 UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
@@ -176,6 +177,28 @@ def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor
     if rows is not None:
         result = result.with_note(f"{len(rows)} of {case.S_q} query rows checked")
     return _dtype_verdict(result, "output", output_bhsd, case)
+
+
+def check_ragged_forward(case: Case, inputs: RaggedInputs, output_packed: torch.Tensor, references: ReferenceCache | None = None) -> Agreement:
+    """Compare a backend's packed output `[T_q, H, d_v]` of a ragged batch with each request's own float64 reference.
+
+    Every layout of one batch (same lengths, same seed) draws the same q, k, v, so the cache's key leaves the
+    layout out: the padded, packed and paged rows of a batch share one reference (verified on the inputs).
+    """
+    shape = (sum(case.seq_lens_q), case.H, case.d_v)
+    if tuple(output_packed.shape) != shape:
+        return Agreement(None, None, None, False, f"output shape {tuple(output_packed.shape)}, expected the packed {shape}")
+    device, scale, rows = reference_device(case), default_scale(case), ragged_rows(case)
+    target = cached(references, ("ragged-fwd", case.replace(layout="packed", page_size=None)), inputs, lambda: expected(
+        ragged_forward(case, inputs, reference_kernel(scale), torch.float64, device, rows),
+        ragged_forward(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, rows),
+        case.dtype,
+    ))
+    out = output_packed if rows is None else output_packed[rows.to(output_packed.device)]
+    result = compare(out, target)
+    if rows is not None:
+        result = result.with_note(f"{len(rows)} of {shape[0]} query rows checked")
+    return _dtype_verdict(result, "output", output_packed, case)
 
 
 def _dtype_verdict(result: Agreement, what: str, out: torch.Tensor, case: Case) -> Agreement:

@@ -15,6 +15,7 @@ import torch
 from harness.attention.eager import naive_attention
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask
+from harness.suite.ragged import RaggedInputs, sequence_mask
 
 #: Above this many score elements (B·H·S_q·S_kv) the reference samples query rows (forward) or
 #: (batch, K/V head) slices (backward), so that a float64 pass stays within seconds and ~1 GB.
@@ -197,3 +198,37 @@ def gradient_slices(case: Case) -> list[tuple[int, int]]:
     rng = np.random.default_rng([case.seed, 0x6AD])
     picked = rng.choice(len(slices), size=max(1, fits - 2), replace=False).tolist()
     return [slices[i] for i in sorted({0, len(slices) - 1, *picked})][:fits]
+
+
+def ragged_rows(case: Case) -> torch.Tensor | None:
+    """The packed query rows a ragged forward check compares: all (None), or a seeded sample including the first and last."""
+    T_q = sum(case.seq_lens_q)
+    scores = case.H * sum(q * kv for q, kv in zip(case.seq_lens_q, case.seq_lens_kv))
+    if scores <= MAX_REFERENCE_SCORES or T_q <= SAMPLED_ROWS:
+        return None
+    rng = np.random.default_rng([case.seed, 0xC4ED])
+    rows = rng.choice(T_q, size=SAMPLED_ROWS - 2, replace=False)
+    return torch.as_tensor(sorted({0, T_q - 1, *rows.tolist()}))
+
+
+def ragged_forward(case: Case, inputs: RaggedInputs, kernel: Kernel, dtype: torch.dtype, device: torch.device,
+                   rows: torch.Tensor | None) -> torch.Tensor:
+    """The packed output `[T_q or len(rows), H, d_v]`, each request attending over its own keys alone, into a poisoned buffer.
+
+    Reads the packed k and v (the paged cache holds the same tokens), so one reference serves every layout of a batch.
+    """
+    q, k, v = (t.detach().to(device=device, dtype=dtype) for t in (inputs.q, inputs.k, inputs.v))
+    wanted = torch.arange(q.shape[0]) if rows is None else rows.cpu()
+    out = poisoned_like(q.new_empty(len(wanted), case.H, case.d_v))
+    cu_q, cu_kv = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_kv.tolist()
+    for i, (q_len, kv_len) in enumerate(zip(case.seq_lens_q, case.seq_lens_kv)):
+        picked = ((wanted >= cu_q[i]) & (wanted < cu_q[i + 1])).nonzero().flatten()
+        if not len(picked):
+            continue
+        local = (wanted[picked] - cu_q[i]).to(device)
+        mask = sequence_mask(q_len, kv_len, case.causal, case.window, device)
+        qi = q[cu_q[i]:cu_q[i + 1]].index_select(0, local).transpose(0, 1)[None]  # [1, H, rows, d_k]
+        ki, vi = (t[cu_kv[i]:cu_kv[i + 1]].transpose(0, 1)[None] for t in (k, v))
+        result = kernel(qi, ki, vi, None if mask is None else mask.index_select(0, local)[None, None])
+        out[picked.to(device)] = result[0].transpose(0, 1)
+    return out

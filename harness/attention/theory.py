@@ -86,9 +86,19 @@ def _padded_kv_lengths(case: Case, chunk: int) -> Iterator[np.ndarray]:
         yield lengths
 
 
+def _ragged_counts(case: Case) -> MaskCounts:
+    """A batch of requests: each request's own closed form, summed; the same for every layout of the batch (padding is not work)."""
+    q_len = np.asarray(case.seq_lens_q, dtype=object)  # Python integers: exact for any length
+    kv_len = np.asarray(case.seq_lens_kv, dtype=object)
+    pairs, key_rows = _sequence_counts(q_len, kv_len, case)
+    return MaskCounts(int(q_len.sum()), int(kv_len.sum()), int(np.sum(pairs)), int(np.sum(key_rows)))
+
+
 @functools.lru_cache(maxsize=4096)
 def mask_counts(case: Case, chunk: int = LENGTH_CHUNK) -> MaskCounts:
     """Rows, tokens and visible pairs of a case in closed form: O(1) memory, O(B / chunk) numpy calls with padding."""
+    if case.ragged:
+        return _ragged_counts(case)
     if not case.padding:
         pairs, key_rows = _sequence_counts(case.S_q, case.S_kv, case)
         return MaskCounts(case.B * case.S_q, case.B * case.S_kv, case.B * int(pairs), case.B * int(key_rows))
@@ -128,33 +138,27 @@ def flops(case: Case) -> int:
     return round(forward_flops(case) * Fraction(MODE_FLOP_FACTOR[case.mode]))  # exact, however large
 
 
-def tensor_bytes(case: Case) -> dict[str, int]:
-    """Bytes of each tensor as allocated: q, k, v, o (K and V at H_kv heads, padding included)."""
-    size = element_size(case)
-    return {
-        "q": case.B * case.H * case.S_q * case.d_k * size,
-        "k": case.B * case.H_kv * case.S_kv * case.d_k * size,
-        "v": case.B * case.H_kv * case.S_kv * case.d_v * size,
-        "o": case.B * case.H * case.S_q * case.d_v * size,
-    }
-
-
 def touched_bytes(case: Case) -> dict[str, int]:
     """Bytes of each tensor that the mask leaves a kernel to touch: q, k, v, o.
 
     Query rows: the real ones (padded query rows of a padded batch see nothing). Key rows: those at
     least one query sees (padding and a sliding window shrink them; causal does not, since the last
-    query sees every key). MLA reads V inside K's latent, so V costs nothing extra.
+    query sees every key). MLA reads V inside K's latent, so V costs nothing extra. A ragged batch counts
+    its requests' real tokens in every layout (a padded row's padding is waste, not work); a paged one
+    also reads its block table, one int32 per page a request's keys span ("table").
     """
     size = element_size(case)
     counts = mask_counts(case)
     q_rows, kv_rows = counts.q_rows, counts.key_rows
-    return {
+    touched = {
         "q": q_rows * case.H * case.d_k * size,
         "k": kv_rows * case.H_kv * case.d_k * size,
         "v": 0 if case.mla else kv_rows * case.H_kv * case.d_v * size,
         "o": q_rows * case.H * case.d_v * size,
     }
+    if case.layout == "paged":
+        touched["table"] = 4 * sum(-(-n // case.page_size) for n in case.seq_lens_kv)
+    return touched
 
 
 def min_bytes(case: Case) -> int:
@@ -165,7 +169,7 @@ def min_bytes(case: Case) -> int:
     `(q + o + Σ_b len_b·H_kv·(d_k + d_v))·bytes`, the formula FlashInfer's decode benchmarks use.
     """
     t = touched_bytes(case)
-    fwd = t["q"] + t["k"] + t["v"] + t["o"]
+    fwd = t["q"] + t["k"] + t["v"] + t["o"] + t.get("table", 0)
     bwd = 2 * (t["q"] + t["k"] + t["v"]) + 2 * t["o"]
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[case.mode]
 

@@ -25,6 +25,12 @@ class Prepared:
     of backward modes). `leaves` are the tensors, in the backend's layout,
     that backward modes differentiate with respect to (q, k, v). `notes` go into the record
     (for example `kv_expanded` or the operator a library dispatched to).
+
+    For a ragged case (layout padded, packed or paged) `prepare` gets a `harness.suite.ragged.RaggedInputs`
+    and `to_bhsd` (the name kept for compatibility) must return the packed `[T_q, H, d_v]` output of
+    RaggedInputs' layout instead: a padded backend drops its padded rows there, outside the timed call.
+    `plan_s`: seconds of untimed per-batch set-up the adapter measured around it (FlashInfer's plan(),
+    a BlockMask, scheduler metadata), a server's cost once per step: the row's `plan_ms`.
     """
 
     fn: Callable[[], torch.Tensor]
@@ -38,8 +44,6 @@ class Prepared:
     #: projections): its own agreement check of one step's result (the output, or the leaves' gradients),
     #: returning a `harness.attention.numerics.Agreement`. None: the runner compares with the attention reference.
     check: Callable[[Any], Any] | None = None
-    #: Seconds of the backend's untimed per-batch set-up (FlashInfer's plan(), a BlockMask, scheduler metadata),
-    #: measured by the adapter around that set-up alone: the row's `plan_ms` (a server pays it once per step).
     plan_s: float | None = None
 
 
@@ -97,7 +101,7 @@ class Backend:
             return f"{self.name} has no {case.device.upper()} kernel (runs on: {', '.join(self.devices)})"
         if case.mode != "fwd" and not self.supports_backward:
             return f"{self.name} has no backward pass"
-        return None
+        return layout_refusal(self, case)
 
     def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
         """Lay out inputs and build the callable to time; raise Unsupported if the case turns out unservable."""
@@ -113,6 +117,21 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<backend {self.name} ({self.family})>"
+
+
+#: How a refusal names each layout: "naive does not take paged batches".
+_LAYOUT_WORDS = {"dense": "dense (rectangular) batches", "padded": "padded batches", "packed": "packed (varlen) batches",
+                 "paged": "paged batches (a KV cache in pages behind a block table)"}
+
+
+def layout_refusal(backend: Backend, case: Case) -> str | None:
+    """Why `backend` cannot serve the case's layout, or None: a layout it does not declare, or a ragged batch's backward pass."""
+    if case.layout not in backend.layouts:
+        takes = ", ".join(layout for layout in ("dense", "padded", "packed", "paged") if layout in backend.layouts)
+        return f"{backend.name} does not take {_LAYOUT_WORDS.get(case.layout, case.layout)} (it takes: {takes})"
+    if case.layout != "dense" and case.mode != "fwd":
+        return f"the {case.mode} pass of a {case.layout} batch is not measured yet: ragged batches are forward only"
+    return None
 
 
 #: The capability attributes a backend declares (and a run's manifest records per backend).

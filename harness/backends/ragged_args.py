@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
+from harness.backends.base import layout_refusal as base_layout_refusal
 from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs
 
@@ -26,16 +27,12 @@ def case_layout(case: Case) -> str:
 
 
 def layout_refusal(backend: Any, case: Case) -> str | None:
-    """Why `backend` cannot serve the case's layout (not declared; on a serving layout, a backward mode or a mask it does not translate), or None."""
-    layout = case_layout(case)
-    if layout not in backend.layouts:
-        return f"{backend.name} does not serve the {layout} layout (it serves: {', '.join(sorted(backend.layouts))})"
-    if layout == "dense":
-        return None
-    if case.mode != "fwd":
-        return f"{backend.name} runs the {layout} layout forward only (a serving batch is an inference step)"
+    """`base.layout_refusal`, then what these adapters' ragged translations do not carry (a sliding window, MLA's latent cache)."""
+    reason = base_layout_refusal(backend, case)
+    if reason is not None or case_layout(case) == "dense":
+        return reason
     if case.window is not None or case.mla:
-        return f"{backend.name}'s {layout} translation has no {'sliding window' if case.window is not None else 'MLA latent cache'}"
+        return f"{backend.name}'s {case.layout} translation has no {'sliding window' if case.window is not None else 'MLA latent cache'}"
     return None
 
 

@@ -23,6 +23,8 @@ from harness.errors import Unsupported
 from harness.errors import one_line
 from harness.private_api import refused_signature
 from harness.suite.inputs import AttentionInputs, visible_mask
+from harness.suite.ragged import RaggedInputs
+from harness.backends.sdpa_ragged import prepare_ragged
 
 #: enable_gqa arrived in torch 2.5; the builtin has no inspectable signature, so read its docstring.
 _HAS_ENABLE_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -130,6 +132,8 @@ def _refusal_reason(exc: Exception, caught: list[warnings.WarningMessage]) -> st
 
 class _SdpaBase(Backend):
     family = "sdpa"
+    #: Padded with a mask, packed as nested jagged tensors or request by request, paged gathered first (harness.backends.sdpa_ragged).
+    layouts = frozenset({"dense", "padded", "packed", "paged"})
     #: The forced kernel (`torch.nn.attention.SDPBackend` member name), or None for torch's choice.
     kernel: str | None = None
     #: Whether torch may refuse the kernel for a case, so that `prepare` must probe it (one untimed call).
@@ -170,10 +174,15 @@ class _SdpaBase(Backend):
                 return _refusal_reason(exc, caught)
         return None
 
-    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+    def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Pick GQA handling and mask arguments, then probe a kernel that may refuse once, so a refusal becomes Unsupported."""
-        q, k, v = inputs.q, inputs.k, inputs.v
-        kwargs = _mask_arguments(case, q.device)
+        if case.ragged:
+            return prepare_ragged(case, inputs, self._run, self._refusal, _HAS_ENABLE_GQA and case.H_kv != case.H, self.name, self.kernel,
+                                  lambda q, k, v, kwargs: self._prepare_rectangle(case, q, k, v, kwargs))
+        return self._prepare_rectangle(case, inputs.q, inputs.k, inputs.v, _mask_arguments(case, inputs.q.device))
+
+    def _prepare_rectangle(self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict[str, Any]) -> Prepared:
+        """The call on `[B, H, S, d]` tensors with these mask arguments: a dense case's, or a padded batch's rectangle."""
         # Each attempt: the call to time, whether it copies K/V, and the (k, v, kwargs) torch dispatches on.
         attempts: list[tuple[Callable[[], torch.Tensor], bool, Callable[[], tuple]]] = []
         if case.H_kv == case.H:

@@ -104,7 +104,7 @@ def ncu_job(argv: Sequence[str]) -> int:
     from harness.backends.registry import load_registry
     from harness.child import job_parser
     from harness.measure.execute import build_step
-    from harness.suite.inputs import make_inputs
+    from harness.suite.inputs import make_case_inputs
 
     parser = job_parser("profile-ncu", "one pair's steps under Nsight Compute, for `attnbench profile --ncu`")
     parser.add_argument("case", help="the case id (its mode included), on CUDA")
@@ -112,7 +112,7 @@ def ncu_job(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     case = parse_case_id(args.case, "cuda")
     backend = load_registry().get(args.backend)
-    inputs = make_inputs(case)
+    inputs = make_case_inputs(case)
     if case.mode != "fwd":
         for t in (inputs.q, inputs.k, inputs.v):
             t.requires_grad_(True)

@@ -19,13 +19,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from harness.backends.base import Backend, Prepared
+from harness.backends.base import Backend, Prepared, layout_refusal
 from harness.errors import Unsupported
 from harness.measure import gpu_state
 from harness.measure.energy import ENERGY_NOT_ASKED, EnergyResult, pair_energy
 from harness.measure.memory import PeakMeter, measure_peak
 from harness.measure.profile import profile_step
-from harness.attention.numerics import Agreement, check_backward, check_forward, weights_violations
+from harness.attention.numerics import Agreement, check_backward, check_forward, check_ragged_forward, weights_violations
 from harness.measure.outcome import PairOutcome, to_record
 from harness.attention.reference import ReferenceCache
 from harness.errors import one_line
@@ -133,6 +133,8 @@ def check_result(case: Case, prepared: Prepared, inputs: AttentionInputs, result
     """Agreement of one step's result (output, or gradients in backward modes) with the float64 reference."""
     if prepared.check is not None:
         return prepared.check(result)
+    if case.ragged:  # forward only (harness.backends.base.layout_refusal): the packed [T_q, H, d_v] output
+        return check_ragged_forward(case, inputs, prepared.to_bhsd(result), references)
     if case.mode == "fwd":
         return check_forward(case, inputs, prepared.to_bhsd(result), references)
     return check_backward(case, inputs, [prepared.to_bhsd(g) for g in result], references)
@@ -163,7 +165,8 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
              inputs: InputsCache | None = None) -> PairOutcome:
     """Run one pair's phases and return its outcome; never raises for a backend's failure."""
     try:
-        reason = backend.available() or backend.supports(case)
+        # The layout first: a backend whose `supports` does not ask its base class must never be handed a batch it cannot read.
+        reason = backend.available() or layout_refusal(backend, case) or backend.supports(case)
     except Exception as exc:  # noqa: BLE001 - a probe that crashes cannot vouch for the backend
         return PairOutcome(Status.ERROR, f"availability check failed: {one_line(exc)}")
     if reason:
@@ -278,7 +281,7 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
     with torch.set_grad_enabled(case.mode != "fwd"):
         with watch("prepare"):
             prepared = backend.prepare(case, inputs)
-            outcome.compile_s, outcome.notes = prepared.compile_s, prepared.notes
+            outcome.compile_s, outcome.plan_s, outcome.notes = prepared.compile_s, prepared.plan_s, prepared.notes
             step = build_step(case, prepared, inputs)
         if phases.time:
             # The pair's first call is the warm-up's; the output checked is the last timed call's, and
@@ -307,7 +310,7 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
         if phases.profile:
             with watch("profile"):
                 _profile_phase(case, backend, step, phases, outcome)
-    if phases.weights and backend.returns_weights and case.mode == "fwd":
+    if phases.weights and backend.returns_weights and case.mode == "fwd" and not case.ragged:
         problems = _weights_problems(case, backend)
         if problems:
             agreement = agreement.disagreeing("weights: " + "; ".join(problems))

@@ -33,6 +33,8 @@ class PairOutcome:
     profile: ProfileSummary | None = None
     timer: str | None = None
     compile_s: float | None = None
+    #: Seconds of the backend's untimed per-batch set-up (Prepared.plan_s).
+    plan_s: float | None = None
     #: The GPU's clocks, power and throttling over the timed samples, and the energy phase's result.
     state: gpu_state.StateSummary | None = None
     energy: EnergyResult | None = None
@@ -52,8 +54,10 @@ def case_record(case: Case, backend: Backend, run_id: str = "", worker: str = "0
     except Exception:  # noqa: BLE001 - a version probe must not cost the row
         version = None
     flops, nbytes = backend.costs(case) or (theory.flops(case), theory.min_bytes(case))
+    counts = theory.mask_counts(case)
     return Record(
         case_id=case.id, **case.fields(), attention_kind=case.attention_kind, backend=backend.name, family=backend.family,
+        tokens_q=counts.q_rows, tokens_kv=counts.kv_tokens,
         backend_version=version, flops=flops, bytes=nbytes, kv_cache_bytes=theory.kv_cache_bytes(case),
         arithmetic_intensity=flops / nbytes, run_id=run_id, worker=worker,
     )
@@ -68,6 +72,7 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
     if outcome.status is not Status.OK:
         return record
     record.timer, record.compile_s = outcome.timer, outcome.compile_s
+    record.plan_ms = outcome.plan_s * 1e3 if outcome.plan_s is not None else None
     record.kv_expanded = bool(outcome.notes.get("kv_expanded", False))
     record.notes = outcome.notes or None
     if outcome.agreement is not None:

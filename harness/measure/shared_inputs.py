@@ -8,10 +8,10 @@ import torch
 
 from harness.attention.numerics import Agreement
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, make_inputs
+from harness.suite.inputs import AttentionInputs, make_case_inputs
 
-#: The tensors of AttentionInputs a backend is handed and must leave as they were drawn.
-GUARDED = ("q", "k", "v", "kv_lens", "grad_out")
+#: The tensors of AttentionInputs (and of a ragged batch's RaggedInputs) a backend is handed and must leave as they were drawn.
+GUARDED = ("q", "k", "v", "kv_lens", "grad_out", "cu_seqlens_q", "cu_seqlens_kv", "k_pages", "v_pages", "block_table")
 #: Elements compared per step when a host copy is checked against a device tensor: bounds the device memory the
 #: comparison borrows (64 Mi bytes of bf16 per chunk) instead of copying a whole input of a large case back at once.
 CHUNK_ELEMENTS = 2**25
@@ -37,11 +37,11 @@ class KeptInputs:
     def of(cls, inputs: AttentionInputs) -> "KeptInputs":
         """A host copy of every guarded tensor of `inputs`."""
         with torch.no_grad():
-            return cls({name: getattr(inputs, name).detach().to("cpu", copy=True) for name in GUARDED if getattr(inputs, name) is not None})
+            return cls({name: getattr(inputs, name).detach().to("cpu", copy=True) for name in GUARDED if getattr(inputs, name, None) is not None})
 
     def changed(self, inputs: AttentionInputs) -> list[str]:
         """The names of the guarded tensors of `inputs` that are no longer bit for bit the kept ones (shape, dtype or any element)."""
-        return [name for name in GUARDED if not self._same(self.tensors.get(name), getattr(inputs, name))]
+        return [name for name in GUARDED if not self._same(self.tensors.get(name), getattr(inputs, name, None))]
 
     @staticmethod
     def _same(kept: torch.Tensor | None, now: torch.Tensor | None) -> bool:
@@ -88,7 +88,7 @@ class InputsCache:
         """The case's inputs (with q, k, v requiring grad in backward modes) and the copy of them as drawn."""
         if self._case != case or self._inputs is None or self._kept is None:
             self.drop()
-            inputs = make_inputs(case)
+            inputs = make_case_inputs(case)
             if case.mode != "fwd":
                 for t in (inputs.q, inputs.k, inputs.v):
                     t.requires_grad_(True)

@@ -72,7 +72,18 @@ class Record:
     padding: bool
     mla: bool
     seed: int
+    #: The batch's layout and, for a batch of requests, its page size, the description its lengths were drawn from
+    #: and the lengths (harness.suite.cases.Case). Keyword-only so that they sit with the case's other fields, in
+    #: its order, while `backend` stays required.
+    layout: str = field(default="dense", kw_only=True)
+    page_size: int | None = field(default=None, kw_only=True)
+    seq_lens_q: list[int] | None = field(default=None, kw_only=True)
+    seq_lens_kv: list[int] | None = field(default=None, kw_only=True)
+    length_dist: str | None = field(default=None, kw_only=True)
     backend: str
+    #: The real query and KV tokens of the case (a dense case's too): what its FLOPs and bytes count.
+    tokens_q: int | None = None
+    tokens_kv: int | None = None
     #: MHA, GQA or MQA (derived from H and H_kv; empty in a record written without it).
     attention_kind: str = ""
     family: str = ""
@@ -111,6 +122,8 @@ class Record:
     cpu_wall_ratio: float | None = None
     timer: str | None = None
     compile_s: float | None = None
+    #: Milliseconds of the backend's untimed per-batch set-up (FlashInfer's plan(), a BlockMask), timed on its own.
+    plan_ms: float | None = None
     peak_mem_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     memory_method: str | None = None
@@ -257,7 +270,9 @@ def _check_case_id(record: Record, where: str) -> None:
 
 
 def _clean(value: Any) -> Any:
-    """JSON has no NaN or Infinity: store them as null; numpy scalars as the Python numbers they are."""
+    """JSON has no NaN or Infinity: store them as null; numpy scalars as the Python numbers they are; tuples as lists."""
+    if isinstance(value, tuple):
+        return list(value)
     if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):

@@ -31,7 +31,14 @@ def upgrade(record: dict[str, Any]) -> dict[str, Any]:
         raise UserError(f"record has schema_version {version!r}, expected a positive integer")
     if version > SCHEMA_VERSION:
         raise UserError(f"record has schema version {version}, newer than this attnbench ({SCHEMA_VERSION}): upgrade attnbench")
+    if "case_id" in record and "B" in record and "layout" not in record:
+        # Written before batches of requests existed: a dense case, whose layout fields are all unset.
+        record = {**record, "layout": "dense", **{name: None for name in LAYOUT_FIELDS if name not in record}}
     return record
+
+
+#: The case fields a batch of requests added; a record written before them is a dense case without them.
+LAYOUT_FIELDS = ("page_size", "length_dist", "seq_lens_q", "seq_lens_kv")
 
 
 def write_file(path: Path | str, data: str | bytes) -> None:
@@ -145,7 +152,7 @@ def _field_problem(record: dict[str, Any]) -> str | None:
         Record.from_dict(record, where="record")  # every field's type, as the one Record definition declares it
     except UserError as exc:
         return str(exc).removeprefix("record: ")
-    return _case_problem(tuple(record[name] for name in CASE_FIELDS))
+    return _case_problem(tuple(tuple(v) if isinstance(v, list) else v for v in (record[name] for name in CASE_FIELDS)))  # hashable
 
 
 @functools.lru_cache(maxsize=4096)
@@ -232,6 +239,8 @@ def write_csv(run_dir: Path | str) -> Path:
     frame = frame.drop(columns=[c for c in RAW_COLUMNS if c in frame.columns])
     if "notes" in frame.columns:
         frame["notes"] = frame["notes"].map(lambda n: json.dumps(n, sort_keys=True) if isinstance(n, dict) else n)
+    for column in ("seq_lens_q", "seq_lens_kv"):  # JSON lists, as the JSONL has them
+        frame[column] = frame[column].map(lambda n: json.dumps(list(n)) if isinstance(n, (list, tuple)) else n)
     out = run_dir / RECORDS_CSV
     write_file(out, frame.to_csv(index=False))
     return out

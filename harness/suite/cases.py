@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from harness.errors import UserError
+from harness.suite.case_layout import RAGGED_LAYOUTS, check_layout, draw_id_lengths, layout_from_record, layout_id_tokens
 
 #: Short dtype names used in ids, CSVs and suite files, mapped to torch dtype attribute names.
 DTYPES: dict[str, str] = {
@@ -86,6 +87,13 @@ class Case:
     and with S_q = S_kv the queries are padded too (a right-padded batch: padded rows see nothing).
     `mla`: K and V are one shared latent cache (DeepSeek's multi-head latent attention with the
     up-projections absorbed): V is the first d_v columns of K, H_kv = 1, d_k = d_c + d_rope, d_v = d_c.
+
+    A ragged case (`layout` padded, packed or paged) is a batch of requests, each with its own query and
+    KV lengths (`seq_lens_q`, `seq_lens_kv`), drawn from `length_dist` (harness.suite.batch) by the seed:
+    B is the number of requests, S_q and S_kv the longest. The case carries its lengths, so a record
+    rebuilds it exactly; the id carries the distribution and the seed, which draw them again, or, for a
+    user's lengths file, the file's name and a hash of the lengths (rebuilt from a record, not an id).
+    `page_size`: the KV cache's page size (paged only).
     """
 
     B: int
@@ -103,6 +111,11 @@ class Case:
     padding: bool = False
     mla: bool = False
     seed: int = 0
+    layout: str = "dense"
+    page_size: int | None = None
+    seq_lens_q: tuple[int, ...] | None = None
+    seq_lens_kv: tuple[int, ...] | None = None
+    length_dist: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -124,10 +137,16 @@ class Case:
             raise UserError(f"B={self.B} is too many sequences for a padded case (one length is drawn per sequence): at most {MAX_PADDED_B}")
         if self.mla and (self.H_kv != 1 or self.d_v > self.d_k):
             raise UserError(f"an MLA case has one shared latent cache: needs H_kv=1 and d_v <= d_k, got H_kv={self.H_kv}, d_k={self.d_k}, d_v={self.d_v}")
+        check_layout(self, _integer)
         largest = max(self.B * self.H * self.S_q * max(self.d_k, self.d_v), self.B * self.H_kv * self.S_kv * max(self.d_k, self.d_v))
         if largest > MAX_INT:
             raise UserError(f"B={self.B}, H={self.H}, S={self.S_kv}, d={max(self.d_k, self.d_v)}: one input tensor would hold "
                             f"{largest:.3g} elements, more than a tensor can index (2^63 - 1)")
+
+    @property
+    def ragged(self) -> bool:
+        """True for a batch of requests with lengths of their own (padded, packed or paged), False for a dense rectangle."""
+        return self.layout != "dense"
 
     @property
     def id(self) -> str:
@@ -146,6 +165,7 @@ class Case:
             parts.append("mla")
         if self.mode != "fwd":
             parts.append(self.mode)
+        parts += layout_id_tokens(self)
         if self.seed:
             parts.append(f"seed{self.seed}")
         return "-".join(parts)
@@ -223,15 +243,24 @@ def parse_case_id(case_id: str, device: str = "cpu") -> Case:
         ("padding", lambda t: t == "pad", lambda t: True),
         ("mla", lambda t: t == "mla", lambda t: True),
         ("mode", lambda t: t in MODES and t != "fwd", lambda t: t),
+        ("layout", lambda t: t in RAGGED_LAYOUTS, lambda t: t),
+        ("page_size", lambda t: t.startswith("page") and _is_number(t[4:]), lambda t: int(t[4:])),
+        ("length_dist", lambda t: t.startswith("L") and len(t) > 1, lambda t: t[1:]),
+        ("lengths_hash", lambda t: len(t) == 9 and t[0] == "h" and all(c in "0123456789abcdef" for c in t[1:]), lambda t: t[1:]),
         ("seed", lambda t: t.startswith("seed") and _is_number(t[4:]), lambda t: int(t[4:])),
     ]
     for token in tokens[position:]:
         while optional and not optional[0][1](token):
             optional.pop(0)
         if not optional:
-            raise UserError(f"case id {case_id!r}: unexpected token {token!r} (after the dtype come causal, win<N>, pad, mla, bwd|fwd_bwd, seed<N>, in that order)")
+            raise UserError(f"case id {case_id!r}: unexpected token {token!r} (after the dtype come causal, win<N>, pad, mla, bwd|fwd_bwd, "
+                            f"padded|packed|paged, page<N>, L<batch>, h<hash>, seed<N>, in that order)")
         name, _, value = optional.pop(0)
         fields[name] = value(token)
+    if "length_dist" in fields:
+        draw_id_lengths(case_id, fields)
+    if fields.pop("lengths_hash", None) is not None:  # a hash without a file's batch: the id is not one attnbench writes
+        raise UserError(f"case id {case_id!r}: a lengths hash (h<hex>) belongs to a batch drawn from a lengths file (L…file:…)")
     case = Case(**fields)
     if case.id != case_id.strip():
         raise UserError(f"case id {case_id!r} is not canonical: the same case is written {case.id!r}")
@@ -258,7 +287,7 @@ def case_from_fields(fields: Mapping[str, Any]) -> Case:
                 kwargs[name] = int(value)
             else:
                 raise UserError(f"{name} must be an integer, got {value!r}")
-    return Case(**kwargs)
+    return Case(**layout_from_record(kwargs))
 
 
 def grid(

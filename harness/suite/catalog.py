@@ -7,6 +7,8 @@ TOML file with the same fields, validated with errors that name the field and th
 from __future__ import annotations
 
 import importlib
+import itertools
+import json
 import math
 import os
 import pkgutil
@@ -17,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.suite.cases import MAX_INT, MODES, Case, canonical_dtype, grid
+from harness.suite.batch import ragged_cases
+from harness.suite.cases import MAX_INT, MODES, RAGGED_LAYOUTS, Case, canonical_dtype, grid
 from harness.errors import UserError
 from harness.results.documents import read_regular
 from harness.measure.timing import CUDA_BUDGET, MAX_BUDGET_S, QUICK_BUDGET, Budget
@@ -96,10 +99,10 @@ def pair_key(case: Case, backend: str) -> str:
 
 
 def builtin_suites() -> list[str]:
-    """Names of the suites shipped in the `suites` package."""
+    """Names of the suites shipped in the `suites` package (module `serving_quick` is the suite `serving-quick`)."""
     import suites
 
-    return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith(("_", "test_", "conftest")))
+    return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith(("_", "test_", "conftest")))
 
 
 def model_suite(spec: str) -> Suite:
@@ -144,7 +147,7 @@ def load_suite(name_or_path: str) -> Suite:
         return suite_from_toml(path)
     if name_or_path not in builtin_suites():
         raise UserError(f"unknown suite {name_or_path!r}: built-in suites are {', '.join(builtin_suites())}, or give a .toml file")
-    module = importlib.import_module(f"suites.{name_or_path}")
+    module = importlib.import_module(f"suites.{name_or_path.replace('-', '_')}")
     suite = getattr(module, "SUITE", None)
     if not isinstance(suite, Suite):
         raise UserError(f"suites/{name_or_path}.py defines no SUITE")
@@ -156,6 +159,8 @@ MAX_SUITE_CASES = 100_000
 MAX_SUITE_BYTES = 4 * 2**20
 
 _GRID_KEYS = {"B", "S", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window", "padding", "mla"}
+#: A grid of batches of requests (harness.suite.batch) takes these instead of S/S_q/S_kv, padding and mla.
+_BATCH_KEYS = {"batch", "layout", "page_size", "B", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window"}
 _TOP_KEYS = {"name", "description", "device", "backends", "budget", "grid", "seed"}
 _BUDGET_KEYS = {"warmup_s", "measure_s", "min_sample_s", "min_rounds", "max_rounds", "max_iterations", "precision"}
 
@@ -185,6 +190,52 @@ def _as_list(where: str, key: str, value: Any) -> list:
         elif isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise UserError(f"{where}: field {key!r} has value {v!r}, expected a positive integer")
     return values
+
+
+def _lengths_folder(path: Path) -> Path:
+    """Where a suite's relative `file:` paths are read from: the suite file's folder, or, for a run folder's frozen copy
+    of a suite, the folder of the suite it was copied from (the manifest's `suite_arg`), where the lengths files are."""
+    manifest = path.parent / "manifest.json"
+    if manifest.is_file():
+        try:
+            data = json.loads(read_regular(manifest, "manifest"))
+        except (UserError, ValueError):
+            return path.parent
+        if isinstance(data, dict) and data.get("suite_copy") == path.name and isinstance(data.get("suite_arg"), str):
+            return Path(data["suite_arg"]).parent
+    return path.parent
+
+
+def _batch_axes(where: str, spec: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A batch grid's axes, validated: descriptions (their `file:` paths read relative to the suite's folder), layouts, page sizes."""
+    unknown = set(spec) - _BATCH_KEYS
+    if unknown:
+        raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r} in a batch grid (known: {', '.join(sorted(_BATCH_KEYS))})")
+    axes = {key: _as_list(where, key, value) for key, value in spec.items() if key not in ("batch", "layout")}
+    batches = spec["batch"] if isinstance(spec["batch"], list) else [spec["batch"]]
+    layouts = spec.get("layout", list(RAGGED_LAYOUTS))
+    layouts = layouts if isinstance(layouts, list) else [layouts]
+    if not batches or not all(isinstance(b, str) for b in batches):
+        raise UserError(f"{where}: field 'batch' has value {spec['batch']!r}, expected batch descriptions such as '2x2048 + 32x1@1024'")
+    if not layouts or any(layout not in RAGGED_LAYOUTS for layout in layouts):
+        raise UserError(f"{where}: field 'layout' has value {spec.get('layout')!r}, expected some of {', '.join(RAGGED_LAYOUTS)}")
+    if "window" in axes:
+        axes["window"] = [None if w in (0, "none") else w for w in axes["window"]]
+    for required in ("H", "d_k"):
+        if required not in axes:
+            raise UserError(f"{where}: missing field {required!r}")
+    return {**axes, "batch": batches, "layout": layouts, "folder": folder}
+
+
+def _batch_grid(device: str, seed: int, *, batch: list, layout: list, folder: Path, page_size: list = (16,), **axes: list) -> list[Case]:
+    """The cases of one batch grid: every batch in every layout (paged at each page size) for every combination of the other axes."""
+    names = list(axes)
+    cases: list[Case] = []
+    for values in itertools.product(*(axes[name] for name in names)):
+        fields = dict(zip(names, values))
+        fields["H_kv"] = fields["H"] if fields.get("H_kv", "H") == "H" else fields["H_kv"]
+        cases += ragged_cases(batch, layout, page_sizes=page_size, base=folder, device=device, seed=seed, **fields)
+    return cases
 
 
 def suite_from_toml(path: Path) -> Suite:
@@ -229,6 +280,13 @@ def suite_from_toml(path: Path) -> Suite:
     size = 0
     for index, spec in enumerate(grids):
         gwhere = f"{where} grid #{index + 1}"
+        if "batch" in spec:
+            axes = _batch_axes(gwhere, spec, _lengths_folder(path))
+            size += math.prod(len(v) for k, v in axes.items() if k != "folder")  # an upper bound, as below
+            if size > MAX_SUITE_CASES:
+                raise UserError(f"{where}: its grids hold up to {size:,} cases by grid #{index + 1}, more than the {MAX_SUITE_CASES:,} a suite may have")
+            grid_axes.append((gwhere, axes))
+            continue
         unknown = set(spec) - _GRID_KEYS
         if unknown:
             raise UserError(f"{gwhere}: unknown field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_GRID_KEYS))})")
@@ -245,7 +303,7 @@ def suite_from_toml(path: Path) -> Suite:
         grid_axes.append((gwhere, axes))
     for gwhere, axes in grid_axes:
         try:
-            cases.extend(grid(device=device, seed=seed, **axes))
+            cases.extend(_batch_grid(device, seed, **axes) if "batch" in axes else grid(device=device, seed=seed, **axes))
         except UserError as exc:
             raise UserError(f"{gwhere}: {exc}") from None
     backends = data.get("backends")

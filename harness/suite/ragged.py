@@ -48,3 +48,92 @@ class RaggedInputs:
     def batch_size(self) -> int:
         """How many sequences (requests) the batch holds."""
         return len(self.seq_lens_q)
+
+
+def sequence_mask(q_len: int, kv_len: int, causal: bool, window: int | None, device: str | torch.device = "cpu") -> torch.Tensor | None:
+    """Boolean `[q_len, kv_len]`, True where query j of one sequence sees key t (bottom-right aligned), or None when it sees all."""
+    if not causal and window is None:
+        return None
+    position = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+    key = torch.arange(kv_len, device=device)[None, :]
+    visible = key <= position
+    if window is not None:
+        visible &= key > position - window
+    return visible
+
+
+def padded_mask(inputs: RaggedInputs, window: int | None, device: str | torch.device = "cpu") -> torch.Tensor:
+    """Boolean `[B, 1, S_q, S_kv]` of a batch padded to its longest request: each request's own mask, nothing in its padding."""
+    B, S_q, S_kv = inputs.batch_size, max(inputs.seq_lens_q), max(inputs.seq_lens_kv)
+    mask = torch.zeros(B, 1, S_q, S_kv, dtype=torch.bool, device=device)
+    for i, (q_len, kv_len) in enumerate(zip(inputs.seq_lens_q, inputs.seq_lens_kv)):
+        own = sequence_mask(q_len, kv_len, inputs.causal, window, device)
+        mask[i, 0, :q_len, :kv_len] = True if own is None else own
+    return mask
+
+
+def page_rows(inputs: RaggedInputs) -> torch.Tensor:
+    """For every packed KV token, its row in the pages flattened to `[num_pages * page_size, ...]` (what a gather reads)."""
+    size = inputs.page_size
+    rows = []
+    for i, kv_len in enumerate(inputs.seq_lens_kv):
+        t = torch.arange(kv_len, device=inputs.block_table.device)
+        rows.append(inputs.block_table[i, t // size].long() * size + t % size)
+    return torch.cat(rows)
+
+
+def gather_pages(pages: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The packed `[T_kv, H_kv, d]` tokens of a paged cache `[num_pages, page_size, H_kv, d]`, given `page_rows`."""
+    return pages.reshape(-1, *pages.shape[2:]).index_select(0, rows)
+
+
+def _offsets(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.cumsum(torch.as_tensor(lengths, dtype=torch.int64), 0).to(torch.int32)
+    return out.to(device)
+
+
+def make_ragged_inputs(case, *, device: str | torch.device | None = None) -> RaggedInputs:
+    """Seeded standard-normal packed tensors for a ragged case, and its paged cache when the layout is paged.
+
+    q, k, v (and the upstream gradient) are drawn from `case.seed` in that order whatever the layout, so
+    the padded, packed and paged cases of one batch attend over the very same values. The pages are
+    assigned by a seeded permutation, so consecutive tokens of a request sit in scattered pages; the
+    rows of a last page past the request's length hold drawn values too (as stale entries of a real cache
+    do), so a kernel that reads past a length gets a wrong answer rather than a lucky zero.
+    """
+    import numpy as np
+
+    from harness.suite.inputs import torch_dtype
+
+    device = torch.device(device or case.device)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(case.seed)
+    dtype = torch_dtype(case)
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+    q_lens, kv_lens = case.seq_lens_q, case.seq_lens_kv
+    T_q, T_kv = sum(q_lens), sum(kv_lens)
+    q, k, v = draw(T_q, case.H, case.d_k), draw(T_kv, case.H_kv, case.d_k), draw(T_kv, case.H_kv, case.d_v)
+    grad_out = draw(T_q, case.H, case.d_v) if case.mode != "fwd" else None
+    inputs = RaggedInputs(q=q, k=k, v=v, seq_lens_q=tuple(q_lens), seq_lens_kv=tuple(kv_lens), cu_seqlens_q=_offsets(q_lens, device),
+                          cu_seqlens_kv=_offsets(kv_lens, device), causal=case.causal, grad_out=grad_out)
+    if case.layout != "paged":
+        return inputs
+    size = case.page_size
+    pages_per_request = [-(-n // size) for n in kv_lens]
+    num_pages = sum(pages_per_request)
+    order = np.random.default_rng([case.seed, 0x9A6E]).permutation(num_pages)
+    block_table = torch.full((len(kv_lens), max(pages_per_request)), -1, dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(pages_per_request):
+        block_table[i, :n] = torch.as_tensor(order[start:start + n], dtype=torch.int32)
+        start += n
+    inputs.page_size, inputs.block_table = size, block_table.to(device)
+    inputs.k_pages, inputs.v_pages = draw(num_pages, size, case.H_kv, case.d_k), draw(num_pages, size, case.H_kv, case.d_v)
+    rows = page_rows(inputs)
+    inputs.k_pages.view(-1, case.H_kv, case.d_k)[rows] = k
+    inputs.v_pages.view(-1, case.H_kv, case.d_v)[rows] = v
+    return inputs

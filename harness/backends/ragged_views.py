@@ -1,0 +1,79 @@
+"""What the CPU backends compute a ragged batch on: its padded rectangle, its requests one by one, its pages gathered.
+
+Built in `prepare` (untimed) from a `RaggedInputs`; each backend's timed call then runs on them, and
+`packed_output` turns a padded result back into the packed `[T_q, H, d_v]` rows the check compares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from harness.backends.layouts import pack, unpack
+from harness.suite.ragged import RaggedInputs, gather_pages, padded_mask, page_rows, sequence_mask
+
+
+@dataclass(frozen=True)
+class Padded:
+    """The batch padded to its longest request, `[B, H, S, d]`, with the mask that hides every request's padding."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor
+    seq_lens_q: tuple[int, ...]
+
+    def packed_output(self, out_bhsd: torch.Tensor) -> torch.Tensor:
+        """A padded `[B, H, S_q, d_v]` output as the packed `[T_q, H, d_v]` rows of the real queries."""
+        return pack(out_bhsd.transpose(1, 2), np.asarray(self.seq_lens_q))
+
+
+def padded(inputs: RaggedInputs, window: int | None) -> Padded:
+    """The padded rectangle of a batch (zeros in the padding, which the mask hides)."""
+    S_q, S_kv = max(inputs.seq_lens_q), max(inputs.seq_lens_kv)
+
+    def rectangle(t: torch.Tensor, lengths: tuple[int, ...], S: int) -> torch.Tensor:
+        return unpack(t.detach(), np.asarray(lengths), S).transpose(1, 2).contiguous()
+
+    return Padded(rectangle(inputs.q, inputs.seq_lens_q, S_q), rectangle(inputs.k, inputs.seq_lens_kv, S_kv),
+                  rectangle(inputs.v, inputs.seq_lens_kv, S_kv), padded_mask(inputs, window, inputs.q.device), inputs.seq_lens_q)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request's slices of the packed tensors, `[1, H, S, d]` views, and its mask (None: it sees every key)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None
+
+
+def request_masks(inputs: RaggedInputs, window: int | None) -> list[torch.Tensor | None]:
+    """Each request's own mask `[1, 1, q_len, kv_len]` (built once, untimed), None where it sees every key."""
+    masks = [sequence_mask(q_len, kv_len, inputs.causal, window, inputs.q.device) for q_len, kv_len in zip(inputs.seq_lens_q, inputs.seq_lens_kv)]
+    return [None if m is None else m[None, None] for m in masks]
+
+
+def requests(inputs: RaggedInputs, k: torch.Tensor, v: torch.Tensor, masks: list[torch.Tensor | None]) -> list[Request]:
+    """Every request of the batch as views over packed keys and values `k`, `v` (the inputs' own, or gathered from pages)."""
+    cu_q, cu_kv = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_kv.tolist()
+
+    def view(t: torch.Tensor, offsets: list[int], i: int) -> torch.Tensor:
+        return t[offsets[i]:offsets[i + 1]].transpose(0, 1).unsqueeze(0)
+
+    return [Request(view(inputs.q, cu_q, i), view(k, cu_kv, i), view(v, cu_kv, i), mask) for i, mask in enumerate(masks)]
+
+
+def per_request(attend: Callable[[Request], torch.Tensor], batch: list[Request]) -> torch.Tensor:
+    """Each request's `[1, H, q_len, d_v]` output from `attend`, concatenated into the packed `[T_q, H, d_v]`."""
+    return torch.cat([attend(r)[0].transpose(0, 1) for r in batch])
+
+
+def paged_gather(inputs: RaggedInputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """The gather a paged baseline times: its pages read, through the block table, into packed K and V."""
+    rows = page_rows(inputs)
+    return lambda: (gather_pages(inputs.k_pages, rows), gather_pages(inputs.v_pages, rows))

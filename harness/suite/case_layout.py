@@ -1,0 +1,110 @@
+"""A Case's batch-of-requests fields (layout, page_size, seq_lens_q/kv, length_dist): their check, their id tokens, their record form.
+
+Kept beside `harness.suite.cases` so the Case stays the one description of a problem while the rules of
+ragged batches (harness.suite.batch draws their lengths) live in one place.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from harness.errors import UserError
+from harness.suite.batch import case_batch, from_id_text, lengths_digest
+
+#: How a batch's tensors are laid out (harness.suite.ragged): a rectangle, or a batch of requests with lengths of their own.
+LAYOUTS = ("dense", "padded", "packed", "paged")
+RAGGED_LAYOUTS = LAYOUTS[1:]
+
+
+def check_layout(case, integer: Callable[..., int]) -> None:
+    """UserError unless the layout fields are right: none on a dense case; on a ragged one, lengths that match
+    B, S_q, S_kv and what the case's batch text draws from its seed. `integer` is the Case's own integer check."""
+    if not isinstance(case.layout, str) or case.layout not in LAYOUTS:
+        raise UserError(f"unknown layout {case.layout!r}: expected one of {', '.join(LAYOUTS)}")
+    ragged = ("page_size", "seq_lens_q", "seq_lens_kv", "length_dist")
+    if case.layout == "dense":
+        given = [name for name in ragged if getattr(case, name) is not None]
+        if given:
+            raise UserError(f"a dense case has no {given[0]}: give layout padded, packed or paged for a batch of requests")
+        return
+    if case.padding or case.mla:
+        raise UserError(f"a {case.layout} case cannot also be {'padding' if case.padding else 'mla'} (that is a dense case's field)")
+    if case.layout == "paged":
+        object.__setattr__(case, "page_size", integer("page_size", case.page_size))
+    elif case.page_size is not None:
+        raise UserError(f"page_size is for paged cases, not {case.layout} ones")
+    if not isinstance(case.length_dist, str):
+        raise UserError(f"a {case.layout} case needs length_dist, the batch description its lengths were drawn from")
+    batch = case_batch(case.length_dist)
+    if batch.text != case.length_dist:
+        raise UserError(f"length_dist {case.length_dist!r} is not canonical: write {batch.text!r}")
+    for name in ("seq_lens_q", "seq_lens_kv"):
+        value = getattr(case, name)
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not len(value):
+            raise UserError(f"{name} must be a non-empty list of lengths, got {value!r}")
+        object.__setattr__(case, name, tuple(integer(f"{name}[{i}]", n) for i, n in enumerate(value)))
+    q, kv = case.seq_lens_q, case.seq_lens_kv
+    if len(q) != len(kv):
+        raise UserError(f"seq_lens_q has {len(q)} requests, seq_lens_kv {len(kv)}")
+    short = next((i for i in range(len(q)) if kv[i] < q[i]), None)
+    if short is not None:
+        raise UserError(f"request {short} has {q[short]} queries over {kv[short]} keys: its keys include its queries, so KV >= Q")
+    derived = {"B": len(q), "S_q": max(q), "S_kv": max(kv)}
+    for name, value in derived.items():
+        if getattr(case, name) != value:
+            raise UserError(f"{name}={getattr(case, name)} contradicts the lengths, which make {name}={value}")
+    if not batch.from_file and batch.draw(case.seed, case.B) != (q, kv):
+        raise UserError(f"the lengths are not those {case.length_dist!r} draws from seed {case.seed}")
+
+
+def layout_id_tokens(case) -> list[str]:
+    """The id tokens of a ragged case: layout, page<N>, L<batch> and, for lengths from a user's file, h<hash of the lengths>."""
+    if case.layout == "dense":
+        return []
+    tokens = [case.layout] + ([f"page{case.page_size}"] if case.page_size is not None else [])
+    batch = case_batch(case.length_dist)
+    tokens.append(f"L{batch.id_text}")
+    if batch.from_file:
+        tokens.append(f"h{lengths_digest(case.seq_lens_q, case.seq_lens_kv)}")
+    return tokens
+
+
+def draw_id_lengths(case_id: str, fields: dict[str, Any]) -> None:
+    """Fill in the lengths an id's batch draws from its seed; UserError for one drawn from a user's file, which an id cannot redraw."""
+    batch = from_id_text(fields["length_dist"])
+    if batch.from_file:
+        raise UserError(f"case id {case_id!r} draws its lengths from a user's file: rebuild it from a record's fields "
+                        f"(seq_lens_q, seq_lens_kv), which carry them")
+    fields["length_dist"] = batch.text
+    fields["seq_lens_q"], fields["seq_lens_kv"] = batch.draw(fields.get("seed", 0), fields.get("B"))
+
+
+def layout_from_record(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A record's layout fields as a Case takes them: JSON lists (a CSV's text) as tuples, NaN (an empty CSV cell) as unset."""
+    page_size = kwargs.get("page_size")
+    if isinstance(page_size, float) and page_size != page_size:
+        kwargs["page_size"] = None
+    elif isinstance(page_size, float) and page_size.is_integer():
+        kwargs["page_size"] = int(page_size)
+    for name in ("seq_lens_q", "seq_lens_kv"):
+        value = kwargs.get(name)
+        if isinstance(value, str):
+            kwargs[name] = json_lengths(name, value)
+        elif isinstance(value, list):
+            kwargs[name] = tuple(value)
+    for name in ("layout", "length_dist"):
+        if isinstance(kwargs.get(name), float) and kwargs[name] != kwargs[name]:
+            kwargs.pop(name)
+    return kwargs
+
+
+def json_lengths(name: str, text: str) -> tuple[int, ...]:
+    """A CSV cell's JSON list of lengths as a tuple; UserError naming the field when it is not one."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise UserError(f"{name} must be a JSON list of lengths, got {text[:60]!r}") from None
+    if not isinstance(value, list):
+        raise UserError(f"{name} must be a JSON list of lengths, got {text[:60]!r}")
+    return tuple(value)
