@@ -287,18 +287,18 @@ def _failures(frame) -> Section:
     ], nav="Failures")
 
 
-_ENV_KEYS = ("time_utc", "host", "device_type", "device_name", "device_capability", "cpu_model", "cpu_count", "torch_threads",
+_ENV_KEYS = ("harness_version", "harness_commit", "harness_dirty", "time_utc", "host", "device_type", "device_name", "device_capability", "cpu_model", "cpu_count", "torch_threads",
              "python", "platform", "torch", "torch_cuda", "cudnn", "numpy", "pandas", "pytest_benchmark", "xformers", "flash_attn")
 
 
 def _environment(data: analysis.RunData) -> Section:
     body = []
     for rid, env in data.env.items():
+        # The fingerprint is taken once; what changes during a run (clocks, temperatures) is the telemetry below.
         before = env.get("before") or {}
-        after = env.get("after") or {}
         keys = [k for k in _ENV_KEYS if k in before] + sorted(k for k in before if k not in _ENV_KEYS)
-        rows = pd.DataFrame([{"field": k, "value": json.dumps(before.get(k)) if isinstance(before.get(k), (dict, list)) else before.get(k),
-                              **({"after": after.get(k)} if after else {})} for k in keys])
+        rows = pd.DataFrame([{"field": k, "value": json.dumps(before.get(k)) if isinstance(before.get(k), (dict, list)) else before.get(k)}
+                             for k in keys])
         body.append(f"<h3>{esc(rid)}</h3>")
         body.append(Table(rows, scroll=False) if not rows.empty else '<p class="muted">no env.json in this run</p>')
         body.append(telemetry_html(env.get("telemetry_before"), env.get("telemetry_after")))

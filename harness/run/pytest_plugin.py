@@ -8,7 +8,6 @@ are the same samples: there is one measurement path.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
 from dataclasses import replace
@@ -23,7 +22,7 @@ from harness.errors import UserError
 from harness.run import protocol
 from harness.run.cooldown import worker_cooldown
 from harness.run.repro import RunRows
-from harness.run.rundir import MANIFEST
+from harness.run.rundir import RunFolder
 from harness.measure.execute import PairRunner, Phases, execute
 from harness.measure.failures import poisons_process
 from harness.results.record import Record
@@ -74,7 +73,15 @@ def benchmark_loop(benchmark: Any, clock: Clock) -> Loop:
 
 
 def selected_pairs(config: pytest.Config) -> tuple[Suite, Any, list[tuple[Case, str]]]:
-    """The suite, the registry and the (case, backend) pairs the --attnbench-* options select; touches no run folder."""
+    """The suite, the registry and the (case, backend) pairs the --attnbench-* options select.
+
+    A supervised run's pairs and budget are its folder's (`RunFolder.pairs`, `.budget`), never its suite's
+    again: the suite stands for them only with its name and description.
+    """
+    run_dir = config.getoption("--attnbench-run-dir")
+    folder = RunFolder.read(Path(run_dir)) if run_dir else None
+    if folder is not None:
+        return _folder_pairs(config, folder)
     suite = load_suite(config.getoption("--attnbench-suite"))
     device = config.getoption("--attnbench-device")
     if device:
@@ -90,6 +97,21 @@ def selected_pairs(config: pytest.Config) -> tuple[Suite, Any, list[tuple[Case, 
         # In the file's order, not the suite's: the run's order (harness.run.order) is the manifest's, pending.txt keeps it.
         by_key = {pair_key(*p): p for p in pairs}
         pairs = [by_key[k] for k in dict.fromkeys(Path(pairs_file).read_text().split()) if k in by_key]
+    return suite, registry, pairs
+
+
+def _folder_pairs(config: pytest.Config, folder: RunFolder) -> tuple[Suite, Any, list[tuple[Case, str]]]:
+    """The pairs of a run folder the --attnbench-backends/--attnbench-pairs options select, in the run's order."""
+    registry = load_registry()
+    backends_opt = config.getoption("--attnbench-backends")
+    names = backends_opt.split(",") if backends_opt else [b for b in folder.document.backends if b not in folder.broken]
+    for name in names:
+        registry.get(name)  # unknown names fail here, before any test
+    by_key = folder.pairs()
+    pairs_file = config.getoption("--attnbench-pairs")
+    keys = dict.fromkeys(Path(pairs_file).read_text().split()) if pairs_file else by_key
+    pairs = [by_key[k] for k in keys if k in by_key and by_key[k][1] in names]
+    suite = Suite(str(folder.document.suite or folder.run_id), "", tuple(dict.fromkeys(c for c, _ in pairs)), tuple(names), folder.budget)
     return suite, registry, pairs
 
 
@@ -122,7 +144,7 @@ class AttnbenchSession:
         self.runner = PairRunner(budget=suite.budget, phases=phases)
         self.current_path = protocol.current_path(self.run_dir, self.worker)
         self.share = bool(config.getoption("--attnbench-share"))
-        self.rows = _run_rows(self.run_dir, config.getoption("--attnbench-suite"), suite)
+        self.rows = _run_rows(self.run_dir)
         cooldown_s = config.getoption("--attnbench-cooldown")
         self.cooldown = worker_cooldown(cooldown_s, self.run_dir) if cooldown_s is not None else None
         # Held until this process ends: a supervisor refuses to (re)start the folder while any worker lives.
@@ -174,13 +196,12 @@ class AttnbenchSession:
         return record
 
 
-def _run_rows(run_dir: Path, suite_arg: str, suite: Suite) -> RunRows | None:
+def _run_rows(run_dir: Path) -> RunRows | None:
     """The stamper of a supervised run's rows (from its manifest); None for a bare pytest session, which has no manifest."""
-    try:
-        manifest = json.loads((run_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
+    folder = RunFolder.read(run_dir)
+    if folder is None:
         return None
-    return RunRows(manifest, suite_arg, {pair_key(c, b): (c, b) for c, b in suite.pairs(manifest["backends"])})
+    return RunRows(folder.manifest, folder.suite_arg, folder.pairs())
 
 
 def _say(config: pytest.Config, text: str) -> None:

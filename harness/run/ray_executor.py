@@ -40,16 +40,16 @@ from typing import Any, Iterator, TextIO
 
 from harness.errors import UserError
 from harness.errors import one_line
-from harness.results.documents import PEAKS
-from harness.results.store import ENV, RunWriter
+from harness.results.documents import ENV, PEAKS
+from harness.results.store import RunWriter
 from harness.run.progress import Progress
-from harness.run.rundir import RunFolder
+from harness.run.rundir import RunFolder, write_env
 from harness.run.supervisor import RunConfig, RunSummary, Supervisor, _raise_interrupt
 from harness.suite.cases import Case
 from harness.run.ray_nodes import env_with_nodes, peaks_with_nodes, read_json, write_json
 from harness.run.ray_scheduler import PairsRun
 from harness.run.ray_tasks import describe_node, no_peaks, node_telemetry, task_options
-from harness.suite.catalog import Suite, load_suite
+from harness.suite.catalog import Suite
 
 #: Ray's switch for clusters beyond one host; "0" keeps a local Ray on 127.0.0.1 (ray._private.services.get_node_ip_address).
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -171,7 +171,7 @@ class RaySupervisor(Supervisor):
 
         driver = {k: v for k, v in fingerprint("cpu").items() if k in ("time_utc", "host", "python", "platform", "torch")}
         driver["ray"] = self.ray.__version__
-        write_json(folder.path / ENV, {"executor": "ray", "driver": driver, "nodes": {}})
+        write_env(folder.path, {"executor": "ray", "driver": driver, "nodes": {}})
         # The nodes describe themselves (and measure their peaks) in _execute, where a resumed run does it too.
 
     def _connect(self) -> None:
@@ -260,7 +260,7 @@ class RaySupervisor(Supervisor):
             env_entries[label], peak_entries[label] = result, peaks
         env = read_json(folder.path / ENV)
         legacy_name = (env.get("before") or {}).get("device_name") if "nodes" not in env else None
-        write_json(folder.path / ENV, env_with_nodes(env, env_entries))
+        write_env(folder.path, env_with_nodes(env, env_entries))
         write_json(folder.path / PEAKS, peaks_with_nodes(read_json(folder.path / PEAKS), peak_entries, device, legacy_name))
 
     def _write_env_after(self, folder: RunFolder) -> None:
@@ -282,7 +282,7 @@ class RaySupervisor(Supervisor):
             entries = {label: {"telemetry_after": after.get(label, gone)} for label in labels}
         else:
             entries = {label: {"telemetry_after": None} for label in labels}
-        write_json(folder.path / ENV, env_with_nodes(env, entries))
+        write_env(folder.path, env_with_nodes(env, entries))
 
     # -- the pairs ---------------------------------------------------------------------------------------------------
     def _execute(self, folder: RunFolder, pairs: dict[str, tuple[Case, str]], pending: list[str], writer: RunWriter,
@@ -290,11 +290,10 @@ class RaySupervisor(Supervisor):
         """Describe the nodes not yet in env.json, then run the pending pairs as one streaming task per case."""
         if not pending:
             return
-        suite = load_suite(folder.suite_arg).on_device(folder.device)
         known = read_json(folder.path / ENV).get("nodes") or {}
         new_nodes = {ip: node_id for ip, node_id in self._alive_nodes(folder.device).items() if ip not in known}
-        self._describe_nodes(folder, new_nodes, sorted({c.dtype for c in suite.cases}))
-        pairs_run = PairsRun(self, folder, pairs, writer, suite.budget)
+        self._describe_nodes(folder, new_nodes, sorted({c.dtype for c, _ in pairs.values()}))
+        pairs_run = PairsRun(self, folder, pairs, writer, folder.budget)
         previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             pairs_run.run(pending, progress)

@@ -7,8 +7,9 @@ restarted on what is left. Out-of-memory inside a pair is caught in the worker i
 The protocol (all of it plain files in the run folder, see `harness.run.protocol`), so the same
 workers can be started by a cluster scheduler on a shared file system instead of by this module:
 
-- `manifest.json` lists every pair key (`<case id>-<backend>`) of the run; `suite.toml` is a frozen
-  copy of a TOML suite. `records.jsonl` gets one JSON line per finished pair, appended with
+- `manifest.json` lists every pair key (`<case id>-<backend>`) of the run and each pair as data (its
+  case's fields and backend), with the budget: workers and `--resume` read the pairs from there, never
+  from the suite (whose grid may have changed since); `suite.toml` is a copy of a TOML suite. `records.jsonl` gets one JSON line per finished pair, appended with
   O_APPEND and fsynced one at a time by whoever finished it; a pair is done when it has a line.
 - `pending.txt` lists the pairs still to run. Every worker gets the same list and, before each pair,
   claims it by creating `claims/<key>` with O_EXCL: exactly one worker wins, the others skip it
@@ -48,10 +49,10 @@ from harness.run import protocol
 from harness.run.order import DEFAULT_ORDER_SEED, fair_pairs, order_manifest, select_keys
 from harness.run.progress import Progress
 from harness.run.repro import RunRows
-from harness.run.rundir import RunFolder, new_run_id
+from harness.run.rundir import RunFolder, new_run_id, pair_manifest
 from harness.run.workers import TRACES, Slot, Worker, worker_slots
 from harness.suite.cases import Case
-from harness.suite.catalog import Suite, load_suite, resolve_suite_name
+from harness.suite.catalog import Suite, load_suite, pair_key, resolve_suite_name
 
 #: pytest's exit codes for a session that ran to its end (all passed, some failed, nothing to run).
 _PYTEST_FINISHED = (0, 1, 5)
@@ -212,11 +213,14 @@ class Supervisor:
                 # A plugin that failed to load is listed, with its error, as unsupported rows: it never stops the run.
                 broken[name] = str(exc)
                 self.log.write(f"attnbench: {exc}\n")
-        keys = select_keys(fair_pairs(suite.pairs(names), config.order_seed), config.only, config.cases, suite.name)
+        ordered = {pair_key(c, b): (c, b) for c, b in fair_pairs(suite.pairs(names), config.order_seed)}
+        keys = select_keys(list(ordered.values()), config.only, config.cases, suite.name)
         run_id = validate_run_id(config.run_id or new_run_id(suite.slug))
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "suite_copy": None, "device": device,
-            "backends": names, "broken": broken, "capabilities": capabilities, "pairs": keys, "check": config.check,
+            "backends": names, "broken": broken, "capabilities": capabilities, "check": config.check,
+            # The pairs as data and the budget: resume, report and compare never load the suite again.
+            **pair_manifest([ordered[k] for k in keys], suite.budget),
             "profile": config.profile, "traces": config.traces, "timer": config.timer, "energy": config.energy,
             "order": order_manifest(config.order_seed), "cooldown_s": config.cooldown_s,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -256,11 +260,7 @@ class Supervisor:
     def _run(self, folder: RunFolder, started: float) -> RunSummary:
         manifest = folder.manifest
         self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        pairs = folder.pairs()
-        unknown = [k for k in manifest["pairs"] if k not in pairs]
-        if unknown:
-            raise UserError(f"{folder.path / 'manifest.json'}: field 'pairs' lists {unknown[0]!r}"
-                            f"{f' and {len(unknown) - 1} more' if len(unknown) > 1 else ''}, not a pair of its suite and backends: resume refuses it")
+        pairs = folder.pairs()  # from the manifest alone; every key of its `pairs` is there
         recorded = folder.recorded(repair=True)
         foreign = [r for r in recorded if r.pair_key not in pairs or (r.run_id and r.run_id != folder.run_id)]
         if foreign:
