@@ -32,7 +32,7 @@ from harness.run import protocol
 from harness.run.children import python_command, run_child
 from harness.run.progress import LineCounter
 from harness.suite.cases import Case, case_from_fields
-from harness.suite.catalog import load_suite, pair_key
+from harness.suite.catalog import budget_from_fields, load_suite, pair_key
 
 SUITE_COPY = "suite.toml"
 #: Every name a run writes in its folder (patterns for the per-worker files); `--force` deletes nothing else.
@@ -125,7 +125,9 @@ class RunFolder:
                 read_document(path / ENV, Environment)
             except UserError as exc:
                 raise UserError(f"cannot resume {path}: {exc}") from None
-        return cls(path, manifest)
+        folder = cls(path, manifest)
+        folder.pairs(), folder.budget  # what the workers read: a damaged or stale one is named now, before any starts
+        return folder
 
     @classmethod
     def read(cls, path: Path) -> "RunFolder | None":
@@ -195,15 +197,7 @@ class RunFolder:
         stored = self.document.budget
         if stored is None:
             return self._old_suite().budget
-        known = {f.name for f in dataclasses.fields(Budget)}
-        unknown = sorted(set(stored) - known)
-        if unknown:
-            raise UserError(f"{self.path / MANIFEST}: field 'budget' has {unknown[0]!r}, not a budget field of this attnbench "
-                            f"({', '.join(sorted(known))}): a newer attnbench made this run")
-        try:
-            return Budget(**stored)
-        except (TypeError, ValueError, UserError) as exc:
-            raise UserError(f"{self.path / MANIFEST}: field 'budget' is not a budget ({exc})") from None
+        return budget_from_fields(stored, f"{self.path / MANIFEST}: field 'budget'")
 
     def _pairs_from_specs(self, specs: list[dict[str, Any]]) -> dict[str, tuple[Case, str]]:
         where = self.path / MANIFEST
