@@ -9,6 +9,7 @@ import pytest
 
 from harness.cli.main import main
 from harness.errors import UserError
+from harness.results.documents import Manifest
 from harness.results.store import read_records
 from harness.run import pytest_plugin
 from harness.run.cooldown import AUTO_MAX_S, Cooldown, idle_temperature_c, nvml_index, parse_cooldown
@@ -83,7 +84,8 @@ def test_cooldown_mistakes_are_one_line(args, message, tmp_path, capsys):
 
 
 def test_workers_get_the_cooldown_the_manifest_records(tmp_path):
-    folder = RunFolder(tmp_path, {"suite_arg": "quick", "device": "cuda", "backends": ["sdpa"], "cooldown_s": 45.0})
+    folder = RunFolder(tmp_path, Manifest.from_dict({"run_id": "r", "suite_arg": "quick", "device": "cuda", "backends": ["sdpa"],
+                                                     "cooldown_s": 45.0}, where="manifest"))
     command = worker_command(folder, Slot("0", {}), 0, None)
     assert command[command.index("--attnbench-cooldown") + 1] == "45.0"
 
