@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from checkout import copy_checkout
 
 SUITE_MODULE = '''
 from harness.measure.timing import Budget
@@ -35,16 +34,6 @@ SUITE = Suite(
 '''
 
 
-def _copy_checkout(repo: Path) -> None:
-    """The checkout's files (tracked and not ignored), as a clean clone would have them plus this change."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            check=True, capture_output=True, text=True).stdout.split("\0")
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, repo / name)
-
-
 def _lines(path: Path) -> int:
     try:
         return path.read_bytes().count(b"\n")
@@ -56,7 +45,7 @@ def _lines(path: Path) -> int:
 @pytest.mark.timeout(240)
 def test_resume_after_the_builtin_suite_changed_finishes_the_original_pairs(tmp_path):
     repo = tmp_path / "repo"
-    _copy_checkout(repo)
+    copy_checkout(repo)
     module = repo / "suites" / "tiny_resume.py"
     module.write_text(SUITE_MODULE.format(seqs=[16, 32, 48], measure_s=0.3))
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}

@@ -216,11 +216,6 @@ def read_records(path: Path | str) -> ReadResult:
     return ReadResult(records, dropped, path, tuple(built), raw.rfind(b"\n") + 1)
 
 
-def typed_records(path: Path | str) -> list[Record]:
-    """The records of a run folder or records file, each type-checked (UserError naming the file, record and field)."""
-    return read_records(path).typed()
-
-
 def load_run(*run_dirs: Path | str):
     """Load one or more runs into one pandas DataFrame, with every column of the schema present.
 

@@ -27,7 +27,7 @@ from harness.measure import peaks as device_peaks
 from harness.measure.timing import Budget
 from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment, Manifest, read_document
 from harness.results.record import Record
-from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, typed_records, write_file
+from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, write_file
 from harness.run import protocol
 from harness.run.children import python_command, run_child
 from harness.run.progress import LineCounter
