@@ -9,9 +9,10 @@ from harness.measure.timing import Budget
 from harness.results import store
 from harness.results.documents import Manifest
 from harness.results.record import Record
-from harness.run import rundir
+from harness.run import manifest_pairs
 from harness.run.progress import LineCounter
-from harness.run.rundir import MANIFEST, RunFolder, pair_manifest
+from harness.run.manifest_pairs import pair_manifest
+from harness.run.rundir import MANIFEST, RunFolder
 from harness.suite.cases import Case
 from run_folders import CASES, make_run, refused
 from test_reliability import write_suite
@@ -73,7 +74,7 @@ def test_the_manifest_holds_every_pair_as_data_and_the_budget_and_the_suite_is_n
     def no_suite(*args, **kwargs):
         raise AssertionError("the suite was loaded again")
 
-    monkeypatch.setattr(rundir, "load_suite", no_suite)
+    monkeypatch.setattr(manifest_pairs, "load_suite", no_suite)
     folder = RunFolder.open(tmp_path / "r")
     assert list(folder.pairs().values()) == pairs and list(folder.pairs()) == stored["pairs"]
     assert folder.budget == budget

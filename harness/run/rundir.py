@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.env import fingerprint, gpu_telemetry, harness_identity
+from harness.env import fingerprint, gpu_telemetry
 from harness.errors import UserError
 from harness.measure import peaks as device_peaks
 from harness.measure.timing import Budget
@@ -30,9 +30,9 @@ from harness.results.record import Record
 from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, write_file
 from harness.run import protocol
 from harness.run.children import python_command, run_child
+from harness.run import manifest_pairs
 from harness.run.progress import LineCounter
-from harness.suite.cases import Case, case_from_fields
-from harness.suite.catalog import budget_from_fields, load_suite, pair_key
+from harness.suite.cases import Case
 
 SUITE_COPY = "suite.toml"
 #: Every name a run writes in its folder (patterns for the per-worker files); `--force` deletes nothing else.
@@ -49,17 +49,6 @@ ORPHAN_WAIT_S = 5.0
 def new_run_id(suite_name: str) -> str:
     """A sortable, unique-enough run id: UTC time, suite name and process id."""
     return f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-{suite_name}-{os.getpid()}"
-
-
-def pair_manifest(pairs: list[tuple[Case, str]], budget: Budget) -> dict[str, Any]:
-    """The manifest's fields that let a run be resumed, reported and compared from its folder alone, whatever its suite becomes.
-
-    Every pair as data (its case's fields, all of them, and its backend) in run order, the budget by its
-    fields, and what measured it: generic over the dataclasses, so a field added to `Case` or `Budget` travels too.
-    """
-    return {"pairs": [pair_key(case, backend) for case, backend in pairs],
-            "pair_specs": [{"case": case.fields(), "backend": backend} for case, backend in pairs],
-            "budget": dataclasses.asdict(budget), **harness_identity()}
 
 
 @dataclass
@@ -187,54 +176,13 @@ class RunFolder:
     def pairs(self) -> dict[str, tuple[Case, str]]:
         """Every pair of the run by key, in run order: from the manifest alone (a folder made before it held them: from its suite)."""
         if self._pairs is None:
-            specs = self.document.pair_specs
-            self._pairs = self._pairs_from_specs(specs) if specs is not None else self._pairs_from_suite()
+            self._pairs = manifest_pairs.run_pairs(self.document, self.path, self.suite_arg)
         return self._pairs
 
     @property
     def budget(self) -> Budget:
         """The budget the run's pairs are measured under: the manifest's (a folder made before it held one: its suite's)."""
-        stored = self.document.budget
-        if stored is None:
-            return self._old_suite().budget
-        return budget_from_fields(stored, f"{self.path / MANIFEST}: field 'budget'")
-
-    def _pairs_from_specs(self, specs: list[dict[str, Any]]) -> dict[str, tuple[Case, str]]:
-        where = self.path / MANIFEST
-        keys = self.document.pairs
-        if len(specs) != len(keys):
-            raise UserError(f"{where}: field 'pair_specs' has {len(specs)} pairs and field 'pairs' {len(keys)}: the manifest is damaged")
-        pairs: dict[str, tuple[Case, str]] = {}
-        for i, (key, spec) in enumerate(zip(keys, specs)):
-            if "case" not in spec or "backend" not in spec:
-                raise UserError(f"{where}: field 'pair_specs[{i}]' lacks {'case' if 'case' not in spec else 'backend'}")
-            try:
-                case = case_from_fields(spec["case"])
-            except (UserError, TypeError) as exc:
-                raise UserError(f"{where}: field 'pair_specs[{i}].case' is not a case ({exc})") from None
-            if pair_key(case, spec["backend"]) != key:
-                raise UserError(f"{where}: field 'pair_specs[{i}]' is pair {pair_key(case, spec['backend'])!r}, "
-                                f"but field 'pairs' says {key!r}: the manifest is damaged")
-            pairs[key] = (case, spec["backend"])
-        return pairs
-
-    def _old_suite(self):
-        """The suite of a folder made before manifests held their pairs and budget (loaded again, as that version did)."""
-        try:
-            return load_suite(self.suite_arg).on_device(self.device)
-        except UserError as exc:
-            raise UserError(f"{self.path}: this run was made by an attnbench that did not record its pairs, "
-                            f"and its suite {self.suite_arg!r} no longer loads ({exc})") from None
-
-    def _pairs_from_suite(self) -> dict[str, tuple[Case, str]]:
-        suite = self._old_suite()
-        by_key = {pair_key(c, b): (c, b) for c, b in suite.pairs(self.document.backends)}
-        missing = [k for k in self.document.pairs if k not in by_key]
-        if missing:
-            raise UserError(f"{self.path / MANIFEST}: field 'pairs' lists {missing[0]!r}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, "
-                            f"no pair of its suite {self.suite_arg!r} now: the run was made by an attnbench that did not record "
-                            "its pairs, before its suite changed; finish it with the attnbench that made it")
-        return {k: by_key[k] for k in self.document.pairs}
+        return manifest_pairs.run_budget(self.document, self.path, self.suite_arg)
 
     def recorded(self, repair: bool = False) -> list[Record]:
         """The records so far, the file read once; with `repair` (only while no worker runs) a truncated last line is cut off it."""

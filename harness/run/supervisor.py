@@ -49,7 +49,8 @@ from harness.run import protocol
 from harness.run.order import DEFAULT_ORDER_SEED, fair_pairs, order_manifest, select_keys
 from harness.run.progress import Progress
 from harness.run.repro import RunRows
-from harness.run.rundir import RunFolder, new_run_id, pair_manifest
+from harness.run.manifest_pairs import pair_manifest
+from harness.run.rundir import RunFolder, new_run_id
 from harness.run.workers import TRACES, Slot, Worker, worker_slots
 from harness.suite.cases import Case
 from harness.suite.catalog import Suite, load_suite, pair_key, resolve_suite_name
