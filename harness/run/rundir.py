@@ -28,9 +28,8 @@ from harness.measure.timing import Budget
 from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment, Manifest, read_document
 from harness.results.record import Record
 from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, write_file
-from harness.run import protocol
+from harness.run import manifest_pairs, protocol
 from harness.run.children import python_command, run_child
-from harness.run import manifest_pairs
 from harness.run.progress import LineCounter
 from harness.suite.cases import Case
 
@@ -115,7 +114,9 @@ class RunFolder:
             except UserError as exc:
                 raise UserError(f"cannot resume {path}: {exc}") from None
         folder = cls(path, manifest)
-        folder.pairs(), folder.budget  # what the workers read: a damaged or stale one is named now, before any starts
+        # What the workers read: a damaged pair or budget (or an older folder's changed suite) is named now, before any starts.
+        folder.pairs()
+        folder.budget
         return folder
 
     @classmethod
@@ -259,10 +260,9 @@ def write_env(run_dir: Path, env: dict[str, Any]) -> None:
 
 def truncate_to(path: Path, size: int) -> None:
     """Cut the records file to its first `size` bytes (its whole lines), so that appends start on a fresh line."""
-    cut = size
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        os.ftruncate(fd, cut)
+        os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
         os.close(fd)
