@@ -4,15 +4,18 @@ holds the pairs and the budget, the records are read once, the progress count re
 import dataclasses
 import json
 
+import pytest
+
 from harness.cli.main import main
+from harness.errors import UserError
 from harness.measure.timing import Budget
 from harness.results import store
-from harness.results.documents import Manifest
+from harness.results.documents import ENV, Manifest
 from harness.results.record import Record
-from harness.run import manifest_pairs
+from harness.run import manifest_pairs, rundir
 from harness.run.progress import LineCounter
 from harness.run.manifest_pairs import pair_manifest
-from harness.run.rundir import MANIFEST, RunFolder
+from harness.run.rundir import MANIFEST, RunFolder, write_env
 from harness.suite.cases import Case
 from run_folders import CASES, make_run, refused
 from test_reliability import write_suite
@@ -139,3 +142,14 @@ def test_the_line_count_reads_only_what_was_appended_and_waits_for_a_whole_last_
     assert counter.count() == 4 and counter.offset == path.stat().st_size
     path.write_bytes(b'{"a": 1}\n')  # cut back (a repaired or replaced file): counted again from the start
     assert counter.count() == 1
+
+
+# -- env.json: one writer ------------------------------------------------------------------------------------------------
+
+def test_env_json_has_one_writer_that_types_it_first_and_replaces_it_whole(tmp_path):
+    write_env(tmp_path, {"before": {"device_type": "cpu", "torch": "2.x"}, "telemetry_before": None})
+    with pytest.raises(UserError, match="'before.device_name'"):
+        write_env(tmp_path, {"before": {"device_name": ["a", "b"]}})  # never written: the reader would refuse it
+    assert json.loads((tmp_path / ENV).read_text())["before"] == {"device_type": "cpu", "torch": "2.x"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ENV]  # replaced whole: no temporary file is left
+    assert rundir._is_run_file(f".{ENV}.123.tmp")  # one a kill leaves behind is a run's file, which --force may delete
