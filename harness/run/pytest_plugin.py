@@ -76,7 +76,7 @@ def selected_pairs(config: pytest.Config) -> tuple[Suite, Any, list[tuple[Case, 
     """The suite, the registry and the (case, backend) pairs the --attnbench-* options select.
 
     A supervised run's pairs and budget are its folder's (`RunFolder.pairs`, `.budget`), never its suite's
-    again: the suite stands for them only with its name and description.
+    again (the suite may have changed since the run began): the Suite returned then holds those cases and that budget.
     """
     run_dir = config.getoption("--attnbench-run-dir")
     folder = RunFolder.read(Path(run_dir)) if run_dir else None

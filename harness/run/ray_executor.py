@@ -169,7 +169,8 @@ class RaySupervisor(Supervisor):
     def _write_environment(self, folder: RunFolder, suite: Suite) -> None:
         from harness.env import fingerprint
 
-        driver = {k: v for k, v in fingerprint("cpu").items() if k in ("time_utc", "host", "python", "platform", "torch")}
+        driver = {k: v for k, v in fingerprint("cpu").items() if k in ("time_utc", "host", "python", "platform", "torch",
+                                                                       "harness_version", "harness_commit", "harness_dirty")}
         driver["ray"] = self.ray.__version__
         write_env(folder.path, {"executor": "ray", "driver": driver, "nodes": {}})
         # The nodes describe themselves (and measure their peaks) in _execute, where a resumed run does it too.
