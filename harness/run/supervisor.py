@@ -259,23 +259,22 @@ class Supervisor:
         writer.append(record)
 
     def _run(self, folder: RunFolder, started: float) -> RunSummary:
-        manifest = folder.manifest
         self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        pairs = folder.pairs()  # from the manifest alone; every key of its `pairs` is there
+        pairs = folder.pairs()  # from the manifest alone, in the run's order: the one source of what the run is
         recorded = folder.recorded(repair=True)
         foreign = [r for r in recorded if r.pair_key not in pairs or (r.run_id and r.run_id != folder.run_id)]
         if foreign:
             raise UserError(f"{folder.path / 'records.jsonl'} holds {len(foreign)} rows that are not pairs of run {folder.run_id} "
                             f"(first: {foreign[0].pair_key} of run {foreign[0].run_id!r}): the folder mixes runs; resume refuses it")
         done = {r.pair_key for r in recorded}
-        total = len(manifest["pairs"])
+        total = len(pairs)
         writer = RunWriter(folder.path)
         broken = folder.broken
-        for key in manifest["pairs"]:
+        for key in pairs:
             if key not in done and pairs[key][1] in broken:
                 self._record_failure(writer, folder, pairs, key, "supervisor", "unsupported", broken[pairs[key][1]])
                 done.add(key)
-        pending = [k for k in manifest["pairs"] if k not in done]
+        pending = [k for k in pairs if k not in done]
         progress = Progress(total, len(done), self.log if self.config.progress else None)
         self._execute(folder, pairs, pending, writer, progress)
         return self._finish(folder, pairs, writer, progress, started)
@@ -320,10 +319,9 @@ class Supervisor:
 
     def _finish(self, folder: RunFolder, pairs: dict[str, tuple[Case, str]], writer: RunWriter, progress: Progress, started: float) -> RunSummary:
         """Give every pair still without a row one, write records.csv and the closing environment; the summary."""
-        manifest = folder.manifest
         progress.update(folder.count_lines(), final=True)
-        missing = set(manifest["pairs"]) - {r.pair_key for r in folder.recorded()}
-        for key in [k for k in manifest["pairs"] if k in missing]:  # a worker that gave up without a trace still leaves a row
+        missing = set(pairs) - {r.pair_key for r in folder.recorded()}
+        for key in [k for k in pairs if k in missing]:  # a worker that gave up without a trace still leaves a row
             self._record_failure(writer, folder, pairs, key, "supervisor", "error", self.missing_reason)
         write_csv(folder.path)
         self._write_env_after(folder)
@@ -332,7 +330,7 @@ class Supervisor:
         counts: dict[str, int] = {}
         for record in folder.recorded():
             counts[record.status.value] = counts.get(record.status.value, 0) + 1
-        return RunSummary(folder.path, counts, len(manifest["pairs"]), time.monotonic() - started)
+        return RunSummary(folder.path, counts, len(pairs), time.monotonic() - started)
 
     def _settle(self, worker: Worker, outcome: str, writer: RunWriter, folder: RunFolder, pairs: dict[str, tuple[Case, str]]) -> tuple[bool, bool]:
         """Account for a worker that ended: (whether to restart it, whether it used up a pair on the way)."""
