@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
 import socket
+import subprocess
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 
@@ -49,6 +52,38 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+#: The checkout attnbench runs from: its git commit is what measured a run.
+HARNESS_ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=None)
+def harness_identity(root: Path = HARNESS_ROOT) -> dict[str, Any]:
+    """What measured a run: attnbench's version, and the git commit of `root` with whether its tracked files differ from it.
+
+    Commit and dirty are None, never an error, when `root` is not a git checkout's top (an installed
+    copy, an unpacked archive) or git is missing or fails. Untracked files do not make a tree dirty:
+    a stray results file is not a change to the code that measured.
+    """
+    from harness import __version__
+
+    commit = _git(root, "rev-parse", "--verify", "HEAD")
+    toplevel = _git(root, "rev-parse", "--show-toplevel")
+    if commit is None or toplevel is None or Path(toplevel).resolve() != Path(root).resolve():
+        return {"harness_version": __version__, "harness_commit": None, "harness_dirty": None}
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return {"harness_version": __version__, "harness_commit": commit, "harness_dirty": None if status is None else bool(status)}
+
+
+def _git(root: Path, *args: str) -> str | None:
+    """git's stripped output in `root`, or None when git is missing, fails or takes too long."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                              env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})  # a status must never take the index lock
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def _package_version(name: str) -> str | None:
@@ -150,6 +185,7 @@ def fingerprint(device: str = "cpu") -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "device_type": device,
         "cuda_available": torch.cuda.is_available(),
+        **harness_identity(),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -325,9 +325,15 @@ def test_rows_of_different_device_models_are_never_ranked_together(tmp_path):
     b = write_run(tmp_path / "h200", h200, env={"before": {"device_type": "cuda", "device_name": "NVIDIA H200"}})
     data = analysis.load([a, b])
     assert not data.notes  # not "measured by more than one run": different devices, different questions
-    wins = analysis.winners(data.frame).set_index("case_id")
-    assert set(wins.index) == {f"{case.id} @ NVIDIA H100", f"{case.id} @ NVIDIA H200"}
-    assert wins.loc[f"{case.id} @ NVIDIA H100", "winner_ms"] == 2.0 and wins.loc[f"{case.id} @ NVIDIA H200", "winner_ms"] == 1.0
+    # Grouped by the device model, not by a rewritten id: every row keeps the case_id it was recorded with.
+    assert set(data.frame["case_id"]) == {case.id} and "record_case_id" not in data.frame.columns
+    wins = analysis.winners(data.frame).set_index("device_model")
+    assert set(wins["case_id"]) == {case.id} and set(wins.index) == {"NVIDIA H100", "NVIDIA H200"}
+    assert wins.loc["NVIDIA H100", "winner_ms"] == 2.0 and wins.loc["NVIDIA H200", "winner_ms"] == 1.0
+    assert set(wins["case"]) == {f"{case.id} @ NVIDIA H100", f"{case.id} @ NVIDIA H200"}  # what a table shows
+    assert set(analysis.speedups(data.frame, "sdpa-math").index) == set(wins["case"])
+    answers = analysis.recommend(data.frame, {"S": 256})
+    assert sorted((a.case_id, a.winner_ms) for a in answers) == [(f"{case.id} @ NVIDIA H100", 2.0), (f"{case.id} @ NVIDIA H200", 1.0)]
     # A Ray row names its own node's device, whatever its run's driver was.
     ray_row = synthetic_record(case, "sdpa", 1.5, run_id="ray")
     ray_row.device_name, ray_row.node = "NVIDIA A100", "10.0.0.7"

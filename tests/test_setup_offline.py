@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import site
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkout import copy_checkout
 from harness.cli.main import main
 from harness.env import OLDEST_TORCH, torch_version_problem
 
@@ -90,13 +90,7 @@ def test_make_bench_on_an_offline_box_keeps_its_torch_and_records_rows(tmp_path)
     box_python = _box_python(box)
     box_torch = _torch_of(box_python)
     assert box_torch[1].startswith(str(box)), "the box python must hold torch itself"
-    repo = tmp_path / "repo"  # a copy of this checkout, as CI's clean clone is one of main
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            check=True, capture_output=True, text=True).stdout.split("\0")
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, repo / name)
+    repo = copy_checkout(tmp_path / "repo")  # as CI's clean clone is one of main
     suite = tmp_path / "tiny.toml"
     suite.write_text('name = "tiny"\ndevice = "cpu"\nbackends = ["naive", "sdpa"]\n'
                      "[budget]\nwarmup_s = 0.01\nmeasure_s = 0.02\n"

@@ -81,7 +81,7 @@ def memory_vs_model(frame: pd.DataFrame) -> pd.DataFrame:
         model, name = memory_model(bool(r["materializes_scores"]), int(r["B"]), int(r["H"]), int(r["S_q"]), int(r["S_kv"]), int(r["d_v"]), torch_dtype(str(r["dtype"])).itemsize)
         peak = num(r["peak_mem_bytes"])
         out.append({
-            "case_id": r["case_id"], "backend": r["backend"], "S": int(r["S"]), "group": describe_group(r),
+            "case_id": r["case_id"], "case": r.get("case", r["case_id"]), "backend": r["backend"], "S": int(r["S"]), "group": describe_group(r),
             "peak_mem_bytes": peak, "model_bytes": model, "model": name,
             # A zero reading is below the meter's resolution (CPU RSS grows by pages), not a free call.
             "ratio": peak / model if peak and model > 0 else None,

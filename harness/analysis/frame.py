@@ -26,8 +26,10 @@ from harness.errors import UserError
 from harness.analysis import roofline
 from harness.results.documents import ENV, MANIFEST, Environment, Manifest, read_optional
 
-#: Case fields held fixed when something is plotted or fitted against S (S_q and S_kv vary).
-GROUP_FIELDS = ("B", "H", "H_kv", "d_k", "d_v", "dtype", "device", "causal", "mode", "window", "padding", "q_len")
+#: Case fields held fixed when something is plotted or fitted against S (S_q and S_kv vary); a device model is never mixed.
+GROUP_FIELDS = ("B", "H", "H_kv", "d_k", "d_v", "dtype", "device", "device_model", "causal", "mode", "window", "padding", "q_len")
+#: What names one analysed case: the case as recorded, on one device model (two GPU generations answer two questions).
+CASE_KEY = ("case_id", "device_model")
 MIN_FIT_POINTS = 3
 
 
@@ -78,7 +80,7 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     notes = [f"{path}: a truncated last line (a run stopped mid-write) was left out; resume that run to redo the pair" for path in dropped]
     frame = by_device_model(frame, env)
-    duplicated = frame.duplicated(["case_id", "backend"], keep="last")
+    duplicated = frame.duplicated([*CASE_KEY, "backend"], keep="last")
     if duplicated.any():  # the same pair measured by several runs: the later run's row stands
         notes.append(f"{int(duplicated.sum())} (case, backend) pairs were measured by more than one run; the row of the run given last is used")
         frame = frame[~duplicated].reset_index(drop=True)
@@ -87,11 +89,12 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
 
 
 def by_device_model(frame: pd.DataFrame, env: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
-    """Name each row's device model (the row's own, from a Ray node, else its run's); with several, keep them apart.
+    """Name each row's device model (the row's own, from a Ray node, else its run's) in `device_model`, and its case's label.
 
     Rows measured on different device models (two GPU generations, a Ray cluster of mixed nodes) are never
-    ranked against each other: their analysis case becomes `<case id> @ <device model>`, so every winner,
-    speed-up and recommendation is per device. The record's own id stays in `record_case_id`.
+    ranked against each other: winners, speed-ups and recommendations group by `CASE_KEY` (case id and device
+    model), and `case_id` stays as recorded. `case` is what a table shows: the case id, followed by
+    `@ <device model>` when the rows hold more than one model.
     """
     def run_device(run_id: Any) -> str:
         before = (env.get(run_id) or {}).get("before") or {}
@@ -100,10 +103,19 @@ def by_device_model(frame: pd.DataFrame, env: Mapping[str, Mapping[str, Any]]) -
     frame = frame.copy()
     own = frame["device_name"] if "device_name" in frame.columns else pd.Series([None] * len(frame), index=frame.index)
     frame["device_model"] = [str(d) if isinstance(d, str) and d else run_device(r) for d, r in zip(own, frame["run_id"])]
-    frame["record_case_id"] = frame["case_id"]
-    if frame["device_model"].nunique() > 1:
-        frame["case_id"] = frame["case_id"] + " @ " + frame["device_model"]
+    mixed = frame["device_model"].nunique() > 1
+    frame["case"] = frame["case_id"] + " @ " + frame["device_model"] if mixed else frame["case_id"]
     return frame
+
+
+def case_key(frame: pd.DataFrame) -> list[str]:
+    """The columns that name one analysed case in `frame` (`CASE_KEY`; only `case_id` in a frame built without device models)."""
+    return [c for c in CASE_KEY if c in frame.columns]
+
+
+def case_labels(frame: pd.DataFrame) -> pd.Series:
+    """Each row's case as a table shows it (`by_device_model`'s `case`; the case id in a frame without it)."""
+    return frame["case"] if "case" in frame.columns else frame["case_id"]
 
 
 def declared_capabilities(backends: Iterable[str], manifests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, bool]]:

@@ -10,7 +10,7 @@ import pandas as pd
 
 from harness.errors import UserError
 
-from harness.analysis.frame import agreeing_rows, is_core
+from harness.analysis.frame import agreeing_rows, case_key, case_labels, is_core
 
 
 def default_baseline(frame: pd.DataFrame) -> str | None:
@@ -32,14 +32,14 @@ def winners(frame: pd.DataFrame, baseline: str | None = None, metric: str = "lat
     unit = "ms" if by_latency else metric
     baseline = baseline or default_baseline(frame)
     out = []
-    for case_id, sub in rows.groupby("case_id", sort=False):
+    for _, sub in rows.groupby(case_key(rows), sort=False):
         sub = sub.sort_values(metric)
         best = sub.iloc[0]
         second = sub.iloc[1] if len(sub) > 1 else None
         base = sub[sub["backend"] == baseline]
         base_value = float(base[metric].iloc[0]) if not base.empty else None
         out.append({
-            "case_id": case_id, **{k: best[k] for k in ("B", "S_q", "S_kv", "S", "H", "H_kv", "d_k", "dtype", "causal", "mode")},
+            "case": case_labels(sub).iloc[0], **{k: best[k] for k in (*case_key(sub), "B", "S_q", "S_kv", "S", "H", "H_kv", "d_k", "dtype", "causal", "mode")},
             "winner": best["backend"], f"winner_{unit}": float(best[metric]),
             "runner_up": second["backend"] if second is not None else None,
             f"runner_up_{unit}": float(second[metric]) if second is not None else None,
@@ -56,11 +56,12 @@ def speedups(frame: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
     """Cases × backends: baseline median ÷ backend median (agreeing rows only; > 1 is faster than the baseline)."""
     rows = agreeing_rows(frame)
     baseline = baseline or default_baseline(frame)
-    base = rows[rows["backend"] == baseline].set_index("case_id")["latency_ms_median"]
+    rows = rows.assign(case=case_labels(rows))
+    base = rows[rows["backend"] == baseline].set_index("case")["latency_ms_median"]
     if base.empty:
         return pd.DataFrame()
-    rows = rows[rows["case_id"].isin(base.index)]
-    table = rows.pivot_table(index="case_id", columns="backend", values="latency_ms_median", aggfunc="first")
+    rows = rows[rows["case"].isin(base.index)]
+    table = rows.pivot_table(index="case", columns="backend", values="latency_ms_median", aggfunc="first")
     return table.rdiv(base, axis=0).reindex(base.index)
 
 
@@ -185,7 +186,8 @@ def recommend(frame: pd.DataFrame, query: Mapping[str, Any]) -> list[Recommendat
             raise UserError(f"the run measured no case with {given}: {name} was measured at {', '.join(seen) or 'nothing'} only; run a suite with that shape first")
         rows = rows[match]
     out = []
-    for case_id, sub in rows.groupby("case_id", sort=True):
+    for _, sub in rows.groupby(case_key(rows), sort=True):
+        case_id = case_labels(sub).iloc[0]
         good = sub[(sub["status"] == "ok") & sub["agree_ok"]].sort_values("latency_ms_median")
         best = good.iloc[0] if len(good) else None
         second = good.iloc[1] if len(good) > 1 else None

@@ -99,11 +99,11 @@ def _choose(frame, wins, speed, baseline, colors) -> Section:
         body.append('<p class="muted">No measured row agrees with the reference: there is no winner to report.</p>')
         return Section("choose", "The backend to choose", body, nav="Backend to choose")
     body.append(Csv(wins, "winners.csv"))
-    body.append(Table(wins, columns=["case_id", "winner", "winner_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates", "speedup_vs_baseline"],
+    body.append(Table(wins, columns=["case", "winner", "winner_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates", "speedup_vs_baseline"],
                       headers=["case", "winner", "winner ms", "runner-up", "runner-up ms", "margin %", "agreeing backends", f"speedup vs {baseline}"],
                       formats={"margin_pct": lambda v, r: (f"{fmt(v)} (within noise)", "bad") if r["within_noise"] else (fmt(v), "")}))
     body.append(commands("The command that re-measures each winner alone (run it from the checkout's root)",
-                         [(f"{r.case_id}: {r.winner}", r.winner_repro) for r in wins.itertuples()]))
+                         [(f"{r.case}: {r.winner}", r.winner_repro) for r in wins.itertuples()]))
     if not speed.empty:
         body.append(Csv(speed, "speedup_vs_baseline.csv", index=True))
         body.append(f"<h3>Speedup against {esc(baseline)} (baseline time ÷ backend time; above 1 is faster)</h3>")
@@ -120,8 +120,8 @@ def _latency(frame, ok, colors) -> Section:
     for f in figs.latency_figures(frame, colors):
         body.append(f)
     if not ok.empty:
-        pivot = ok.pivot_table(index="case_id", columns="backend", values="latency_ms_median", aggfunc="first")
-        pivot = pivot.reindex(list(dict.fromkeys(ok["case_id"])))
+        pivot = ok.pivot_table(index="case", columns="backend", values="latency_ms_median", aggfunc="first")
+        pivot = pivot.reindex(list(dict.fromkeys(ok["case"])))
         body.append(Csv(pivot, "latency_ms.csv", index=True))
         body.append("<h3>Median latency (ms), case × backend</h3>")
         body.append(Table(pivot, index=True))
@@ -242,8 +242,8 @@ def _memory(frame, memory, fits, colors) -> Section:
         body.append('<p class="muted">No measured rows.</p>')
         return Section("memory", "Memory against its model", body, nav="Memory")
     body.append(Csv(memory, "memory_model.csv"))
-    pivot = memory.pivot_table(index="case_id", columns="backend", values="ratio", aggfunc="first")
-    pivot = pivot.reindex(list(dict.fromkeys(memory["case_id"])))
+    pivot = memory.pivot_table(index="case", columns="backend", values="ratio", aggfunc="first")
+    pivot = pivot.reindex(list(dict.fromkeys(memory["case"])))
     body.append(Csv(pivot, "memory_ratio.csv", index=True))
     models = memory.groupby("backend")["model"].first().reset_index()
     body.append(Table(models, headers=["backend", "model"], scroll=False))
@@ -288,18 +288,18 @@ def _failures(frame) -> Section:
     ], nav="Failures")
 
 
-_ENV_KEYS = ("time_utc", "host", "device_type", "device_name", "device_capability", "cpu_model", "cpu_count", "torch_threads",
+_ENV_KEYS = ("harness_version", "harness_commit", "harness_dirty", "time_utc", "host", "device_type", "device_name", "device_capability", "cpu_model", "cpu_count", "torch_threads",
              "python", "platform", "torch", "torch_cuda", "cudnn", "numpy", "pandas", "pytest_benchmark", "xformers", "flash_attn")
 
 
 def _environment(data: analysis.RunData) -> Section:
     body = []
     for rid, env in data.env.items():
+        # The fingerprint is taken once; what changes during a run (clocks, temperatures) is the telemetry below.
         before = env.get("before") or {}
-        after = env.get("after") or {}
         keys = [k for k in _ENV_KEYS if k in before] + sorted(k for k in before if k not in _ENV_KEYS)
-        rows = pd.DataFrame([{"field": k, "value": json.dumps(before.get(k)) if isinstance(before.get(k), (dict, list)) else before.get(k),
-                              **({"after": after.get(k)} if after else {})} for k in keys])
+        rows = pd.DataFrame([{"field": k, "value": json.dumps(before.get(k)) if isinstance(before.get(k), (dict, list)) else before.get(k)}
+                             for k in keys])
         body.append(f"<h3>{esc(rid)}</h3>")
         body.append(Table(rows, scroll=False) if not rows.empty else '<p class="muted">no env.json in this run</p>')
         body.append(telemetry_html(env.get("telemetry_before"), env.get("telemetry_after")))

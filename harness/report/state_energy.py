@@ -91,8 +91,8 @@ def _energy_blocks(frame: pd.DataFrame, ok: pd.DataFrame, baseline: str, colors)
     by_time = analysis.winners(frame, baseline)
     by_energy = analysis.winners(frame, baseline, metric=ENERGY)
     if not by_energy.empty:
-        both = by_time[["case_id", "winner", "winner_ms"]].merge(
-            by_energy[["case_id", "winner", f"winner_{ENERGY}", "runner_up", "margin_pct"]], on="case_id", suffixes=("_time", "_energy"))
+        both = by_time[["case", "winner", "winner_ms"]].merge(
+            by_energy[["case", "winner", f"winner_{ENERGY}", "runner_up", "margin_pct"]], on="case", suffixes=("_time", "_energy")).rename(columns={"case": "case_id"})
         both["same"] = both["winner_time"] == both["winner_energy"]
         body.append("<h3>The winner by energy beside the winner by time (rows that agree with the reference)</h3>")
         body.append(Csv(both, "energy_winners.csv"))

@@ -209,6 +209,17 @@ class Manifest(Document):
     #: `attnbench` in every manifest written since it was added, and a random id given at creation.
     harness: str | None = None
     run_uuid: str | None = None
+    #: Every pair as data, in the order of `pairs`: its case's fields (`Case.fields()`) and its backend. A folder
+    #: made before they were recorded has none, and its pairs are rebuilt from its suite (harness.run.rundir).
+    pair_specs: list[dict[str, Any]] | None = None
+    #: The `Budget` the pairs are measured under (its fields by name), and what measured them.
+    budget: dict[str, Any] | None = None
+    harness_version: str | None = None
+    harness_commit: str | None = None
+    harness_dirty: bool | None = None
+    #: The pairs' order (run/order.py) and the interpreter that ran the run.
+    order: dict[str, Any] | None = None
+    python: str | None = None
 
     CHECKS = {
         "run_id": _string, "suite": optional(_string), "suite_arg": optional(_string), "suite_copy": optional(_plain_name),
@@ -216,6 +227,9 @@ class Manifest(Document):
         "pairs": list_of(_string), "check": _boolean, "profile": _boolean, "traces": _boolean, "timer": _string,
         "energy": _boolean, "cooldown_s": optional(_positive),
         "created_utc": optional(_string), "attempts": list_of(_ATTEMPT), "harness": optional(_string), "run_uuid": optional(_string),
+        "pair_specs": optional(list_of(fields_of(case=_object, backend=_string))), "budget": optional(_object),
+        "harness_version": optional(_string), "harness_commit": optional(_string), "harness_dirty": optional(_boolean),
+        "order": optional(_object), "python": optional(_string),
     }
     REQUIRED = ("run_id",)
     #: What a run needs from its manifest to be resumed (or replaced by --force): every manifest a run ever wrote has them.
@@ -238,23 +252,26 @@ def _telemetry(value: Any, where: str, name: str) -> Any:
 
 _TELEMETRY = optional(_telemetry)
 _FINGERPRINT = fields_of(device_name=optional(_string), device_type=optional(_string),
+                         harness_version=optional(_string), harness_commit=optional(_string), harness_dirty=optional(_boolean),
                          **{k: optional(_scalar) for k in ("torch", "torch_cuda", "cudnn", "python", "xformers", "flash_attn",
                                                              "cpu_model", "torch_threads", "host")})
 
 
 @dataclass
 class Environment(Document):
-    """env.json: the environment's fingerprint (`before`, read by reports and compare) and the GPU telemetry around the run."""
+    """env.json: the environment's fingerprint (`before`, read by reports and compare) and the GPU telemetry around the run.
+
+    The fingerprint is taken once, before the first pair; what may change during a run (clocks, temperatures) is
+    the telemetry, read again after the last pair.
+    """
 
     before: dict[str, Any] = field(default_factory=dict)
-    after: dict[str, Any] = field(default_factory=dict)
     telemetry_before: list[dict[str, Any]] | dict[str, Any] | None = None
     telemetry_after: list[dict[str, Any]] | dict[str, Any] | None = None
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # A null fingerprint reads as an empty one: every reader asks it for fields with .get().
     CHECKS = {"before": lambda v, where, name: {} if v is None else _FINGERPRINT(v, where, name),
-              "after": lambda v, where, name: {} if v is None else _object(v, where, name),
               "telemetry_before": _TELEMETRY, "telemetry_after": _TELEMETRY, "nodes": object_of(_object)}
 
 

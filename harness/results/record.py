@@ -206,6 +206,12 @@ class Record:
     order_in_case: int | None = None
     cooldown_s: float | None = None
     repro: str | None = None
+    #: What measured the row (harness.env.harness_identity, stamped by the run's writer): attnbench's version, its git
+    #: commit and whether the checkout's tracked files differed from it; None where unknown (not a git checkout, git
+    #: missing, a row written before these columns existed). The measurement rules change between versions.
+    harness_version: str | None = None
+    harness_commit: str | None = None
+    harness_dirty: bool | None = None
     timestamp: float = field(default_factory=time.time)
     schema_version: int = SCHEMA_VERSION
     #: Per-call seconds ×1e3 of every timed sample: kept in the JSONL, left out of the flat CSV.

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.suite.cases import CASE_FIELDS, case_from_fields
+from harness.env import harness_identity
 from harness.errors import UserError
-from harness.results.documents import ENV, read_regular  # noqa: F401 - ENV: the run folder's names are imported from here too
+from harness.results.documents import read_regular
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
 RECORDS = "records.jsonl"
@@ -97,7 +98,10 @@ class RunWriter:
         self.path = self.run_dir / RECORDS
 
     def append(self, record: Record) -> None:
-        """Write one record as one line; O_APPEND keeps lines from concurrent workers whole."""
+        """Write one record as one line, saying what measured it; O_APPEND keeps lines from concurrent workers whole."""
+        for name, value in harness_identity().items():
+            if getattr(record, name) is None:
+                setattr(record, name, value)
         line = json.dumps(record.to_dict(), separators=(",", ":"), default=str) + "\n"
         # Never through a link (ELOOP): the supervisor refuses linked files up front with a clearer line.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -119,6 +123,16 @@ class ReadResult:
     dropped_partial_line: bool
     #: The file read (None when built by hand).
     path: Path | None = None
+    #: Each record as the `Record` its check built (None for one that carries only its keys, as a hand-written one may).
+    built: tuple[Record | None, ...] = ()
+    #: The length of the file's whole lines: what is left after a truncated last line is cut off.
+    whole_bytes: int = 0
+
+    def typed(self) -> list[Record]:
+        """The records as `Record`s, each built once when it was read; UserError naming the file and record of one that is not whole."""
+        built = self.built or (None,) * len(self.records)
+        return [record if record is not None else Record.from_dict(data, where=f"{self.path}: record {i}")
+                for i, (data, record) in enumerate(zip(self.records, built), start=1)]
 
     @property
     def dropped_message(self) -> str | None:
@@ -132,27 +146,27 @@ class ReadResult:
 KEY_FIELDS = ("case_id", "backend", "status")
 
 
-def _field_problem(record: dict[str, Any]) -> str | None:
-    """What is wrong with a record's key and case fields (in words naming the field), or None.
+def _checked(record: dict[str, Any]) -> tuple[str | None, Record | None]:
+    """What is wrong with a record's key and case fields (in words naming the field) or None, and the Record it makes.
 
     Key fields are non-empty strings. The case's fields are all there or none is (a record written by hand,
-    for a test, may carry only its keys); a whole record has every field of the type `Record` declares, and
-    its case fields together make a valid Case.
+    for a test, may carry only its keys: it makes no Record); a whole record has every field of the type
+    `Record` declares, and its case fields together make a valid Case.
     """
     for name in KEY_FIELDS:
         if name in record and (not isinstance(record[name], str) or not record[name]):
-            return f"field {name!r} has value {record[name]!r}, expected a non-empty string"
+            return f"field {name!r} has value {record[name]!r}, expected a non-empty string", None
     present = [name for name in CASE_FIELDS if name in record]
     if not present:
-        return None
+        return None, None
     missing = [name for name in CASE_FIELDS if name not in record]
     if missing:
-        return f"record has no field {missing[0]!r} (a record carries all its case's fields: {', '.join(CASE_FIELDS)})"
+        return f"record has no field {missing[0]!r} (a record carries all its case's fields: {', '.join(CASE_FIELDS)})", None
     try:
-        Record.from_dict(record, where="record")  # every field's type, as the one Record definition declares it
+        built = Record.from_dict(record, where="record")  # every field's type, as the one Record definition declares it
     except UserError as exc:
-        return str(exc).removeprefix("record: ")
-    return _case_problem(tuple(tuple(v) if isinstance(v, list) else v for v in (record[name] for name in CASE_FIELDS)))  # hashable
+        return str(exc).removeprefix("record: "), None
+    return _case_problem(tuple(tuple(v) if isinstance(v, list) else v for v in (record[name] for name in CASE_FIELDS))), built  # hashable
 
 
 @functools.lru_cache(maxsize=4096)
@@ -181,6 +195,7 @@ def read_records(path: Path | str) -> ReadResult:
         raise UserError(f"no records file at {path}")
     raw = read_regular(path, "records file")
     records: list[dict[str, Any]] = []
+    built: list[Record | None] = []
     lines = raw.split(b"\n")
     dropped = False
     for number, line in enumerate(lines, start=1):
@@ -200,16 +215,12 @@ def read_records(path: Path | str) -> ReadResult:
             record = upgrade(record)
         except UserError as exc:
             raise UserError(f"{path}:{number}: {exc}") from None
-        problem = _field_problem(record)
+        problem, typed = _checked(record)
         if problem is not None:
             raise UserError(f"{path}:{number}: {problem}")
         records.append(record)
-    return ReadResult(records, dropped, path)
-
-
-def typed_records(path: Path | str) -> list[Record]:
-    """The records of a run folder or records file, each type-checked (UserError naming the file, record and field)."""
-    return [Record.from_dict(r, where=f"{path}: record {i}") for i, r in enumerate(read_records(path).records, start=1)]
+        built.append(typed)
+    return ReadResult(records, dropped, path, tuple(built), raw.rfind(b"\n") + 1)
 
 
 def load_run(*run_dirs: Path | str):
@@ -221,8 +232,7 @@ def load_run(*run_dirs: Path | str):
     import pandas as pd
 
     results = [read_records(run_dir) for run_dir in run_dirs]
-    frame = pd.DataFrame([Record.from_dict(r, where=f"{result.path}: record {i}").to_dict()
-                          for result in results for i, r in enumerate(result.records, start=1)])
+    frame = pd.DataFrame([record.to_dict() for result in results for record in result.typed()])
     for column in COLUMNS:
         if column not in frame.columns:
             frame[column] = None

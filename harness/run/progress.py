@@ -1,8 +1,10 @@
-"""A one-line progress bar with an ETA, drawn only on a terminal."""
+"""A one-line progress bar with an ETA, drawn only on a terminal, and the cheap line count it is fed from."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import TextIO
 
 
@@ -30,3 +32,34 @@ class Progress:
         if final:
             self.stream.write("\n")
         self.stream.flush()
+
+
+class LineCounter:
+    """Whole lines of a growing file, counted from only the bytes appended since the last look.
+
+    A records line carries up to a thousand raw samples, so reading the file again five times a second
+    would re-read tens of MB. A last line still being written is not counted until its newline lands;
+    a file that shrank (cut back to its whole lines, or replaced) is counted again from its start.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        #: Bytes up to and including the last newline seen, and the newlines in them.
+        self.offset = 0
+        self.lines = 0
+
+    def count(self) -> int:
+        """Whole lines in the file now (0 while it does not exist)."""
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.offset:
+                    self.offset = self.lines = 0
+                f.seek(self.offset)
+                new = f.read(size - self.offset)
+        except OSError:
+            return self.lines
+        whole = new.rfind(b"\n") + 1
+        self.lines += new.count(b"\n", 0, whole)
+        self.offset += whole
+        return self.lines

@@ -39,16 +39,14 @@ from typing import Any, Iterator, TextIO
 
 from harness.errors import UserError
 from harness.errors import one_line
-from harness.results.documents import PEAKS
-from harness.results.store import ENV
+from harness.results.documents import ENV, PEAKS
 from harness.run.driver import FailureRows, sigterm_interrupts
 from harness.run.progress import Progress
-from harness.run.rundir import RunFolder
+from harness.run.rundir import RunFolder, write_env
 from harness.run.supervisor import RunConfig, RunSummary, Supervisor
 from harness.run.ray_nodes import env_with_nodes, peaks_with_nodes, read_json, write_json
 from harness.run.ray_scheduler import PairsRun
 from harness.run.ray_tasks import describe_node, no_peaks, node_telemetry, task_options
-from harness.run.worker import run_budget
 from harness.suite.catalog import Suite
 
 #: Ray's switch for clusters beyond one host; "0" keeps a local Ray on 127.0.0.1 (ray._private.services.get_node_ip_address).
@@ -170,9 +168,10 @@ class RaySupervisor(Supervisor):
     def _write_environment(self, folder: RunFolder, suite: Suite) -> None:
         from harness.env import fingerprint
 
-        driver = {k: v for k, v in fingerprint("cpu").items() if k in ("time_utc", "host", "python", "platform", "torch")}
+        driver = {k: v for k, v in fingerprint("cpu").items() if k in ("time_utc", "host", "python", "platform", "torch",
+                                                                       "harness_version", "harness_commit", "harness_dirty")}
         driver["ray"] = self.ray.__version__
-        write_json(folder.path / ENV, {"executor": "ray", "driver": driver, "nodes": {}})
+        write_env(folder.path, {"executor": "ray", "driver": driver, "nodes": {}})
         # The nodes describe themselves (and measure their peaks) in _execute, where a resumed run does it too.
 
     def _connect(self) -> None:
@@ -261,7 +260,7 @@ class RaySupervisor(Supervisor):
             env_entries[label], peak_entries[label] = result, peaks
         env = read_json(folder.path / ENV)
         legacy_name = (env.get("before") or {}).get("device_name") if "nodes" not in env else None
-        write_json(folder.path / ENV, env_with_nodes(env, env_entries))
+        write_env(folder.path, env_with_nodes(env, env_entries))
         write_json(folder.path / PEAKS, peaks_with_nodes(read_json(folder.path / PEAKS), peak_entries, device, legacy_name))
 
     def _write_env_after(self, folder: RunFolder) -> None:
@@ -283,7 +282,7 @@ class RaySupervisor(Supervisor):
             entries = {label: {"telemetry_after": after.get(label, gone)} for label in labels}
         else:
             entries = {label: {"telemetry_after": None} for label in labels}
-        write_json(folder.path / ENV, env_with_nodes(env, entries))
+        write_env(folder.path, env_with_nodes(env, entries))
 
     # -- the pairs ---------------------------------------------------------------------------------------------------
     def _execute(self, folder: RunFolder, pending: list[str], failures: FailureRows, progress: Progress) -> None:
@@ -293,7 +292,7 @@ class RaySupervisor(Supervisor):
         known = read_json(folder.path / ENV).get("nodes") or {}
         new_nodes = {ip: node_id for ip, node_id in self._alive_nodes(folder.device).items() if ip not in known}
         self._describe_nodes(folder, new_nodes, sorted({c.dtype for c, _ in failures.pairs.values()}))
-        pairs_run = PairsRun(self.ray, failures, run_budget(folder), timeout_s=self.config.case_timeout_s, env=self.task_env(),
+        pairs_run = PairsRun(self.ray, failures, folder.budget, timeout_s=self.config.case_timeout_s, env=self.task_env(),
                              seen_nodes=self.seen_nodes, log=self.log)
         with sigterm_interrupts():
             try:

@@ -10,12 +10,13 @@ through a symbolic link (`store.write_file`), so a link planted in a folder cann
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,19 +24,20 @@ from typing import Any
 from harness.env import fingerprint, gpu_telemetry
 from harness.errors import UserError
 from harness.measure import peaks as device_peaks
+from harness.measure.timing import Budget
 from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment, Manifest, read_document
 from harness.results.record import Record
-from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, typed_records, write_file
-from harness.run import protocol
+from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, write_file
+from harness.run import manifest_pairs, protocol
 from harness.run.children import child_command, run_child
+from harness.run.progress import LineCounter
 from harness.suite.cases import Case
-from harness.suite.catalog import load_suite, pair_key
 
 SUITE_COPY = "suite.toml"
 #: Every name a run writes in its folder (patterns for the per-worker files); `--force` deletes nothing else.
 RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
              protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK, f"worker-*{protocol.CURRENT_SUFFIX}", "worker-*.log",
-             "pytest-benchmark-*.json", f".{MANIFEST}.*.tmp")
+             "pytest-benchmark-*.json", f".{MANIFEST}.*.tmp", f".{ENV}.*.tmp")
 #: The files a run writes again on resume: none may be a symbolic link.
 _REWRITTEN = (MANIFEST, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
               protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK)
@@ -50,11 +52,18 @@ def new_run_id(suite_name: str) -> str:
 
 @dataclass
 class RunFolder:
-    """One run folder and its manifest, locked for one supervisor while it is open."""
+    """One run folder and its manifest (typed), locked for one supervisor while it is open."""
 
     path: Path
-    manifest: dict[str, Any]
+    document: Manifest
     _lock: protocol.FolderLock | None = None
+    _pairs: dict[str, tuple[Case, str]] | None = field(default=None, repr=False)
+    _lines: LineCounter | None = field(default=None, repr=False)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest as its JSON object (what the workers' command line and `repro` are built from)."""
+        return self.document.to_dict()
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
@@ -69,7 +78,7 @@ class RunFolder:
             if not force:
                 raise UserError(f"run folder {path} already exists: pass --force to overwrite it or --resume {path} to finish it")
             _check_replaceable(path, suite_file)
-            old = cls(path, {})
+            old = cls(path, Manifest())
             old.lock()  # never delete a folder that live workers still write to
             _remove_run_files(path)
             old.unlock()
@@ -77,13 +86,14 @@ class RunFolder:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise UserError(f"cannot create run folder {path}: {exc.strerror or exc}") from None
-        folder = cls(path, manifest)
-        folder.lock()
-        manifest.update(harness=HARNESS, run_uuid=uuid.uuid4().hex)
+        manifest = {**manifest, "harness": HARNESS, "run_uuid": uuid.uuid4().hex}
         if suite_file is not None:
-            # Workers and a later --resume read this frozen copy, whatever happens to the user's file.
-            write_file(path / SUITE_COPY, Path(suite_file).read_bytes())
             manifest["suite_copy"] = SUITE_COPY
+        folder = cls(path, Manifest.from_dict(manifest, where=path / MANIFEST))
+        folder.lock()
+        if suite_file is not None:
+            # A copy of the suite file as it was, for `repro` and for a reader; the pairs themselves are in the manifest.
+            write_file(path / SUITE_COPY, Path(suite_file).read_bytes())
         folder.write_manifest()
         return folder
 
@@ -103,7 +113,19 @@ class RunFolder:
                 read_document(path / ENV, Environment)
             except UserError as exc:
                 raise UserError(f"cannot resume {path}: {exc}") from None
-        return cls(path, manifest.to_dict())
+        folder = cls(path, manifest)
+        # What the workers read: a damaged pair or budget (or an older folder's changed suite) is named now, before any starts.
+        folder.pairs()
+        folder.budget
+        return folder
+
+    @classmethod
+    def read(cls, path: Path) -> "RunFolder | None":
+        """The run folder at `path` as a worker sees it (not locked, nothing checked beyond its manifest), or None without one."""
+        path = Path(path)
+        if not os.path.lexists(path / MANIFEST):
+            return None
+        return cls(path, read_run_manifest(path, "cannot run pairs of"))
 
     def write_manifest(self) -> None:
         """Write the manifest (atomically: a kill never leaves half a manifest)."""
@@ -134,49 +156,55 @@ class RunFolder:
     @property
     def run_id(self) -> str:
         """The run's id (its folder's name when it was created)."""
-        return self.manifest["run_id"]
+        return self.document.run_id
 
     @property
     def device(self) -> str:
         """`cpu` or `cuda`."""
-        return self.manifest["device"]
+        return str(self.document.device)
 
     @property
     def suite_arg(self) -> str:
-        """What workers load the suite from: the frozen copy of a TOML suite, else the suite's name."""
-        copy = self.manifest.get("suite_copy")
-        return str(self.path / copy) if copy else self.manifest["suite_arg"]
+        """The suite as `repro` names it: the frozen copy of a TOML suite, else the suite's name."""
+        copy = self.document.suite_copy
+        return str(self.path / copy) if copy else str(self.document.suite_arg)
 
     @property
     def broken(self) -> dict[str, str]:
         """Backends whose plugin failed to load, with the error."""
-        return self.manifest.get("broken", {})
+        return self.document.broken
 
     def pairs(self) -> dict[str, tuple[Case, str]]:
-        """Every pair of the run by key."""
-        suite = load_suite(self.suite_arg).on_device(self.device)
-        return {pair_key(c, b): (c, b) for c, b in suite.pairs(self.manifest["backends"])}
+        """Every pair of the run by key, in run order: from the manifest alone (a folder made before it held them: from its suite)."""
+        if self._pairs is None:
+            self._pairs = manifest_pairs.run_pairs(self.document, self.path, self.suite_arg)
+        return self._pairs
+
+    @property
+    def budget(self) -> Budget:
+        """The budget the run's pairs are measured under: the manifest's (a folder made before it held one: its suite's)."""
+        return manifest_pairs.run_budget(self.document, self.path, self.suite_arg)
 
     def recorded(self, repair: bool = False) -> list[Record]:
-        """The records so far; with `repair` (only while no worker runs) a truncated last line is cut off the file."""
+        """The records so far, the file read once; with `repair` (only while no worker runs) a truncated last line is cut off it."""
         path = self.path / RECORDS
         if not path.exists():
             return []
-        if repair and read_records(path).dropped_partial_line:
-            drop_partial_line(path)
-        return typed_records(path)
+        result = read_records(path)
+        if repair and result.dropped_partial_line:
+            truncate_to(path, result.whole_bytes)
+        return result.typed()
 
     def count_lines(self) -> int:
-        """Lines in the records file so far (cheap: for progress, not for truth)."""
-        try:
-            with open(self.path / RECORDS, "rb") as f:
-                return sum(1 for _ in f)
-        except OSError:
-            return 0
+        """Whole lines in the records file so far, reading only what was appended since the last call (for progress, not truth)."""
+        if self._lines is None:
+            self._lines = LineCounter(self.path / RECORDS)
+        return self._lines.count()
 
     def add_attempt(self, started_utc: str, wall_s: float) -> None:
         """Note in the manifest one finished attempt (a run, or a resume) and its wall seconds, peaks and set-up included."""
-        self.manifest.setdefault("attempts", []).append({"started_utc": started_utc, "wall_s": wall_s})
+        attempts = [*self.document.attempts, {"started_utc": started_utc, "wall_s": wall_s}]
+        self.document = dataclasses.replace(self.document, attempts=attempts, given=self.document.given | {"attempts"})
         self.write_manifest()
 
     def clear_worker_files(self) -> None:
@@ -193,15 +221,13 @@ class RunFolder:
     # -- beside the rows ---------------------------------------------------------------------------
     def write_env_before(self) -> None:
         """The environment's fingerprint and, on a GPU, its clocks and temperatures before any pair."""
-        env = {"before": fingerprint(self.device), "telemetry_before": gpu_telemetry() if self.device == "cuda" else None}
-        write_file(self.path / ENV, json.dumps(env, indent=1, default=str))
+        write_env(self.path, {"before": fingerprint(self.device), "telemetry_before": gpu_telemetry() if self.device == "cuda" else None})
 
     def write_env_after(self) -> None:
         """The GPU's clocks and temperatures after the last pair, beside those from before."""
         env_path = self.path / ENV
-        before = read_document(env_path, Environment).to_dict() if os.path.lexists(env_path) else {}
-        before["telemetry_after"] = gpu_telemetry() if self.device == "cuda" else None
-        write_file(env_path, json.dumps(before, indent=1, default=str))
+        env = read_document(env_path, Environment).to_dict() if os.path.lexists(env_path) else {}
+        write_env(self.path, {**env, "telemetry_after": gpu_telemetry() if self.device == "cuda" else None})
 
     def write_peaks(self, dtypes: list[str]) -> Path:
         """Measure the device's ceilings into `peaks.json`, before any worker starts so nothing competes with them."""
@@ -225,13 +251,18 @@ def write_peaks(run_dir: Path, device: str, dtypes: list[str]) -> Path:
     return path
 
 
-def drop_partial_line(path: Path) -> None:
-    """Cut a truncated last line (a kill mid-write) so that appends start on a fresh line."""
-    raw = path.read_bytes()
-    cut = raw.rfind(b"\n") + 1
+def write_env(run_dir: Path, env: dict[str, Any]) -> None:
+    """Write a run folder's env.json: the one writer, typed first and replaced atomically (a kill never leaves half of it)."""
+    path = Path(run_dir) / ENV
+    data = Environment.from_dict(json.loads(json.dumps(env, default=str)), where=path).to_dict()
+    protocol.atomic_write(path, json.dumps(data, indent=1, default=str))
+
+
+def truncate_to(path: Path, size: int) -> None:
+    """Cut the records file to its first `size` bytes (its whole lines), so that appends start on a fresh line."""
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        os.ftruncate(fd, cut)
+        os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -7,8 +7,9 @@ restarted on what is left. Out-of-memory inside a pair is caught in the worker i
 The protocol (all of it plain files in the run folder, see `harness.run.protocol`), so the same
 workers can be started by a cluster scheduler on a shared file system instead of by this module:
 
-- `manifest.json` lists every pair key (`<case id>-<backend>`) of the run; `suite.toml` is a frozen
-  copy of a TOML suite. `records.jsonl` gets one JSON line per finished pair, appended with
+- `manifest.json` lists every pair key (`<case id>-<backend>`) of the run and each pair as data (its
+  case's fields and backend), with the budget: workers and `--resume` read the pairs from there, never
+  from the suite (whose grid may have changed since); `suite.toml` is a copy of a TOML suite. `records.jsonl` gets one JSON line per finished pair, appended with
   O_APPEND and fsynced one at a time by whoever finished it; a pair is done when it has a line.
 - `pending.txt` lists the pairs still to run. Every worker gets the same list and, before each pair,
   claims it by creating `claims/<key>` with O_EXCL: exactly one worker wins, the others skip it
@@ -44,9 +45,10 @@ from harness.run import protocol
 from harness.run.driver import FailureRows, sigterm_interrupts
 from harness.run.order import DEFAULT_ORDER_SEED, fair_pairs, order_manifest, select_keys
 from harness.run.progress import Progress
+from harness.run.manifest_pairs import pair_manifest
 from harness.run.rundir import RunFolder, new_run_id
 from harness.run.workers import Slot, Worker, worker_slots
-from harness.suite.catalog import Suite, load_suite, resolve_suite_name
+from harness.suite.catalog import Suite, load_suite, pair_key, resolve_suite_name
 
 #: A worker's exit code when it ran out of pairs (harness.run.worker; a failed pair is a row, never an exit code).
 _FINISHED = (0,)
@@ -187,11 +189,14 @@ class Supervisor:
                 # A plugin that failed to load is listed, with its error, as unsupported rows: it never stops the run.
                 broken[name] = str(exc)
                 self.log.write(f"attnbench: {exc}\n")
-        keys = select_keys(fair_pairs(suite.pairs(names), config.order_seed), config.only, config.cases, suite.name)
+        ordered = {pair_key(c, b): (c, b) for c, b in fair_pairs(suite.pairs(names), config.order_seed)}
+        keys = select_keys(list(ordered.values()), config.only, config.cases, suite.name)
         run_id = validate_run_id(config.run_id or new_run_id(suite.slug))
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "suite_copy": None, "device": device,
-            "backends": names, "broken": broken, "capabilities": capabilities, "pairs": keys, "check": config.check,
+            "backends": names, "broken": broken, "capabilities": capabilities, "check": config.check,
+            # The pairs as data and the budget: resume, report and compare never load the suite again.
+            **pair_manifest([ordered[k] for k in keys], suite.budget),
             "profile": config.profile, "traces": config.traces, "timer": config.timer, "energy": config.energy,
             "order": order_manifest(config.order_seed), "cooldown_s": config.cooldown_s,
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -219,27 +224,22 @@ class Supervisor:
             folder.unlock()
 
     def _run(self, folder: RunFolder, started: float) -> RunSummary:
-        manifest = folder.manifest
         self._started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        pairs = folder.pairs()
-        unknown = [k for k in manifest["pairs"] if k not in pairs]
-        if unknown:
-            raise UserError(f"{folder.path / 'manifest.json'}: field 'pairs' lists {unknown[0]!r}"
-                            f"{f' and {len(unknown) - 1} more' if len(unknown) > 1 else ''}, not a pair of its suite and backends: resume refuses it")
+        pairs = folder.pairs()  # from the manifest alone, in the run's order: the one source of what the run is
         recorded = folder.recorded(repair=True)
         foreign = [r for r in recorded if r.pair_key not in pairs or (r.run_id and r.run_id != folder.run_id)]
         if foreign:
             raise UserError(f"{folder.path / 'records.jsonl'} holds {len(foreign)} rows that are not pairs of run {folder.run_id} "
                             f"(first: {foreign[0].pair_key} of run {foreign[0].run_id!r}): the folder mixes runs; resume refuses it")
         done = {r.pair_key for r in recorded}
-        total = len(manifest["pairs"])
+        total = len(pairs)
         failures = FailureRows(RunWriter(folder.path), folder, pairs, self.registry)
         broken = folder.broken
-        for key in manifest["pairs"]:
+        for key in pairs:
             if key not in done and pairs[key][1] in broken:
                 failures.write(key, "supervisor", "unsupported", broken[pairs[key][1]])
                 done.add(key)
-        pending = [k for k in manifest["pairs"] if k not in done]
+        pending = [k for k in pairs if k not in done]
         progress = Progress(total, len(done), self.log if self.config.progress else None)
         self._execute(folder, pending, failures, progress)
         return self._finish(folder, failures, progress, started)
@@ -282,10 +282,10 @@ class Supervisor:
 
     def _finish(self, folder: RunFolder, failures: FailureRows, progress: Progress, started: float) -> RunSummary:
         """Give every pair still without a row one, write records.csv and the closing environment; the summary."""
-        manifest = folder.manifest
         progress.update(folder.count_lines(), final=True)
-        missing = set(manifest["pairs"]) - {r.pair_key for r in folder.recorded()}
-        for key in [k for k in manifest["pairs"] if k in missing]:  # a worker that gave up without a trace still leaves a row
+        pairs = failures.pairs
+        missing = set(pairs) - {r.pair_key for r in folder.recorded()}
+        for key in [k for k in pairs if k in missing]:  # a worker that gave up without a trace still leaves a row
             failures.write(key, "supervisor", "error", self.missing_reason)
         write_csv(folder.path)
         self._write_env_after(folder)
@@ -294,7 +294,7 @@ class Supervisor:
         counts: dict[str, int] = {}
         for record in folder.recorded():
             counts[record.status.value] = counts.get(record.status.value, 0) + 1
-        return RunSummary(folder.path, counts, len(manifest["pairs"]), time.monotonic() - started)
+        return RunSummary(folder.path, counts, len(pairs), time.monotonic() - started)
 
     def _settle(self, worker: Worker, outcome: str, folder: RunFolder, failures: FailureRows) -> tuple[bool, bool]:
         """Account for a worker that ended: (whether to restart it, whether it used up a pair on the way)."""

@@ -30,8 +30,8 @@ from harness.errors import UserError
 from harness.measure.execute import PairRunner, Phases, execute
 from harness.measure.failures import poisons_process
 from harness.measure.outcome import case_record
-from harness.measure.timing import Budget, Clock, Loop
-from harness.results.documents import MANIFEST, Manifest
+from harness.measure.timing import Clock, Loop
+from harness.results.documents import Manifest
 from harness.results.record import Record, Status
 from harness.results.store import RunWriter
 from harness.run import protocol
@@ -39,7 +39,6 @@ from harness.run.cooldown import Cooldown, Waited, worker_cooldown
 from harness.run.repro import RunRows
 from harness.run.rundir import RunFolder, read_run_manifest
 from harness.suite.cases import Case
-from harness.suite.catalog import load_suite
 
 #: A pair to run: its key, its case and its backend's name.
 PairItem = tuple[str, Case, str]
@@ -64,11 +63,6 @@ def run_phases(manifest: Manifest, traces: Path | None = None) -> Phases:
     """The phases every pair of the run `manifest` describes runs: the check, the timer, energy and profile as asked."""
     return Phases(check=manifest.check, timer=manifest.timer, energy=manifest.energy, profile=manifest.profile,
                   traces=traces if manifest.profile and manifest.traces else None)
-
-
-def run_budget(folder: RunFolder) -> Budget:
-    """The budget every pair of the run gets: its suite's on the run's device."""
-    return load_suite(folder.suite_arg).on_device(folder.device).budget
 
 
 @dataclass
@@ -126,8 +120,8 @@ class WorkerLoop:
 
 def folder_loop(folder: RunFolder, worker: str, pairs: dict[str, tuple[Case, str]], registry: Registry | None = None) -> WorkerLoop:
     """The loop of worker `worker` on run folder `folder` (whose pairs by key are `pairs`), configured from the folder alone."""
-    manifest = Manifest.from_dict(folder.manifest, folder.path / MANIFEST)
-    runner = PairRunner(budget=run_budget(folder), phases=run_phases(manifest, folder.path / protocol.TRACES))
+    manifest = folder.document
+    runner = PairRunner(budget=folder.budget, phases=run_phases(manifest, folder.path / protocol.TRACES))
     cooldown = worker_cooldown(manifest.cooldown_s, folder.path) if manifest.cooldown_s is not None else None
     return WorkerLoop(folder.run_id, worker, runner, registry or load_registry(), RunRows(folder.manifest, folder.suite_arg, pairs),
                       cooldown)
@@ -189,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.parent_pid is not None:
             protocol.watch_parent(args.parent_pid)
         manifest = read_run_manifest(args.run_dir, "worker cannot run")
-        folder = RunFolder(args.run_dir, manifest.to_dict())
+        folder = RunFolder(args.run_dir, manifest)
         # Held until this process ends: a supervisor refuses to (re)start the folder while any worker lives.
         protocol.FolderLock(folder.path / protocol.WORKERS_LOCK).shared()
         if args.memory_limit is not None:

@@ -6,6 +6,7 @@ TOML file with the same fields, validated with errors that name the field and th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import json
@@ -162,7 +163,8 @@ _GRID_KEYS = {"B", "S", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "dtype", "caus
 #: A grid of batches of requests (harness.suite.batch) takes these instead of S/S_q/S_kv, padding and mla.
 _BATCH_KEYS = {"batch", "layout", "page_size", "B", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window"}
 _TOP_KEYS = {"name", "description", "device", "backends", "budget", "grid", "seed"}
-_BUDGET_KEYS = {"warmup_s", "measure_s", "min_sample_s", "min_rounds", "max_rounds", "max_iterations", "precision"}
+#: Every Budget field, by name: a [budget] table may set any of them, and a run's manifest holds them all.
+_BUDGET_KEYS = {f.name for f in dataclasses.fields(Budget)}
 
 
 def _as_list(where: str, key: str, value: Any) -> list:
@@ -315,6 +317,16 @@ def suite_from_toml(path: Path) -> Suite:
     budget_spec = data.get("budget", {})
     if not isinstance(budget_spec, dict):
         raise UserError(f"{where}: field 'budget' has value {budget_spec!r}, expected a [budget] table")
+    budget = budget_from_fields(budget_spec, where)
+    return Suite(
+        name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
+        cases=tuple(dict.fromkeys(cases)), backends=tuple(backends) if backends else None, budget=budget,
+    )
+
+
+def budget_from_fields(budget_spec: dict[str, Any], where: str | Path) -> Budget:
+    """The Budget a suite file's [budget] table or a run's manifest gives by field name (the rest: QUICK_BUDGET's);
+    UserError naming `where` and the field of a value no budget may have."""
     unknown = set(budget_spec) - _BUDGET_KEYS
     if unknown:
         raise UserError(f"{where}: unknown budget field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_BUDGET_KEYS))})")
@@ -333,8 +345,4 @@ def suite_from_toml(path: Path) -> Suite:
             raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected {expected}")
     if budget_spec.get("min_rounds", 0) > budget_spec.get("max_rounds", float("inf")):
         raise UserError(f"{where}: budget field 'min_rounds' has value {budget_spec['min_rounds']!r}, more than max_rounds {budget_spec['max_rounds']!r}")
-    budget = Budget(**{**QUICK_BUDGET.__dict__, **budget_spec})
-    return Suite(
-        name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
-        cases=tuple(dict.fromkeys(cases)), backends=tuple(backends) if backends else None, budget=budget,
-    )
+    return Budget(**{**QUICK_BUDGET.__dict__, **budget_spec})

@@ -1,0 +1,82 @@
+"""A run's pairs and budget as its manifest holds them: written once at creation, read back by resume, workers and Ray.
+
+The manifest holds every pair as data (its case's fields, all of them, and its backend) and the budget by
+its fields, so a run never depends on its suite again: a release that changes a built-in suite's grid
+leaves older runs resumable. A folder made before this held only pair keys; its pairs are rebuilt from
+its suite as that version did, and refused in one line when the suite no longer has them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from harness.env import harness_identity
+from harness.errors import UserError
+from harness.measure.timing import Budget
+from harness.results.documents import MANIFEST, Manifest
+from harness.suite.cases import Case, case_from_fields
+from harness.suite.catalog import Suite, budget_from_fields, load_suite, pair_key
+
+Pairs = dict[str, tuple[Case, str]]
+
+
+def pair_manifest(pairs: list[tuple[Case, str]], budget: Budget) -> dict[str, Any]:
+    """The manifest's fields that let a run be resumed, reported and compared from its folder alone, whatever its suite becomes.
+
+    Every pair as data (its case's fields, all of them, and its backend) in run order, the budget by its
+    fields, and what measured it: generic over the dataclasses, so a field added to `Case` or `Budget` travels too.
+    """
+    return {"pairs": [pair_key(case, backend) for case, backend in pairs],
+            "pair_specs": [{"case": case.fields(), "backend": backend} for case, backend in pairs],
+            "budget": dataclasses.asdict(budget), **harness_identity()}
+
+
+def run_pairs(manifest: Manifest, folder: Path, suite_arg: str) -> Pairs:
+    """Every pair of the run in `folder` by key, in run order: from its manifest (an older folder's: from its suite)."""
+    if manifest.pair_specs is None:
+        return _pairs_from_suite(manifest, folder, suite_arg)
+    where = folder / MANIFEST
+    keys, specs = manifest.pairs, manifest.pair_specs
+    if len(specs) != len(keys):
+        raise UserError(f"{where}: field 'pair_specs' has {len(specs)} pairs and field 'pairs' {len(keys)}: the manifest is damaged")
+    pairs: Pairs = {}
+    for i, (key, spec) in enumerate(zip(keys, specs)):
+        if "case" not in spec or "backend" not in spec:
+            raise UserError(f"{where}: field 'pair_specs[{i}]' lacks {'case' if 'case' not in spec else 'backend'}")
+        try:
+            case = case_from_fields(spec["case"])
+        except (UserError, TypeError) as exc:
+            raise UserError(f"{where}: field 'pair_specs[{i}].case' is not a case ({exc})") from None
+        if pair_key(case, spec["backend"]) != key:
+            raise UserError(f"{where}: field 'pair_specs[{i}]' is pair {pair_key(case, spec['backend'])!r}, "
+                            f"but field 'pairs' says {key!r}: the manifest is damaged")
+        pairs[key] = (case, spec["backend"])
+    return pairs
+
+
+def run_budget(manifest: Manifest, folder: Path, suite_arg: str) -> Budget:
+    """The budget the run's pairs are measured under: its manifest's (an older folder's: its suite's)."""
+    if manifest.budget is None:
+        return _old_suite(manifest, folder, suite_arg).budget
+    return budget_from_fields(manifest.budget, f"{folder / MANIFEST}: field 'budget'")
+
+
+def _old_suite(manifest: Manifest, folder: Path, suite_arg: str) -> Suite:
+    """The suite of a folder made before manifests held their pairs and budget (loaded again, as that version did)."""
+    try:
+        return load_suite(suite_arg).on_device(str(manifest.device))
+    except UserError as exc:
+        raise UserError(f"{folder}: this run was made by an attnbench that did not record its pairs, "
+                        f"and its suite {suite_arg!r} no longer loads ({exc})") from None
+
+
+def _pairs_from_suite(manifest: Manifest, folder: Path, suite_arg: str) -> Pairs:
+    by_key = {pair_key(c, b): (c, b) for c, b in _old_suite(manifest, folder, suite_arg).pairs(manifest.backends)}
+    missing = [k for k in manifest.pairs if k not in by_key]
+    if missing:
+        raise UserError(f"{folder / MANIFEST}: field 'pairs' lists {missing[0]!r}{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}, "
+                        f"no pair of its suite {suite_arg!r} now: the run was made by an attnbench that did not record "
+                        "its pairs, before its suite changed; finish it with the attnbench that made it")
+    return {k: by_key[k] for k in manifest.pairs}
