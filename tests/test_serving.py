@@ -57,7 +57,7 @@ def test_batches_have_one_canonical_text(text, canonical):
     ("uniform(512,64)", "the lower bound 512 is above the upper bound 64"),
     ("uniform(1,2,3)", "takes 2 arguments, got 3"),
     ("bimodal(1,2,1.5)", "probability: '1.5' must be between 0 and 1"),
-    ("normal(3,4)", "expected N, uniform"),
+    ("normal(3,4)", "expected N or constant\\(N\\), uniform"),
     ("uniform(64,512) + 2x3", "needs a count"),
     ("0x5", "is not a positive integer"),
     ("2x1@file:/no/such/lengths.txt", "does not exist"),

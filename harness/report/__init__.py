@@ -8,7 +8,6 @@ row agreed with the float64 reference. Full-precision numbers are in the CSVs; t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -36,10 +35,9 @@ def _tidy_records(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per record: the schema's flat columns and the derived roofline columns (samples stay in the JSONL)."""
     from harness.results.record import COLUMNS
 
-    tidy = frame[[c for c in COLUMNS if c in frame.columns] + [c for c in DERIVED if c in frame.columns]].copy()
-    if "notes" in tidy.columns:
-        tidy["notes"] = tidy["notes"].map(lambda n: json.dumps(n, sort_keys=True) if isinstance(n, dict) else n)
-    return tidy
+    from harness.results.store import as_csv_cells
+
+    return as_csv_cells(frame[[c for c in COLUMNS if c in frame.columns] + [c for c in DERIVED if c in frame.columns]])
 
 
 def build_report(run_dirs: Sequence[Path | str], out_root: Path | str = "reports", baseline: str | None = None) -> Path:

@@ -13,13 +13,16 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.suite.cases import CASE_FIELDS, case_from_fields
 from harness.env import harness_identity
 from harness.errors import UserError
 from harness.results.documents import read_regular
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
+
+if TYPE_CHECKING:  # pandas is imported where frames are built, not by every writer of a record
+    import pandas as pd
 
 RECORDS = "records.jsonl"
 RECORDS_CSV = "records.csv"
@@ -242,15 +245,22 @@ def load_run(*run_dirs: Path | str):
     return frame
 
 
+def as_csv_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with its structured columns as JSON text, as every CSV of records writes them: notes, the sequence lengths."""
+    frame = frame.copy()
+    if "notes" in frame.columns:
+        frame["notes"] = frame["notes"].map(lambda n: json.dumps(n, sort_keys=True) if isinstance(n, dict) else n)
+    for column in ("seq_lens_q", "seq_lens_kv"):  # JSON lists, as the JSONL has them
+        if column in frame.columns:
+            frame[column] = frame[column].map(lambda n: json.dumps(list(n)) if isinstance(n, (list, tuple)) else n)
+    return frame
+
+
 def write_csv(run_dir: Path | str) -> Path:
     """Write `records.csv` beside the JSONL: the flat columns, raw samples left out (they stay in the JSONL)."""
     run_dir = Path(run_dir)
     frame = load_run(run_dir)
-    frame = frame.drop(columns=[c for c in RAW_COLUMNS if c in frame.columns])
-    if "notes" in frame.columns:
-        frame["notes"] = frame["notes"].map(lambda n: json.dumps(n, sort_keys=True) if isinstance(n, dict) else n)
-    for column in ("seq_lens_q", "seq_lens_kv"):  # JSON lists, as the JSONL has them
-        frame[column] = frame[column].map(lambda n: json.dumps(list(n)) if isinstance(n, (list, tuple)) else n)
+    frame = as_csv_cells(frame.drop(columns=[c for c in RAW_COLUMNS if c in frame.columns]))
     out = run_dir / RECORDS_CSV
     write_file(out, frame.to_csv(index=False))
     return out

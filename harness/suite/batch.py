@@ -187,7 +187,7 @@ def parse_lengths(text: str, base: Path | None = None, *, read: bool = True) -> 
         return Lengths("constant", (_positive(constant.group(1), "length"),))
     match = _DIST.match(text.replace(" ", ""))
     if not match:
-        raise UserError(f"length distribution {text!r}: expected N (or constant(N)), uniform(lo,hi), longtail(lo,hi[,shape]), bimodal(a,b,p) or file:PATH")
+        raise UserError(f"length distribution {text!r}: expected N or constant(N), uniform(lo,hi), longtail(lo,hi[,shape]), bimodal(a,b,p) or file:PATH")
     kind, args = match.group(1), match.group(2).split(",")
     where = f"{kind}({match.group(2)})"
     wanted = {"uniform": (2,), "longtail": (2, 3), "bimodal": (3,)}[kind]
