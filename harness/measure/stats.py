@@ -110,6 +110,16 @@ def within(interval: tuple[float, float] | None, center: float, precision: float
     return interval is not None and center - interval[0] <= precision * center and interval[1] - center <= precision * center
 
 
+#: Relative differences below this are float rounding (a sum of clock readings), not time.
+FLOAT_NOISE = 1e-9
+
+
+def inside(value: float, interval: tuple[float, float]) -> bool:
+    """Whether `value` lies in `interval`, up to float rounding (FLOAT_NOISE)."""
+    slack = FLOAT_NOISE * max(abs(interval[0]), abs(interval[1]))
+    return interval[0] - slack <= value <= interval[1] + slack
+
+
 #: The fewest samples whose first and last thirds each have a 95 % interval of their own: below it, drift cannot be told.
 DRIFT_MIN_SAMPLES = 18
 #: A drift at least this large (in %) flags the row: more than the ±1 % a median is promised to.
@@ -141,7 +151,8 @@ def drift(samples: Sequence[float]) -> Drift | None:
     assert early is not None and late is not None  # a third of 18 or more holds 6
     first_median = float(np.median(first))
     pct = (float(np.median(last)) / first_median - 1) * 100 if first_median > 0 else 0.0
-    return Drift(pct=pct, significant=early[1] < late[0] or late[1] < early[0])
+    apart = not (inside(late[0], early) or inside(early[0], late))
+    return Drift(pct=pct, significant=apart)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from harness.measure.stats import DRIFT_MIN_SAMPLES, drift, median_interval, within
+from harness.measure.stats import DRIFT_MIN_SAMPLES, drift, inside, median_interval, within
 
 if TYPE_CHECKING:
     from harness.measure.timing import Budget, Clock, Loop
@@ -47,7 +47,7 @@ def precision_reached(samples: Sequence[float], since: int, elapsed_s: float, bu
     if moved is None or moved.significant:
         return False
     latest = float(np.median(samples[since:])) if since < n else median
-    return interval[0] <= latest <= interval[1]  # type: ignore[index]
+    return inside(latest, interval)  # type: ignore[arg-type]
 
 
 def next_block(n: int, elapsed_s: float, measure_s: float) -> int:
@@ -64,8 +64,12 @@ def stop_reason(samples: Sequence[float], since: int, elapsed_s: float, budget: 
         return STOP_PRECISION
     if len(samples) >= most:
         return STOP_MAX_ROUNDS
-    if elapsed_s >= budget.measure_s and len(samples) >= least:
-        return STOP_BUDGET if len(samples) >= budget.min_rounds else STOP_CALL_EXCEEDS_BUDGET
+    n = len(samples)
+    if elapsed_s >= budget.measure_s and n >= least:
+        if n < budget.min_rounds:
+            return STOP_CALL_EXCEEDS_BUDGET
+        # The budget was spent before the last sample: the minimum, not the budget, set the count.
+        return STOP_MIN_ROUNDS if n == least and elapsed_s * (n - 1) / n >= budget.measure_s else STOP_BUDGET
     return None
 
 
