@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 #: What set a measurement's number of samples (`Measurement.stopped_by`; an external loop's is its `Plan.stop`).
 STOP_PRECISION, STOP_BUDGET, STOP_MIN_ROUNDS, STOP_MAX_ROUNDS = "precision", "budget", "min_rounds", "max_rounds"
-#: One call costs more than the budget holds: the row has fewer than `min_rounds` samples (`Budget.fewest_rounds`).
+#: One call costs more than the whole budget: the row has `Budget.fewest_rounds` samples, fewer than `min_rounds`.
 STOP_CALL_EXCEEDS_BUDGET = "call_exceeds_budget"
 
 #: How much the samples grow between two looks at them: each look is a chance to stop on a lucky

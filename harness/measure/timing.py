@@ -48,9 +48,11 @@ class Budget:
     readings included) reaches `measure_s` with at least `min_rounds` samples, or `max_rounds`
     (`precision_reached`, `stop_reason`). An external loop runs the rounds `measure_s` holds.
 
-    When one call costs more than the budget holds (`measure_s` holds fewer than `min_rounds`
-    rounds), `fewest_rounds` set takes what it holds, but at least that many, and the row says
-    `call_exceeds_budget`; None keeps `min_rounds` whatever they cost.
+    When one call (a round: setup and clock readings included) costs more than `measure_s` itself,
+    `fewest_rounds` set takes that many samples instead of `min_rounds` and the row says
+    `call_exceeds_budget`; None keeps `min_rounds` whatever they cost. A call the budget holds a few
+    of keeps `min_rounds`: a contended machine can make a small call look dear, and six samples are
+    the fewest with an interval.
     """
 
     warmup_s: float = 0.05
@@ -65,7 +67,7 @@ class Budget:
     #: The share of `measure_s` sampled before a precision stop. Replayed on the H200's sequences, stops after
     #: 20-50 % of the budget missed the full budget's median (a GPU's time steps as it heats); 70 % missed none.
     min_measure_share: float = 0.7
-    #: The fewest samples when one call costs more than `measure_s` / `min_rounds` (None: `min_rounds` whatever it costs).
+    #: The samples taken instead of `min_rounds` when one call costs more than `measure_s` (None: `min_rounds` whatever it costs).
     fewest_rounds: int | None = None
 
 
@@ -93,8 +95,8 @@ class Plan:
     warmup_calls: int
     warmup_s: float
     call_s: float
-    #: budget, min_rounds (the budget held fewer), call_exceeds_budget (it held fewer and `fewest_rounds`
-    #: allowed them) or max_rounds (it held more).
+    #: budget, min_rounds (the budget held fewer), call_exceeds_budget (one round costs more than the
+    #: budget: `fewest_rounds`) or max_rounds (it held more).
     stop: str = STOP_BUDGET
 
 
@@ -224,7 +226,7 @@ def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable
 
     Rounds are what `measure_s` of wall time holds, a round costing its calls plus what the warm-up
     paid around each call (setup and clock readings, read on `wall`); never more than `max_rounds`,
-    never fewer than `min_rounds` unless the budget holds fewer and `fewest_rounds` allows them.
+    never fewer than `min_rounds` unless one round costs more than `measure_s` and `fewest_rounds` is set.
     """
     durations: list[float] = []
     walls: list[float] = []
@@ -251,10 +253,10 @@ def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable
     affordable = round(budget.measure_s / round_s)
     rounds, stop = min(affordable, budget.max_rounds), STOP_BUDGET if affordable <= budget.max_rounds else STOP_MAX_ROUNDS
     if rounds < budget.min_rounds:
-        if budget.fewest_rounds is None:
+        if budget.fewest_rounds is None or round_s <= budget.measure_s:
             rounds, stop = budget.min_rounds, STOP_MIN_ROUNDS
         else:
-            rounds, stop = min(budget.min_rounds, max(budget.fewest_rounds, rounds)), STOP_CALL_EXCEEDS_BUDGET
+            rounds, stop = min(budget.min_rounds, budget.fewest_rounds), STOP_CALL_EXCEEDS_BUDGET
     return Plan(iterations=iterations, rounds=rounds, warmup_calls=len(durations), warmup_s=warmup_s, call_s=call_s, stop=stop)
 
 
