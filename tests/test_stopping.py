@@ -170,6 +170,13 @@ def test_a_call_dearer_than_the_budget_takes_fewer_samples_and_says_so(call_s, s
     assert (m.stats.median_interval() is None) == (samples < 6)  # under 6 samples the row claims no interval
 
 
+def test_a_dear_first_call_that_was_only_cold_does_not_cost_the_row_its_minimum():
+    # A first call that pays a lazy initialisation (or was preempted) looks dearer than the budget; the samples are not.
+    clock = FakeClock()
+    m = measure(Replay(clock, [0.5] + [0.01] * 20), clock, QUICK_BUDGET, wall=clock)
+    assert m.plan.stop == "call_exceeds_budget" and m.stopped_by == "budget" and m.stats.n == 10
+
+
 def test_without_fewest_rounds_the_minimum_holds_whatever_a_call_costs():
     clock = FakeClock()
     m = measure(lambda: clock.advance(0.5), clock, dataclasses.replace(QUICK_BUDGET, fewest_rounds=None), wall=clock)

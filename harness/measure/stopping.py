@@ -76,7 +76,8 @@ def stop_reason(samples: Sequence[float], since: int, elapsed_s: float, budget: 
 class StoppingLoop:
     """The harness's own loop: samples in blocks through `block_loop` (a direct loop), looking after each whether to stop (`stop_reason`).
 
-    A Loop whose `rounds` is the most it may take. Time spent is the larger of `wall`'s (the host's,
+    A Loop whose `rounds` is the most it may take. `least` below `Budget.min_rounds` (the warm-up found
+    a call dearer than the budget) is raised to it once a sample shows the call is not. Time spent is the larger of `wall`'s (the host's,
     setup included) and the samples' own, so a fake clock alone drives it in tests. Why it stopped is
     left in `stopped_by`.
     """
@@ -89,10 +90,13 @@ class StoppingLoop:
         samples: list[float] = []
         began, since = self.wall(), 0
         block = max(1, min(self.least, rounds))
+        least = self.least
         while True:
             samples += self.block_loop(fn, setup=setup, rounds=block, iterations=iterations)
             elapsed = max(self.wall() - began, sum(samples) * iterations)
-            self.stopped_by = stop_reason(samples, since, elapsed, self.budget, self.least, rounds)
+            if least < self.budget.min_rounds and min(samples) * iterations <= self.budget.measure_s:
+                least = min(self.budget.min_rounds, rounds)  # the warm-up's dear call was a cold (or preempted) one
+            self.stopped_by = stop_reason(samples, since, elapsed, self.budget, least, rounds)
             if self.stopped_by is not None:
                 return samples
             since = n = len(samples)
