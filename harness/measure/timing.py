@@ -65,7 +65,8 @@ class Budget:
     #: Relative half-width of the median's 95 % interval at which sampling may stop short of `measure_s` (0: never).
     precision: float = 0.01
     #: The share of `measure_s` sampled before a precision stop. Replayed on the H200's sequences, stops after
-    #: 20-50 % of the budget missed the full budget's median (a GPU's time steps as it heats); 70 % missed none.
+    #: 40 or 50 % of the budget left 3 or 1 intervals missing the full budget's median (a GPU's time steps as
+    #: it heats), 60 % none; 70 % keeps a margin.
     min_measure_share: float = 0.7
     #: The samples taken instead of `min_rounds` when one call costs more than `measure_s` (None: `min_rounds` whatever it costs).
     fewest_rounds: int | None = None
