@@ -200,6 +200,9 @@ def test_an_external_loop_runs_the_rounds_the_budget_holds_and_the_ceiling_appli
     assert seen[-1] == (100, 1) and steady.stats.n == 100 and steady.stopped_by == "budget"  # no stop before the rounds end
     dear = measure(lambda: clock.advance(3.2), clock, QUICK_BUDGET, loop=fixed, wall=clock)
     assert seen[-1] == (1, 1) and dear.stopped_by == "call_exceeds_budget"
+    assert dear.plan.warmup_calls == 2  # fixed rounds cannot be raised later: a second call confirms the first was not only cold
+    cold = measure(Replay(clock, [0.5] + [0.01] * 20), clock, QUICK_BUDGET, loop=fixed, wall=clock)
+    assert cold.plan.stop == "budget" and cold.stats.n == 10  # sized from the cheaper second call
 
 
 def test_around_wraps_the_whole_stopping_loop_once():

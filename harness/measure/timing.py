@@ -222,12 +222,14 @@ def direct_loop(clock: Clock) -> Loop:
 
 
 def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable[[], object] | None = None,
-         wall: Clock = time.perf_counter) -> Plan:
+         wall: Clock = time.perf_counter, confirm_dear: bool = False) -> Plan:
     """Warm up by time, size samples from the fastest warm-up call, and rounds from the budget.
 
     Rounds are what `measure_s` of wall time holds, a round costing its calls plus what the warm-up
     paid around each call (setup and clock readings, read on `wall`); never more than `max_rounds`,
     never fewer than `min_rounds` unless one round costs more than `measure_s` and `fewest_rounds` is set.
+    `confirm_dear`: a first call dearer than that is called once more before the rounds are cut (a
+    fixed-rounds loop cannot learn later that the first call was only cold).
     """
     durations: list[float] = []
     walls: list[float] = []
@@ -241,7 +243,8 @@ def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable
         end = clock()
         walls.append(wall() - around)
         durations.append(end - start)
-        if end - began >= budget.warmup_s:
+        unconfirmed = confirm_dear and budget.fewest_rounds is not None and len(durations) == 1 and walls[0] > budget.measure_s
+        if end - began >= budget.warmup_s and not unconfirmed:
             break
     warmup_s = clock() - began
     call_s = max(min(durations), 1e-9)
@@ -292,7 +295,7 @@ def measure(
     """
     probe = probe or CpuProbe()
     resolution = clock_resolution(clock)
-    p = plan(fn, clock, budget, setup, wall=wall)
+    p = plan(fn, clock, budget, setup, wall=wall, confirm_dear=loop is not None)
     own = None if loop is not None else StoppingLoop(direct_loop(clock), budget, min(p.rounds, budget.min_rounds), wall)
     rounds = p.rounds if own is None else budget.max_rounds
     runner = loop or own
