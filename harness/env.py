@@ -86,6 +86,40 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+#: /proc/cpuinfo flags of an instruction set that computes in bf16 (x86 AVX-512 BF16, AMX; Arm's BF16 extension).
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
+    """The CPU's feature flags (x86 `flags`, Arm `Features`) from `path`; None where it cannot be read."""
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        return None
+    return None
+
+
+def cpu_capability(flags: set[str] | None = None) -> dict[str, Any]:
+    """The instruction set torch's CPU kernels use (`torch.backends.cpu.get_cpu_capability()`: DEFAULT, AVX2, AVX512...) and whether bf16 is native.
+
+    Without native bf16 (an AVX2-only CPU) a bf16 matmul is emulated through fp32 conversions and
+    runs tens of times slower than fp32: the report says so beside such rows. `cpu_bf16_native` is
+    None when the flags cannot be read.
+    """
+    import torch
+
+    flags = cpu_flags() if flags is None else flags
+    getter = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    return {
+        "cpu_capability": getter() if getter is not None else None,
+        "cpu_bf16_native": None if flags is None else any(flag in flags for flag in BF16_CPU_FLAGS),
+    }
+
+
 def _package_version(name: str) -> str | None:
     from importlib import metadata
 
@@ -187,6 +221,7 @@ def fingerprint(device: str = "cpu") -> dict[str, Any]:
         "cuda_available": torch.cuda.is_available(),
         **harness_identity(),
     }
+    info.update(cpu_capability())
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         info.update({

@@ -230,7 +230,7 @@ def test_rows_flagged_too_short_or_launch_leaked_are_listed_with_what_the_flags_
     flagged = pd.read_csv(page.parent / "sample_flags.csv")
     assert flagged[["backend", "too_short", "launch_leaked"]].values.tolist() == [["sdpa-flash", True, 0], ["sdpa-cudnn", False, 37]]
     calm = build_report([write_run(tmp_path / "results" / "calm", [clean], peaks=PEAKS)], out_root=tmp_path / "reports")
-    assert "No measured row carries either flag (1 checked)" in calm.read_text() and not (calm.parent / "sample_flags.csv").exists()
+    assert "No measured row carries a flag (1 checked)" in calm.read_text() and not (calm.parent / "sample_flags.csv").exists()
 
 
 def test_the_run_time_section_counts_what_stopped_each_rows_sampling():
@@ -244,6 +244,6 @@ def test_the_run_time_section_counts_what_stopped_each_rows_sampling():
         "latency_ms_ci95_high": [1.004, 2.1, 3.02, None],
     })
     text = sampling_summary(frame)
-    assert "the 3 ok rows" in text and "1 where the warm-up predicted" in text and "2 at the time budget" in text
+    assert "the 3 ok rows" in text and "1 once the median's 95 % interval was within ±1 % on a steady run" in text and "2 at the time budget" in text
     assert "2 of them have their median's 95 % interval within ±1 %" in text  # 1.0 ± 0.5 % and 3.0 ± 0.7 %; 2.0 ± 5 % is not
     assert sampling_summary(frame.drop(columns="stopped_by")) is None  # records from before the column: nothing claimed

@@ -32,7 +32,7 @@ from harness.errors import one_line
 from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error
 from harness.measure.shared_inputs import InputsCache, modified_inputs
 from harness.measure.timers import between_sample_setup, device_clock, graph_replay, kernel_measurement, timer_name
-from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, direct_loop, keep_last, measure
+from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, keep_last, measure
 from harness.results.record import Record, Status
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, make_inputs
@@ -225,7 +225,7 @@ def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Bu
     timed, held = keep_last(step)
     sampler = gpu_state.StateSampler(gpu_state.telemetry_for(case.device))  # reads the GPU while the timed rounds run, not the warm-up
     with watch("warmup"):
-        outcome.measurement = measure(timed, clock, budget, setup=setup, loop=sampler.around(loop or direct_loop(clock)))
+        outcome.measurement = measure(timed, clock, budget, setup=setup, loop=loop, around=sampler.around)
     outcome.state = sampler.summary
     with watch("memory"):
         if meter is not None:

@@ -88,7 +88,9 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
         if interval is not None:
             record.latency_ms_ci95_low, record.latency_ms_ci95_high = interval[0] * 1e3, interval[1] * 1e3
         record.samples, record.iterations, record.noisy, record.suspect = stats.n, stats.iterations, stats.noisy, stats.suspect
-        record.stopped_by = m.plan.stop
+        record.stopped_by = m.stopped_by
+        if m.drift is not None:
+            record.drift_pct, record.drifted = m.drift.pct, m.drift.flagged
         record.too_short, record.warmup_s, record.clock_resolution_s = m.too_short, m.plan.warmup_s, m.clock_resolution_s
         record.launch_leaked, record.contended, record.cpu_wall_ratio = m.launch_leaked, m.contended, m.cpu_wall_ratio
         record.run_queue_wait_ratio, record.involuntary_switches = m.run_queue_wait_ratio, m.involuntary_switches

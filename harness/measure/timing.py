@@ -1,22 +1,26 @@
 """Timers and sampling plans: the harness's one measurement path.
 
-`measure()` warms a callable up by time, calibrates how many calls make one sample, then hands
-the rounds to a loop: pytest-benchmark's `pedantic` in the suites, a plain loop elsewhere. Either
-way the same clock reads the time and the same `Stats` (harness.measure.stats) summarise the same
-samples. The clock is injected, so tests drive everything with a fake clock and get exact answers.
+`measure()` warms a callable up by time, calibrates how many calls make one sample, then takes the
+samples: its own loop stops as it goes (`StoppingLoop`: once the median's interval is within the
+precision, the budget is spent or the rounds run out), an external `Loop` (pytest-benchmark's
+`pedantic`) runs a fixed number of rounds sized by the budget. Either way the same clock reads the
+time and the same `Stats` (harness.measure.stats) summarise the same samples. The clock is injected,
+so tests drive everything with a fake clock and get exact answers.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from harness.measure.contention import CpuProbe, contention
-from harness.measure.stats import Stats, rounds_for_precision
+from harness.measure.stats import Drift, Stats, drift
+from harness.measure.stopping import (STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS,  # noqa: F401 - re-exported
+                                      STOP_PRECISION, StoppingLoop)
 
 #: A clock returns seconds as a float; only differences between two readings matter.
 Clock = Callable[[], float]
@@ -38,9 +42,17 @@ class Budget:
 
     Warm-up runs for `warmup_s` (at least one call), then the number of calls per sample is set so
     a sample lasts at least `min_sample_s` (CPU; on CUDA each sample is one call between L2
-    flushes), and the number of samples so the samples' wall time (between-sample setup and clock
-    readings included) is about `measure_s`, or fewer when the warm-up's spread predicts that they
-    put the median's 95 % interval within ±`precision` of it (`plan`).
+    flushes). The harness's own loop then samples until the median's 95 % interval is within
+    ±`precision` of it (after `min_measure_share` of `measure_s` and DRIFT_MIN_SAMPLES samples, and
+    not while the samples drift), else until the samples' wall time (between-sample setup and clock
+    readings included) reaches `measure_s` with at least `min_rounds` samples, or `max_rounds`
+    (`precision_reached`, `stop_reason`). An external loop runs the rounds `measure_s` holds.
+
+    When one call (a round: setup and clock readings included) costs more than `measure_s` itself,
+    `fewest_rounds` set takes that many samples instead of `min_rounds` and the row says
+    `call_exceeds_budget`; None keeps `min_rounds` whatever they cost. A call the budget holds a few
+    of keeps `min_rounds`: a contended machine can make a small call look dear, and six samples are
+    the fewest with an interval.
     """
 
     warmup_s: float = 0.05
@@ -52,10 +64,12 @@ class Budget:
     max_iterations: int = 10_000
     #: Relative half-width of the median's 95 % interval at which sampling may stop short of `measure_s` (0: never).
     precision: float = 0.01
-
-    def total_s(self) -> float:
-        """The nominal time this budget allows for one measurement."""
-        return self.warmup_s + self.measure_s
+    #: The share of `measure_s` sampled before a precision stop. Replayed on the H200's sequences, stops after
+    #: 40 or 50 % of the budget left 3 or 1 intervals missing the full budget's median (a GPU's time steps as
+    #: it heats), 60 % none; 70 % keeps a margin.
+    min_measure_share: float = 0.7
+    #: The samples taken instead of `min_rounds` when one call costs more than `measure_s` (None: `min_rounds` whatever it costs).
+    fewest_rounds: int | None = None
 
 
 #: The most seconds any one budget field (warm-up, samples, one sample) may ask for: an hour. A pair's whole
@@ -63,33 +77,36 @@ class Budget:
 #: and would end every pair as an error or a timeout.
 MAX_BUDGET_S = 3600.0
 
-#: CPU suites sample to the budget: on a shared 2-core machine the warm-up's spread under-predicted the
-#: timed samples' (quick, 20 rows stopped for ±1 % reached ±2.1 % at the median), the noise is not stationary.
-QUICK_BUDGET = Budget(warmup_s=0.02, measure_s=0.1, min_rounds=6, max_rounds=200, precision=0.0)
-CUDA_BUDGET = Budget(warmup_s=0.025, measure_s=0.1, min_sample_s=0.0, min_rounds=10, max_rounds=1000)
-
-
-#: What set a plan's number of samples (`Plan.stop`).
-STOP_PRECISION, STOP_BUDGET, STOP_MIN_ROUNDS, STOP_MAX_ROUNDS = "precision", "budget", "min_rounds", "max_rounds"
+#: On a CPU a bf16 call without native bf16 (AVX2) may last seconds: one sample then, so `quick` keeps its
+#: minutes; its interval is absent (under 6 samples) and the row says why (`call_exceeds_budget`).
+QUICK_BUDGET = Budget(warmup_s=0.02, measure_s=0.1, min_rounds=6, max_rounds=200, precision=0.01, fewest_rounds=1)
+CUDA_BUDGET = Budget(warmup_s=0.025, measure_s=0.1, min_sample_s=0.0, min_rounds=10, max_rounds=1000, fewest_rounds=3)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What calibration decided: calls per sample, samples and why that many, and what warm-up cost."""
+    """What calibration decided: calls per sample, the samples the budget holds and why that many, and what warm-up cost.
+
+    `rounds` is what an external loop runs; the harness's own loop stops by itself (`StoppingLoop`)
+    and takes at least `min(rounds, Budget.min_rounds)` before a budget stop.
+    """
 
     iterations: int
     rounds: int
     warmup_calls: int
     warmup_s: float
     call_s: float
-    #: precision (the warm-up predicted a ±`Budget.precision` interval sooner than the budget), budget,
-    #: min_rounds (the budget allowed fewer) or max_rounds (it allowed more).
+    #: budget, min_rounds (the budget held fewer), call_exceeds_budget (one round costs more than the
+    #: budget: `fewest_rounds`) or max_rounds (it held more).
     stop: str = STOP_BUDGET
 
 
 @dataclass(frozen=True)
 class Measurement:
     """A plan, the statistics of the samples it produced, and what may have distorted them.
+
+    `stopped_by`: what ended the samples (STOP_*). `drift`: the last third of the samples against the
+    first (harness.measure.stats.drift; None under DRIFT_MIN_SAMPLES samples).
 
     `clock_resolution_s`: the clock's tick as far as it is known (`tick_bound`); `too_short`: the
     shortest sample lasts under MIN_SAMPLE_TICKS of those ticks.
@@ -108,7 +125,6 @@ class Measurement:
     plan: Plan
     clock_resolution_s: float
     too_short: bool = False
-    extra: dict = field(default_factory=dict)
     launch_leaked: int | None = None
     contended: bool | None = None
     run_queue_wait_ratio: float | None = None
@@ -116,10 +132,8 @@ class Measurement:
     cpu_wall_ratio: float | None = None
     #: Host wall seconds of the timed rounds (the loop, between-sample setup included): what the budget paid for samples.
     loop_s: float | None = None
-
-    def as_dict(self) -> dict:
-        """Plain-dict form (for records)."""
-        return asdict(self)
+    stopped_by: str = STOP_BUDGET
+    drift: Drift | None = None
 
 
 def clock_resolution(clock: Clock, trials: int = 20) -> float:
@@ -207,19 +221,15 @@ def direct_loop(clock: Clock) -> Loop:
     return loop
 
 
-def pilot_samples(durations: Sequence[float], iterations: int) -> list[float]:
-    """The warm-up's second half (the first calls are cold) as sample-sized means of `iterations` consecutive calls."""
-    settled = durations[len(durations) // 2:]
-    return [sum(settled[i:i + iterations]) / iterations for i in range(0, len(settled) - iterations + 1, iterations)]
-
-
 def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable[[], object] | None = None,
-         wall: Clock = time.perf_counter) -> Plan:
-    """Warm up by time, size samples from the fastest warm-up call, and rounds from the budget and the warm-up's spread.
+         wall: Clock = time.perf_counter, confirm_dear: bool = False) -> Plan:
+    """Warm up by time, size samples from the fastest warm-up call, and rounds from the budget.
 
     Rounds are what `measure_s` of wall time holds, a round costing its calls plus what the warm-up
-    paid around each call (setup and clock readings, read on `wall`), or fewer when the warm-up's
-    spread predicts the `precision` target sooner; never fewer than `min_rounds`, never more than `max_rounds`.
+    paid around each call (setup and clock readings, read on `wall`); never more than `max_rounds`,
+    never fewer than `min_rounds` unless one round costs more than `measure_s` and `fewest_rounds` is set.
+    `confirm_dear`: a first call dearer than that is called once more before the rounds are cut (a
+    fixed-rounds loop cannot learn later that the first call was only cold).
     """
     durations: list[float] = []
     walls: list[float] = []
@@ -233,7 +243,8 @@ def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable
         end = clock()
         walls.append(wall() - around)
         durations.append(end - start)
-        if end - began >= budget.warmup_s:
+        unconfirmed = confirm_dear and budget.fewest_rounds is not None and len(durations) == 1 and walls[0] > budget.measure_s
+        if end - began >= budget.warmup_s and not unconfirmed:
             break
     warmup_s = clock() - began
     call_s = max(min(durations), 1e-9)
@@ -245,11 +256,11 @@ def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable
     round_s = max(call_s * iterations, float(np.median(walls[len(walls) // 2:])) + (iterations - 1) * call_s)
     affordable = round(budget.measure_s / round_s)
     rounds, stop = min(affordable, budget.max_rounds), STOP_BUDGET if affordable <= budget.max_rounds else STOP_MAX_ROUNDS
-    needed = rounds_for_precision(pilot_samples(durations, iterations), budget.precision, rounds)
-    if needed is not None and needed < rounds:
-        rounds, stop = needed, STOP_PRECISION
     if rounds < budget.min_rounds:
-        rounds, stop = budget.min_rounds, stop if stop == STOP_PRECISION else STOP_MIN_ROUNDS
+        if budget.fewest_rounds is None or round_s <= budget.measure_s:
+            rounds, stop = budget.min_rounds, STOP_MIN_ROUNDS
+        else:
+            rounds, stop = min(budget.min_rounds, budget.fewest_rounds), STOP_CALL_EXCEEDS_BUDGET
     return Plan(iterations=iterations, rounds=rounds, warmup_calls=len(durations), warmup_s=warmup_s, call_s=call_s, stop=stop)
 
 
@@ -273,24 +284,37 @@ def measure(
     setup: Callable[[], object] | None = None,
     loop: Loop | None = None,
     probe: CpuProbe | None = None,
+    around: Callable[[Loop], Loop] | None = None,
+    wall: Clock = time.perf_counter,
 ) -> Measurement:
-    """Warm up, calibrate and time `fn`; `loop` defaults to a direct loop over `clock`, `probe` to this process's counters."""
+    """Warm up, calibrate and time `fn`.
+
+    Without `loop`, the harness's own `StoppingLoop` takes the samples; with one (pytest-benchmark's
+    pedantic), it runs the plan's fixed rounds. `around` wraps whichever loop runs (the GPU-state
+    sampler), `probe` reads this process's counters, `wall` is the host clock the budget is spent on.
+    """
     probe = probe or CpuProbe()
     resolution = clock_resolution(clock)
-    p = plan(fn, clock, budget, setup)
+    p = plan(fn, clock, budget, setup, wall=wall, confirm_dear=loop is not None)
+    own = None if loop is not None else StoppingLoop(direct_loop(clock), budget, min(p.rounds, budget.min_rounds), wall)
+    rounds = p.rounds if own is None else budget.max_rounds
+    runner = loop or own
+    if around is not None:
+        runner = around(runner)  # type: ignore[arg-type]
     # Counters are read around the timed phase only: per sample, reading /proc would cost more than a short call.
     readings_before = getattr(clock, "readings", None)
     cpu_before = probe.read()
-    samples = (loop or direct_loop(clock))(fn, setup=setup, rounds=p.rounds, iterations=p.iterations)
+    samples = runner(fn, setup=setup, rounds=rounds, iterations=p.iterations)  # type: ignore[misc]
     cpu_after = probe.read()
     loop_s = cpu_after.wall_s - cpu_before.wall_s
     leaked = None
     if readings_before is not None:
-        leaked = leaked_samples(clock.leaked, readings_before, clock.readings, p.rounds)  # type: ignore[attr-defined]
+        leaked = leaked_samples(clock.leaked, readings_before, clock.readings, len(samples))  # type: ignore[attr-defined]
     stats = Stats.from_samples(samples, p.iterations)
     tick = tick_bound(resolution, samples, p.iterations)
+    stopped_by = own.stopped_by if own is not None and own.stopped_by else p.stop
     return Measurement(stats=stats, plan=p, clock_resolution_s=tick, too_short=too_short(samples, p.iterations, tick), launch_leaked=leaked,
-                       loop_s=loop_s, **contention(cpu_before, cpu_after, probe.threads()))
+                       loop_s=loop_s, stopped_by=stopped_by, drift=drift(samples), **contention(cpu_before, cpu_after, probe.threads()))
 
 
 class FakeClock:

@@ -1,15 +1,23 @@
 """The report's Sample flags section: the measured rows whose samples the harness itself distrusts, and why.
 
-Two flags are set while a row is timed (harness.measure.timing): `too_short`, a sample so short that
-the clock's tick is more than 1 % of it, and `launch_leaked`, CUDA samples that may hold the host's
-launch time. A flag nobody sees is no flag: each flagged row is listed here with what the flag means.
+Four flags are set while a row is timed (harness.measure.timing): `too_short`, a sample so short that
+the clock's tick is more than 1 % of it; `launch_leaked`, CUDA samples that may hold the host's launch
+time; `drifted`, samples that moved while they were taken; and `stopped_by = call_exceeds_budget`,
+fewer samples than the minimum because one call costs more than the budget. A flag nobody sees is no
+flag: each flagged row is listed here with what the flag means. Where bf16 rows ran on a CPU without
+native bf16, the section says why they are slow.
 """
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import pandas as pd
 
+from harness.measure.stats import DRIFT_FLAG_PCT
+from harness.measure.stopping import STOP_CALL_EXCEEDS_BUDGET
 from harness.measure.timing import MIN_SAMPLE_TICKS
+from harness.report.page import esc
 from harness.report.writer import Csv, Section, Table
 
 #: Each flag, in words, as the section states it.
@@ -20,19 +28,33 @@ FLAG_WORDS = {
     "launch_leaked": "the number of CUDA samples whose interval may hold host launch time: the host took longer to reach the timed "
                      "call than the GPU spin queued before it lasted, so the GPU may have waited for the launch and that wait is in "
                      "the sample. A row with many such samples reads slower than its kernels ran.",
+    "drifted": f"the last third of the samples' median differs from the first third's by at least {DRIFT_FLAG_PCT:g} % (drift_pct) "
+               "and their 95 % intervals do not overlap: the device changed while the row was measured (a GPU clock ramping from "
+               "idle, heat, another process), so its median depends on when it was taken. Such a row is always sampled to its budget.",
+    "call_exceeds_budget": "one call costs more than the pair's time budget holds, so the row took fewer samples than the minimum "
+                   "(stopped_by call_exceeds_budget): under 6 samples it has no 95 % interval, and its median is a rough figure.",
 }
 #: The columns of the flagged rows' table and CSV.
-FLAG_COLUMNS = ["case_id", "backend", "too_short", "launch_leaked", "latency_ms_min", "latency_ms_median", "samples", "clock_resolution_s"]
+FLAG_COLUMNS = ["case_id", "backend", "too_short", "launch_leaked", "drifted", "drift_pct", "stopped_by",
+                "latency_ms_min", "latency_ms_median", "samples", "clock_resolution_s"]
+
+
+def _flags(ok: pd.DataFrame) -> dict[str, pd.Series]:
+    """Per flag, which of the measured rows `ok` carry it (all False where the column is missing)."""
+    none = pd.Series(False, index=ok.index)
+    return {
+        "too_short": ok["too_short"].map(lambda v: v is True) if "too_short" in ok.columns else none,
+        "launch_leaked": pd.to_numeric(ok["launch_leaked"], errors="coerce").fillna(0) > 0 if "launch_leaked" in ok.columns else none,
+        "drifted": ok["drifted"].map(lambda v: v is True) if "drifted" in ok.columns else none,
+        "call_exceeds_budget": ok["stopped_by"].astype(object).eq(STOP_CALL_EXCEEDS_BUDGET) if "stopped_by" in ok.columns else none,
+    }
 
 
 def flagged_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Measured rows with `too_short` set or at least one launch-leaked sample, in FLAG_COLUMNS (empty without either column)."""
+    """Measured rows that carry any flag (`_flags`), in FLAG_COLUMNS (empty without the flags' columns)."""
     ok = frame[frame["status"] == "ok"]
-    none = pd.Series(False, index=ok.index)
-    short = ok["too_short"].map(lambda v: v is True) if "too_short" in ok.columns else none
-    leaked = pd.to_numeric(ok["launch_leaked"], errors="coerce").fillna(0) > 0 if "launch_leaked" in ok.columns else none
-    rows = ok[short | leaked]
-    return rows.reindex(columns=FLAG_COLUMNS)
+    flags = _flags(ok)
+    return ok[flags["too_short"] | flags["launch_leaked"] | flags["drifted"] | flags["call_exceeds_budget"]].reindex(columns=FLAG_COLUMNS)
 
 
 def flag_summary(frame: pd.DataFrame) -> str | None:
@@ -41,22 +63,41 @@ def flag_summary(frame: pd.DataFrame) -> str | None:
     if rows.empty:
         return None
     measured = int((frame["status"] == "ok").sum())
-    short = int(rows["too_short"].map(lambda v: v is True).sum())
-    leaked = int((pd.to_numeric(rows["launch_leaked"], errors="coerce").fillna(0) > 0).sum())
-    return (f"{len(rows)} of {measured} measured rows carry a sample flag ({short} too short for the clock's tick, "
-            f"{leaked} with launch-leaked samples): see Sample flags before trusting their medians.")
+    counts = {name: int(flag.sum()) for name, flag in _flags(rows).items()}
+    extra = "".join(f", {counts[name]} {words}" for name, words in (("drifted", "drifting while measured"),
+                                                                   ("call_exceeds_budget", "with fewer samples than the minimum")) if counts[name])
+    return (f"{len(rows)} of {measured} measured rows carry a sample flag ({counts['too_short']} too short for the clock's tick, "
+            f"{counts['launch_leaked']} with launch-leaked samples{extra}): see Sample flags before trusting their medians.")
 
 
-def flags_section(frame: pd.DataFrame) -> Section:
-    """Which rows are flagged too_short or launch_leaked, with what each flag means."""
-    body = [f"<p><b>too_short</b>: {FLAG_WORDS['too_short']}</p>", f"<p><b>launch_leaked</b>: {FLAG_WORDS['launch_leaked']}</p>"]
+def emulated_bf16_note(frame: pd.DataFrame, envs: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Why bf16 rows measured on a CPU without native bf16 (env.json's `cpu_bf16_native` false) are slow; None where there are none."""
+    ok = frame[(frame["status"] == "ok") & (frame["device"].astype(str) == "cpu") & (frame["dtype"].astype(str) == "bf16")]
+    emulated = {rid: env.get("before") or {} for rid, env in envs.items() if (env.get("before") or {}).get("cpu_bf16_native") is False}
+    rows = ok[ok["run_id"].isin(list(emulated))] if "run_id" in ok.columns else ok.iloc[0:0]
+    if rows.empty:
+        return None
+    capability = ", ".join(sorted({str(before.get("cpu_capability") or "unknown") for before in emulated.values()}))
+    few = int(_flags(rows)["call_exceeds_budget"].sum())
+    return (f"{len(rows)} bf16 rows ran on a CPU without native bf16 (torch's CPU capability {capability}; no avx512_bf16 or amx_bf16): "
+            "its bf16 matmuls are emulated through fp32 and run tens of times slower than fp32, so these rows time the emulation, "
+            f"not what the backend would cost on a CPU with bf16 (or a GPU)" + (f"; {few} of them took fewer samples than the minimum." if few else "."))
+
+
+def flags_section(frame: pd.DataFrame, envs: Mapping[str, Mapping[str, Any]] | None = None) -> Section:
+    """Which rows carry a sample flag, with what each flag means, and why emulated-bf16 rows are slow (`envs`: env.json per run id)."""
+    body = [f"<p><b>{name}</b>: {words}</p>" for name, words in FLAG_WORDS.items()]
+    slow = emulated_bf16_note(frame, envs or {})
+    if slow:
+        body.append(f"<p><b>slow bf16</b>: {esc(slow)}</p>")
     rows = flagged_rows(frame)
     measured = int((frame["status"] == "ok").sum())
     if rows.empty:
-        body.append(f'<p class="muted">No measured row carries either flag ({measured} checked).</p>')
+        body.append(f'<p class="muted">No measured row carries a flag ({measured} checked).</p>')
     else:
         body.append(f"<p>{len(rows)} of {measured} measured rows carry a flag:</p>")
         body.append(Csv(rows, "sample_flags.csv"))
-        headers = ["case", "backend", "too short", "launch-leaked samples", "min (ms)", "median (ms)", "samples", "tick (s)"]
+        headers = ["case", "backend", "too short", "launch-leaked samples", "drifted", "drift (%)", "stopped by",
+                   "min (ms)", "median (ms)", "samples", "tick (s)"]
         body.append(Table(rows, headers=headers))
     return Section("flags", "Sample flags", body, nav="Flags")

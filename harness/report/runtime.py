@@ -10,7 +10,7 @@ import pandas as pd
 
 from harness import analysis
 from harness.measure.outcome import PHASE_NAMES
-from harness.measure.timing import STOP_BUDGET, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS, STOP_PRECISION
+from harness.measure.timing import STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS, STOP_PRECISION
 from harness.report.writer import Csv, Section, Table
 
 #: What each phase is, in words, for the table.
@@ -56,12 +56,13 @@ def overhead_share(table: pd.DataFrame) -> float | None:
     return 1.0 - measured / total
 
 
-#: What set a row's number of samples (harness.measure.timing.Plan.stop), in words.
+#: What set a row's number of samples (harness.measure.stopping), in words.
 STOP_WORDS = {
-    STOP_PRECISION: "where the warm-up predicted the median's 95 % interval within ±1 %",
+    STOP_PRECISION: "once the median's 95 % interval was within ±1 % on a steady run",
     STOP_BUDGET: "at the time budget",
     STOP_MIN_ROUNDS: "at the minimum of samples (the budget held fewer)",
     STOP_MAX_ROUNDS: "at the maximum of samples",
+    STOP_CALL_EXCEEDS_BUDGET: "short of the minimum, because one call costs more than the budget holds",
 }
 
 

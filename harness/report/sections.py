@@ -16,7 +16,7 @@ import pandas as pd
 from harness import analysis
 from harness.analysis import roofline
 from harness.report import figures as figs
-from harness.report.flags import flag_summary, flags_section
+from harness.report.flags import emulated_bf16_note, flag_summary, flags_section
 from harness.report.page import commands, esc, fmt
 from harness.report.profiling import profiling_section
 from harness.report.runtime import runtime_section
@@ -65,9 +65,9 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
         warnings.append(f"the run was contended: {len(contended)} of {len(ok)} measured rows ran while another process took the CPU "
                         "(run-queue waits or preemptions during their samples; see the contended column): their medians may be inflated. "
                         "Measure on a quiet machine, or compare such rows with care.")
-    flagged = flag_summary(frame)
-    if flagged:
-        warnings.append(flagged)
+    for note in (flag_summary(frame), emulated_bf16_note(frame, data.env)):
+        if note:
+            warnings.append(note)
     throttled = state_summary(frame)
     if throttled:
         warnings.append(throttled)
@@ -323,7 +323,7 @@ def sections(data: analysis.RunData, baseline: str) -> list[Section]:
         _choose(frame, wins, speed, baseline, colors),
         _latency(frame, ok, colors),
         *serving_sections(frame, colors, baseline),
-        flags_section(frame),
+        flags_section(frame, data.env),
         state_energy_section(frame, baseline, colors),
         _roofline(data, ok, colors),
         _crossover(frame, analysis.crossovers(frame), colors),

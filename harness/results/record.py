@@ -103,9 +103,14 @@ class Record:
     iqr_ratio: float | None = None
     samples: int | None = None
     iterations: int | None = None
-    #: What set the number of samples: precision (the warm-up's spread predicted the median's 95 % interval
-    #: within ±1 % sooner than the time budget), budget, min_rounds or max_rounds (harness.measure.timing.Plan).
+    #: What set the number of samples (harness.measure.stopping): precision (the median's 95 % interval came
+    #: within ±1 % on a steady run before the time budget was spent), budget, max_rounds, min_rounds (taken
+    #: whatever they cost) or call_exceeds_budget (one call costs more than the budget holds: fewer samples).
     stopped_by: str | None = None
+    #: The last third of the samples' median against the first third's, in %; None under 18 samples.
+    drift_pct: float | None = None
+    #: The thirds' 95 % intervals are disjoint and they differ by at least 1 %: the median depends on when it was taken.
+    drifted: bool | None = None
     noisy: bool | None = None
     suspect: bool | None = None
     #: The shortest sample lasts under 100 clock ticks: quantisation alone may move it by more than 1 %.

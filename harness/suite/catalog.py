@@ -331,12 +331,17 @@ def budget_from_fields(budget_spec: dict[str, Any], where: str | Path) -> Budget
     if unknown:
         raise UserError(f"{where}: unknown budget field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_BUDGET_KEYS))})")
     for key, value in budget_spec.items():
-        if key in {"min_rounds", "max_rounds", "max_iterations"}:
+        if key == "fewest_rounds" and value is None:
+            continue  # no ceiling: a manifest (JSON) says so; a TOML table leaves the field out
+        if key in {"min_rounds", "max_rounds", "max_iterations", "fewest_rounds"}:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
                 raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected a positive integer")
         elif key == "precision":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                 raise UserError(f"{where}: budget field 'precision' has value {value!r}, expected a fraction from 0 (never stop early) to below 1")
+        elif key == "min_measure_share":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise UserError(f"{where}: budget field 'min_measure_share' has value {value!r}, expected a share of measure_s from 0 to 1")
         elif (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
               or value < 0 or (key == "measure_s" and value == 0) or value > MAX_BUDGET_S):
             # warmup_s = 0 still warms up with one call, min_sample_s = 0 is what CUDA budgets use; measuring for 0 s is nothing.
