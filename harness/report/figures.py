@@ -1,8 +1,14 @@
-"""The report's figures, drawn with matplotlib (Agg) from the data and embedded as base64 PNG.
+"""The report's figures, drawn with matplotlib's Agg canvas from the data and embedded as base64 PNG.
 
 Which figures exist is decided by the rows: one figure per dtype (and pass) for each quantity,
 one panel per combination of the other fixed parameters, one line per backend. Nothing here
 keeps a list of backends or plots by hand.
+
+Figures are `matplotlib.figure.Figure`s on a `FigureCanvasAgg`, never pyplot: importing this module
+leaves the process's backend and rcParams as they were (a program that imports attnbench keeps its
+own GUI backend). Panel grids have a fixed layout in inches (`panels`), so each figure is drawn once,
+when it is saved: measuring every text's extent for `tight_layout` and again for `bbox_inches="tight"`
+was most of a report's CPU time.
 """
 
 from __future__ import annotations
@@ -13,22 +19,26 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure as CanvasFigure
+from matplotlib.ticker import NullLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.colors import ListedColormap  # noqa: E402
+from harness import analysis
 
-from harness import analysis  # noqa: E402
-
-from harness.analysis import roofline  # noqa: E402
+from harness.analysis import roofline
 
 #: At most this many panels per figure; more groups spill into further figures.
 MAX_PANELS = 12
 COLUMNS = 4
 DPI = 80
+#: A log y axis spanning fewer decades than this keeps its minor ticks: with one or no decade mark on it, they are its labels.
+FEW_DECADES = 1.5
+#: Where a panel's legend goes: the curves rise with S, so the upper left is usually empty; "best" would search every line's data.
+LEGEND_LOC = "upper left"
 
 
 @dataclass(frozen=True)
@@ -40,11 +50,22 @@ class Figure:
     caption: str = ""
 
 
+#: A panel grid's margins in inches: room for the y tick labels and label (left), the x label (bottom), the
+#: suptitle (top), and between panels for the next one's y labels (across) and the title above x labels (down).
+MARGIN_IN = {"left": 0.75, "right": 0.15, "bottom": 0.5, "top": 0.55, "across": 0.75, "down": 0.75}
+
+
+def new_figure(width: float, height: float, *, constrained: bool = False) -> CanvasFigure:
+    """A figure on its own Agg canvas (no pyplot, no global backend); `constrained` for one-off figures whose labels vary in size."""
+    fig = CanvasFigure(figsize=(width, height), layout="constrained" if constrained else None)
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def to_data_uri(fig: Any) -> str:
-    """Render a matplotlib figure to a base64 PNG data URI and close it."""
+    """Render a figure to a base64 PNG data URI (one draw: its layout is already fixed)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    fig.savefig(buffer, format="png", dpi=DPI)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -56,19 +77,65 @@ def plain(text: Any) -> str:
 def backend_colors(names: Iterable[str]) -> dict[str, Any]:
     """A stable colour per backend name (sorted order into tab10, then tab20)."""
     names = sorted(set(names))
-    palette = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20").colors[1::2])
+    palette = list(colormaps["tab10"].colors) + list(colormaps["tab20"].colors[1::2])
     return {name: palette[i % len(palette)] for i, name in enumerate(names)}
 
 
-def panels(n: int) -> tuple[Any, np.ndarray]:
-    """A figure with `n` panels in rows of up to COLUMNS (extra axes hidden), and its axes."""
+#: The band under the suptitle that a figure-wide legend takes, in inches, and where in it the legend's top edge is (from the figure's top).
+LEGEND_BAND_IN, LEGEND_TOP_IN = 0.4, 0.42
+
+
+def panels(n: int, *, legend_band: bool = False) -> tuple[Any, np.ndarray]:
+    """A figure with `n` panels in rows of up to COLUMNS (extra axes hidden), and its axes; `legend_band` leaves room for `figure_legend`."""
     cols = min(COLUMNS, n)
     rows = math.ceil(n / cols)
     width, height = (6.5, 4.3) if n <= 2 else (4.2, 3.2)  # one or two panels: draw them readable, not thumbnail-sized
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    m = {**MARGIN_IN, "top": MARGIN_IN["top"] + (LEGEND_BAND_IN if legend_band else 0.0)}
+    fig_w = m["left"] + m["right"] + cols * width + (cols - 1) * m["across"]
+    fig_h = m["bottom"] + m["top"] + rows * height + (rows - 1) * m["down"]
+    fig = new_figure(fig_w, fig_h)
+    axes = fig.subplots(rows, cols, squeeze=False, gridspec_kw={
+        "left": m["left"] / fig_w, "right": 1 - m["right"] / fig_w, "bottom": m["bottom"] / fig_h, "top": 1 - m["top"] / fig_h,
+        "wspace": m["across"] / width, "hspace": m["down"] / height})
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     return fig, axes.flat
+
+
+def figure_legend(fig: Any, axes: Iterable[Any]) -> None:
+    """One legend for the whole figure, in the band `panels(legend_band=True)` left under the suptitle: each label once."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    fig.legend(list(entries.values()), list(entries), loc="upper center", bbox_to_anchor=(0.5, 1 - LEGEND_TOP_IN / fig.get_figheight()), ncol=min(len(entries), 8),
+               fontsize=8, frameon=False)
+
+
+def style_panel(ax: Any, title: str, ylabel: str, *, logy: bool = True, legend: bool = True) -> None:
+    """A panel against S: log₂ x, log y (or linear), labels, major grid, and (`legend`) its own legend.
+
+    Minor ticks only on a log y axis spanning under FEW_DECADES, where they carry the only labels; elsewhere
+    none (each tick is two lines and a text: thousands of artists on a 12-panel log-log figure, and the grid
+    and labels are on the major ones). The title sits at a fixed height (placed automatically, matplotlib
+    measures the axis's tick labels again for every panel).
+    """
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_minor_locator(NullLocator())
+    if logy:
+        ax.set_yscale("log")
+        low, high = ax.get_ylim()
+        if not (low > 0 and high / low < 10**FEW_DECADES):
+            ax.yaxis.set_minor_locator(NullLocator())
+    else:
+        ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_title(plain(title), fontsize=9, y=1.0, pad=4)
+    ax.set_xlabel("S", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(True, which="major", alpha=0.3)
+    if legend:
+        ax.legend(fontsize=6, loc=LEGEND_LOC)
 
 
 def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
@@ -81,8 +148,13 @@ def _per_group_figures(
     rows: pd.DataFrame, value: str, ylabel: str, title: str, caption: str, colors: Mapping[str, Any],
     *, logy: bool = True, hline: Any = None, annotate: Any = None,
 ) -> list[Figure]:
-    """One figure per (dtype, mode), a panel per fixed-parameter group, a line per backend of `value` against S."""
+    """One figure per (dtype, mode), a panel per fixed-parameter group, a line per backend of `value` against S.
+
+    A backend's colour is the same in every panel, so one legend serves the figure, unless `annotate` gives
+    each panel's lines labels of their own (the fitted α): then each panel has its legend.
+    """
     figures = []
+    per_panel_legend = annotate is not None
     rows = rows[rows[value].notna() & (rows[value] > 0)] if logy else rows[rows[value].notna()]
     if rows.empty:
         return figures
@@ -90,7 +162,7 @@ def _per_group_figures(
     for (dtype, mode), by_dtype in rows.groupby(["dtype", "mode"], sort=True):
         groups = list(analysis.groups(by_dtype, keys))
         for part, chunk in chunks(groups, MAX_PANELS):
-            fig, axes = panels(len(chunk))
+            fig, axes = panels(len(chunk), legend_band=not per_panel_legend)
             for ax, (key, sub) in zip(axes, chunk):
                 for backend, line in sub.groupby("backend", sort=True):
                     line = line.sort_values("S")
@@ -107,19 +179,12 @@ def _per_group_figures(
                                        label="above the measured peak: impossible")
                     if not lines:
                         ax.annotate(f"no measured {dtype} peak in this run", xy=(0.01, 0.02), xycoords="axes fraction", fontsize=7, color="grey")
-                ax.set_xscale("log", base=2)
-                if logy:
-                    ax.set_yscale("log")
-                ax.set_title(plain(analysis.describe_group({**key, "dtype": None}) or "all"), fontsize=9)
-                ax.set_xlabel("S", fontsize=8)
-                ax.set_ylabel(ylabel, fontsize=8)
-                ax.tick_params(labelsize=7)
-                ax.grid(True, which="major", alpha=0.3)
-                ax.legend(fontsize=6, loc="best")
+                style_panel(ax, analysis.describe_group({**key, "dtype": None}) or "all", ylabel, logy=logy, legend=per_panel_legend)
+            if not per_panel_legend:
+                figure_legend(fig, axes[:len(chunk)])
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
             mode_text = "" if mode == "fwd" else f", {mode}"
             fig.suptitle(plain(f"{title}: {dtype}{mode_text}{suffix}"), fontsize=11)
-            fig.tight_layout()
             figures.append(Figure(f"{title}: {dtype}{mode_text}{suffix}", to_data_uri(fig), caption))
     return figures
 
@@ -198,33 +263,26 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
                 model = float(entries.iloc[0]["model_S_star"])
                 ax.axvline(model, color="grey", ls=":", lw=1.2, label=f"FLOP model S* = {model:,.0f}")
                 ax.axvline(int(D), color="grey", ls="--", lw=0.8, label=f"rule of thumb D = {int(D)}")
-                ax.set_xscale("log", base=2)
-                ax.set_yscale("log")
-                ax.set_title(plain(f"D={int(D)}  {label}"), fontsize=9)
-                ax.set_xlabel("S", fontsize=8)
-                ax.set_ylabel("median latency (ms)", fontsize=8)
-                ax.tick_params(labelsize=7)
-                ax.grid(True, alpha=0.3)
-                ax.legend(fontsize=6, loc="best")
+                style_panel(ax, f"D={int(D)}  {label}", "median latency (ms)")
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
             fig.suptitle(f"Crossover at D = {int(D)}{suffix}", fontsize=11)
-            fig.tight_layout()
             figures.append(Figure(f"Crossover at D = {int(D)}{suffix}", to_data_uri(fig), "Black: the projections; coloured: each attention core; stars and solid lines: the measured S*; dotted: the FLOP model's S* = D·(1 + H_kv/H), twice that causal; dashed: the rule of thumb S ≈ D."))
     return figures
 
 
-def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
-    """Per dtype: which backend wins over S × B and over S × H_kv (among agreeing rows), with won/cases in each cell."""
-    wins = analysis.winners(frame)
+def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any], wins: pd.DataFrame | None = None) -> list[Figure]:
+    """Per dtype: which backend wins over S × B and over S × H_kv (among agreeing rows), with won/cases in each cell; `wins` is `winners(frame)` if known."""
+    wins = analysis.winners(frame) if wins is None else wins
     if wins.empty:
         return []
     figures = []
     for dtype in sorted(set(wins["dtype"])):
-        maps = [(axis, analysis.winner_map(frame, axis, dtype)) for axis in ("B", "H_kv")]
+        maps = [(axis, analysis.winner_map(frame, axis, dtype, wins)) for axis in ("B", "H_kv")]
         maps = [(axis, m) for axis, m in maps if not m.empty]
         if not maps:
             continue
-        fig, axes = plt.subplots(1, len(maps), figsize=(6.5 * len(maps), 3.6), squeeze=False)
+        fig = new_figure(6.5 * len(maps), 3.6, constrained=True)
+        axes = fig.subplots(1, len(maps), squeeze=False)
         for ax, (axis, m) in zip(axes.flat, maps):
             s_values = sorted(set(m["S"]))
             a_values = sorted(set(m[axis]))
@@ -243,7 +301,6 @@ def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[F
             ax.set_ylabel(axis, fontsize=9)
             ax.set_title(f"winner over S × {axis}", fontsize=10)
         fig.suptitle(plain(f"Winner maps: {dtype}"), fontsize=11)
-        fig.tight_layout()
         figures.append(Figure(f"Winner maps: {dtype}", to_data_uri(fig), "Each cell: the backend that won the most cases (fastest among rows that agree with the reference) and won/cases; other parameters vary inside a cell."))
     return figures
 
@@ -260,7 +317,8 @@ def agreement_figure(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Fig
     if rows.empty:
         return []
     backends = sorted(set(rows["backend"]))
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(backends) + 2), 3.4))
+    fig = new_figure(max(5.0, 1.2 * len(backends) + 2), 3.4, constrained=True)
+    ax = fig.subplots()
     rng = np.random.default_rng(0)
     for i, backend in enumerate(backends):
         sub = rows[rows["backend"] == backend]
@@ -272,5 +330,4 @@ def agreement_figure(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Fig
     ax.set_yscale("log")
     ax.set_ylabel("max |out − ref| / bound", fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
     return [Figure("Agreement errors", to_data_uri(fig), "Each dot is one checked row: its largest error against the float64 reference over the row's bound. Below the line agrees.")]

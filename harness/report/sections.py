@@ -109,7 +109,7 @@ def _choose(frame, wins, speed, baseline, colors) -> Section:
         body.append(Table(speed, index=True))
     else:
         body.append(f'<p class="muted">The baseline {esc(baseline)} has no agreeing row in this run: no speedups (choose another with --baseline).</p>')
-    for f in figs.winner_map_figures(frame, colors):
+    for f in figs.winner_map_figures(frame, colors, wins):
         body.append(f)
     return Section("choose", "The backend to choose", body, nav="Backend to choose")
 
