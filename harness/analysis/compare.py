@@ -115,7 +115,7 @@ class Comparison:
 
 
 #: Verdicts of a pair of `ok` rows.
-FASTER, SLOWER, SAME = "faster", "slower", "not different"
+FASTER, SLOWER, SAME = "faster", "slower", "within noise"
 
 
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | None = None, cv: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -12,11 +12,18 @@ from pathlib import Path
 from harness.errors import UserError
 
 
+def _variation(args: argparse.Namespace):
+    """The run-to-run variation named by --variation, or None."""
+    from harness.analysis.difference import read_variation
+
+    return read_variation(args.variation) if args.variation else None
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """Write reports/<run-id>/index.html and its CSVs, and print the page's path."""
     from harness.report import build_report
 
-    path = build_report([Path(r) for r in args.runs], out_root=Path(args.out), baseline=args.baseline)
+    path = build_report([Path(r) for r in args.runs], out_root=Path(args.out), baseline=args.baseline, variation=_variation(args))
     print(f"report: {path}")
     return 0
 
@@ -30,7 +37,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base, new = Path(args.base), Path(args.new)
     out = Path(args.out) if args.out else Path("reports") / f"compare-{base.name}-vs-{new.name}.csv"
     _check_comparison_out(out)  # before any work: nothing is printed for a comparison that cannot be kept
-    result = compare_runs(base, new, threshold, force=args.force)
+    result = compare_runs(base, new, threshold, force=args.force, variation=_variation(args))
     print_comparison(result, base.name, new.name, sys.stdout)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -80,8 +87,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         label = f"{args.model} (H={shape['H']}, H_kv={shape['H_kv']}, d_k={shape['d_k']}): "
     if all(v is None for v in query.values()):
         raise UserError("say which shape: --model NAME and/or --seq, --B, --H, --H-kv, --d-k, --dtype, --causal")
+    from harness.analysis.difference import check_variation_device
+
+    variation = _variation(args)
     data = analysis.load([Path(args.run)])
-    answers = analysis.recommend(data.frame, query)
+    check_variation_device(variation, list(data.env.values()), args.run)
+    answers = analysis.recommend(data.frame, query, variation.cv if variation else 0.0)
     for answer in answers:
         lines = answer.lines()
         print(label + lines[0])
@@ -96,14 +107,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder(s), e.g. results/<run-id>")
     p.add_argument("--out", default="reports", help="parent folder of report folders (default: reports)")
     p.add_argument("--baseline", default=None, help="backend the speedups are against (default: the one that declares itself the baseline, sdpa-math)")
+    add_variation_argument(p)
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("compare", help="compare two runs per (case, backend); --fail-above 5%% gates on slowdowns")
     p.add_argument("base", metavar="BASE", help="the reference run folder")
     p.add_argument("new", metavar="NEW", help="the run folder to judge")
-    p.add_argument("--fail-above", metavar="PCT", help="exit 1 if a row slowed down by more than PCT (e.g. 5%%) beyond both runs' noise, or stopped running")
+    p.add_argument("--fail-above", metavar="PCT", help="exit 1 if a row is slower by the difference rule and by more than PCT (e.g. 5%%), or stopped running")
     p.add_argument("--out", help="CSV to write (default: reports/compare-BASE-vs-NEW.csv)")
     p.add_argument("--force", action="store_true", help="compare even when the runs measured different devices")
+    add_variation_argument(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("recommend", help="the fastest agreeing backend for a shape, from a run's measured rows")
@@ -116,4 +129,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--d-k", dest="d_k", type=int, help="head dimension")
     p.add_argument("--dtype", help="fp32, fp16, bf16 or fp64")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="causal (or --no-causal); default: either")
+    add_variation_argument(p)
     p.set_defaults(func=cmd_recommend)
+
+
+def add_variation_argument(parser: argparse.ArgumentParser) -> None:
+    """--variation FILE: the run-to-run variation `attnbench stability` wrote, which widens every interval the rule compares."""
+    parser.add_argument("--variation", metavar="FILE", help="run-to-run variation written by `attnbench stability --out FILE`: "
+                        "two latencies differ only if their 95%% intervals, widened by ±2·CV, do not overlap")

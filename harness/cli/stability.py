@@ -3,6 +3,8 @@
 Within one process the samples of a measurement agree far better than two processes do (address
 layout, thread placement, clocks, what else the box is doing), so the honest noise floor for
 "is a 3 % difference real?" is the coefficient of variation of medians across fresh processes.
+It is written as a variation document (`write_variation`) that compare, recommend and report take
+with `--variation FILE`: `harness.analysis.difference` widens every interval by it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence, TextIO
 
 from harness.errors import UserError
@@ -57,6 +60,51 @@ class StabilityResult:
         lines.append(f"mean of medians {self.mean * 1e3:.4g} ms, coefficient of variation {self.cv * 100:.2f} %")
         lines.append(f"a difference between two runs below about {band * 100:.1f} % (2·√2·CV) is within this box's run-to-run noise")
         return "\n".join(lines)
+
+    def variation(self, device_name: str) -> "Variation":
+        """What the difference rule widens intervals by, measured on `device_name` (as env.json names the device)."""
+        from harness.analysis.difference import Variation
+
+        return Variation(self.cv, self.case.device, device_name, self.case.id, self.backend, tuple(m * 1e3 for m in self.medians))
+
+
+def check_variation_out(path: Path) -> Path:
+    """Refuse (UserError) a variation path inside a run folder or over a file that is not a variation; return it resolved."""
+    import json
+
+    from harness.analysis.difference import VARIATION_KIND
+    from harness.results.store import resolved, run_folder_of
+
+    target = resolved(path, "--out")
+    held = run_folder_of(target.parent)
+    if held is not None:
+        raise UserError(f"--out {path} is inside the run folder {held}: a variation is never written into a run; give a path outside it")
+    if target.is_dir() or (target.exists() and not target.is_file()):
+        raise UserError(f"--out {path} is not a plain file: give the path of the JSON file to write")
+    if target.exists() and target.stat().st_size:
+        try:
+            kind = json.loads(target.read_text()).get("kind")
+        except (ValueError, AttributeError, OSError):
+            kind = None
+        if kind != VARIATION_KIND:
+            raise UserError(f"--out {path} exists and is not a variation attnbench wrote: give another path, or remove it first")
+    return target
+
+
+def write_variation(result: StabilityResult, path: Path) -> None:
+    """Write `result`'s run-to-run variation as JSON at `path` (checked by `check_variation_out`)."""
+    import json
+
+    from harness.env import fingerprint
+    from harness.results.store import write_file
+
+    target = check_variation_out(path)
+    document = result.variation(fingerprint(result.case.device)["device_name"]).to_dict()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_file(target, json.dumps(document, indent=1) + "\n")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def measure_in_fresh_process(case: Case, backend: str, measure_s: float) -> float:
