@@ -25,7 +25,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure as CanvasFigure
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 from harness import analysis
 
@@ -35,10 +35,21 @@ from harness.analysis import roofline
 MAX_PANELS = 12
 COLUMNS = 4
 DPI = 80
+def plain_number(value: float, _position: Any = None) -> str:
+    """A tick label as a plain number: integers whole (1024, 65536), others in the shortest form (0.01, 1e+09)."""
+    return f"{int(value)}" if value >= 1 and float(value).is_integer() and value < 1e5 else f"{value:g}"
+
+
+def minor_label(value: float, _position: Any = None) -> str:
+    """A minor tick's label on a narrow log axis: 2, 3 and 5 times a power of ten, as plain numbers; the others unlabelled."""
+    leading = round(value / 10 ** math.floor(math.log10(value)), 6) if value > 0 else 0
+    return plain_number(value) if leading in (2, 3, 5) else ""
+
+
 #: A log y axis spanning fewer decades than this keeps its minor ticks: with one or no decade mark on it, they are its labels.
 FEW_DECADES = 1.5
-#: Where a panel's legend goes: the curves rise with S, so the upper left is usually empty; "best" would search every line's data.
-LEGEND_LOC = "upper left"
+#: Where a panel's legend goes: the curves rise with S, so the lower right is usually empty; "best" would search every line's data.
+LEGEND_LOC = "lower right"
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,8 @@ def backend_colors(names: Iterable[str]) -> dict[str, Any]:
     return {name: palette[i % len(palette)] for i, name in enumerate(names)}
 
 
+#: Where a panel's axis labels are centred, in inches from the axes: past the tick labels (7 pt, at most six characters: "0.0001", "1e+08").
+XLABEL_BELOW_IN, YLABEL_LEFT_IN = 0.3, 0.52
 #: The band under the suptitle that a figure-wide legend takes, in inches, and where in it the legend's top edge is (from the figure's top).
 LEGEND_BAND_IN, LEGEND_TOP_IN = 0.4, 0.42
 
@@ -115,24 +128,33 @@ def figure_legend(fig: Any, axes: Iterable[Any]) -> None:
 def style_panel(ax: Any, title: str, ylabel: str, *, logy: bool = True, legend: bool = True) -> None:
     """A panel against S: log₂ x, log y (or linear), labels, major grid, and (`legend`) its own legend.
 
+    Tick labels are plain numbers (S = 1024, not 2¹⁰; 0.01 ms, not 10⁻²): easier to read, and no mathtext to lay out.
     Minor ticks only on a log y axis spanning under FEW_DECADES, where they carry the only labels; elsewhere
     none (each tick is two lines and a text: thousands of artists on a 12-panel log-log figure, and the grid
-    and labels are on the major ones). The title sits at a fixed height (placed automatically, matplotlib
-    measures the axis's tick labels again for every panel).
+    and labels are on the major ones). The title and the axis labels sit at fixed offsets (placed
+    automatically, matplotlib measures every tick label's extent again for each of them, on every panel).
     """
     ax.set_xscale("log", base=2)
     ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(plain_number))  # one per axis: a formatter keeps its axis
     if logy:
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(plain_number))
         low, high = ax.get_ylim()
-        if not (low > 0 and high / low < 10**FEW_DECADES):
+        if low > 0 and high / low < 10**FEW_DECADES:
+            ax.yaxis.set_minor_formatter(FuncFormatter(minor_label))
+        else:
             ax.yaxis.set_minor_locator(NullLocator())
     else:
         ax.yaxis.set_minor_locator(NullLocator())
     ax.set_title(plain(title), fontsize=9, y=1.0, pad=4)
     ax.set_xlabel("S", fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.tick_params(labelsize=7)
+    box = ax.get_position()
+    width_in, height_in = box.width * ax.figure.get_figwidth(), box.height * ax.figure.get_figheight()
+    ax.xaxis.set_label_coords(0.5, -XLABEL_BELOW_IN / height_in)
+    ax.yaxis.set_label_coords(-YLABEL_LEFT_IN / width_in, 0.5)
+    ax.tick_params(which="both", labelsize=7)
     ax.grid(True, which="major", alpha=0.3)
     if legend:
         ax.legend(fontsize=6, loc=LEGEND_LOC)
@@ -166,7 +188,7 @@ def _per_group_figures(
             for ax, (key, sub) in zip(axes, chunk):
                 for backend, line in sub.groupby("backend", sort=True):
                     line = line.sort_values("S")
-                    label = annotate(backend, key, line) if annotate else backend
+                    label = annotate(backend, {**key, "dtype": dtype, "mode": mode}, line) if annotate else backend  # the fits name a group with its dtype
                     ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=plain(label))
                 if hline is not None:
                     lines = hline(dtype, sub)
