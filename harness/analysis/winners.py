@@ -10,7 +10,7 @@ import pandas as pd
 
 from harness.errors import UserError
 
-from harness.analysis.difference import differ, interval_of
+from harness.analysis.difference import HIGH, LOW, differ, interval_of
 from harness.analysis.frame import agreeing_rows, is_core
 
 
@@ -18,6 +18,10 @@ def default_baseline(frame: pd.DataFrame) -> str | None:
     """The backend that declares itself the baseline (sdpa-math), among those in the frame."""
     declared = frame.loc[frame["baseline"].astype(bool), "backend"]
     return str(declared.iloc[0]) if len(declared) else None
+
+
+#: The case's fields a winners row repeats.
+CASE_KEYS = ("B", "S_q", "S_kv", "S", "H", "H_kv", "d_k", "dtype", "causal", "mode")
 
 
 def winners(frame: pd.DataFrame, baseline: str | None = None, metric: str = "latency_ms_median", cv: float = 0.0) -> pd.DataFrame:
@@ -34,15 +38,18 @@ def winners(frame: pd.DataFrame, baseline: str | None = None, metric: str = "lat
         rows = rows[pd.to_numeric(rows[metric], errors="coerce").notna()] if metric in rows.columns else rows.iloc[0:0]
     unit = "ms" if by_latency else metric
     baseline = baseline or default_baseline(frame)
+    # Only the columns read below: a row of the whole frame (~200 columns) is costly to take a thousand times.
+    keep = list(dict.fromkeys(["case_id", "backend", metric, *CASE_KEYS, LOW, HIGH, "repro"]))
+    rows = rows[[c for c in keep if c in rows.columns]]
+    rows = rows.assign(case_order=pd.factorize(rows["case_id"])[0]).sort_values(["case_order", metric], kind="stable")  # cases keep the frame's order
     out = []
     for case_id, sub in rows.groupby("case_id", sort=False):
-        sub = sub.sort_values(metric)
         best = sub.iloc[0]
         second = sub.iloc[1] if len(sub) > 1 else None
         base = sub[sub["backend"] == baseline]
         base_value = float(base[metric].iloc[0]) if not base.empty else None
         out.append({
-            "case_id": case_id, **{k: best[k] for k in ("B", "S_q", "S_kv", "S", "H", "H_kv", "d_k", "dtype", "causal", "mode")},
+            "case_id": case_id, **{k: best[k] for k in CASE_KEYS},
             "winner": best["backend"], f"winner_{unit}": float(best[metric]),
             "runner_up": second["backend"] if second is not None else None,
             f"runner_up_{unit}": float(second[metric]) if second is not None else None,

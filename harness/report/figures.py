@@ -25,7 +25,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure as CanvasFigure
-from matplotlib.ticker import FuncFormatter, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from harness import analysis
 
@@ -46,10 +46,10 @@ def minor_label(value: float, _position: Any = None) -> str:
     return plain_number(value) if leading in (2, 3, 5) else ""
 
 
+#: A panel's x axis is ticked at each measured S up to this many of them (then at powers of 2).
+MAX_S_TICKS = 10
 #: A log y axis spanning fewer decades than this keeps its minor ticks: with one or no decade mark on it, they are its labels.
 FEW_DECADES = 1.5
-#: Where a panel's legend goes: the curves rise with S, so the lower right is usually empty; "best" would search every line's data.
-LEGEND_LOC = "lower right"
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,21 @@ def figure_legend(fig: Any, axes: Iterable[Any]) -> None:
                fontsize=8, frameon=False)
 
 
-def style_panel(ax: Any, title: str, ylabel: str, *, logy: bool = True, legend: bool = True) -> None:
-    """A panel against S: log₂ x, log y (or linear), labels, major grid, and (`legend`) its own legend.
+def panel_note(ax: Any, lines: list[str]) -> None:
+    """What differs per panel (each line's α, each core's S*), as one block of text in the panel's usually empty lower right.
+
+    One text, not a legend per panel: laying out a legend's entries cost more than the rest of the panel.
+    """
+    if lines:
+        ax.text(0.98, 0.03, "\n".join(lines), transform=ax.transAxes, ha="right", va="bottom", fontsize=6, zorder=6,
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#cccccc", "pad": 2})
+
+
+def style_panel(ax: Any, title: str, ylabel: str, s_values: Iterable[Any] = (), *, logy: bool = True, place: tuple[int, int] = (0, 1)) -> None:
+    """A panel against S: log₂ x ticked at the measured `s_values` (up to MAX_S_TICKS), log y (or linear), labels, major grid.
+
+    `place` is (the panel's index, the figure's panel count) of a `panels` grid: every panel of a figure shows
+    one quantity, so the y label is on the first column only and "S" under each column's lowest panel.
 
     Tick labels are plain numbers (S = 1024, not 2¹⁰; 0.01 ms, not 10⁻²): easier to read, and no mathtext to lay out.
     Minor ticks only on a log y axis spanning under FEW_DECADES, where they carry the only labels; elsewhere
@@ -135,6 +148,9 @@ def style_panel(ax: Any, title: str, ylabel: str, *, logy: bool = True, legend: 
     automatically, matplotlib measures every tick label's extent again for each of them, on every panel).
     """
     ax.set_xscale("log", base=2)
+    ticks = sorted({float(v) for v in s_values})
+    if 0 < len(ticks) <= MAX_S_TICKS:
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(plain_number))  # one per axis: a formatter keeps its axis
     if logy:
@@ -148,16 +164,18 @@ def style_panel(ax: Any, title: str, ylabel: str, *, logy: bool = True, legend: 
     else:
         ax.yaxis.set_minor_locator(NullLocator())
     ax.set_title(plain(title), fontsize=9, y=1.0, pad=4)
-    ax.set_xlabel("S", fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
+    index, count = place
+    cols = min(COLUMNS, count)
+    if index + cols >= count:
+        ax.set_xlabel("S", fontsize=8)
+    if index % cols == 0:
+        ax.set_ylabel(ylabel, fontsize=8)
     box = ax.get_position()
     width_in, height_in = box.width * ax.figure.get_figwidth(), box.height * ax.figure.get_figheight()
     ax.xaxis.set_label_coords(0.5, -XLABEL_BELOW_IN / height_in)
     ax.yaxis.set_label_coords(-YLABEL_LEFT_IN / width_in, 0.5)
     ax.tick_params(which="both", labelsize=7)
     ax.grid(True, which="major", alpha=0.3)
-    if legend:
-        ax.legend(fontsize=6, loc=LEGEND_LOC)
 
 
 def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
@@ -168,15 +186,14 @@ def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
 
 def _per_group_figures(
     rows: pd.DataFrame, value: str, ylabel: str, title: str, caption: str, colors: Mapping[str, Any],
-    *, logy: bool = True, hline: Any = None, annotate: Any = None,
+    *, logy: bool = True, hline: Any = None, note: Any = None,
 ) -> list[Figure]:
     """One figure per (dtype, mode), a panel per fixed-parameter group, a line per backend of `value` against S.
 
-    A backend's colour is the same in every panel, so one legend serves the figure, unless `annotate` gives
-    each panel's lines labels of their own (the fitted α): then each panel has its legend.
+    A backend's colour is the same in every panel, so one legend serves the figure; what differs per panel and
+    line (`note(backend, group key, line)`: the fitted α) is listed in the panel's corner (`panel_note`).
     """
     figures = []
-    per_panel_legend = annotate is not None
     rows = rows[rows[value].notna() & (rows[value] > 0)] if logy else rows[rows[value].notna()]
     if rows.empty:
         return figures
@@ -184,12 +201,16 @@ def _per_group_figures(
     for (dtype, mode), by_dtype in rows.groupby(["dtype", "mode"], sort=True):
         groups = list(analysis.groups(by_dtype, keys))
         for part, chunk in chunks(groups, MAX_PANELS):
-            fig, axes = panels(len(chunk), legend_band=not per_panel_legend)
-            for ax, (key, sub) in zip(axes, chunk):
+            fig, axes = panels(len(chunk), legend_band=True)
+            for place, (ax, (key, sub)) in enumerate(zip(axes, chunk)):
+                notes = []
                 for backend, line in sub.groupby("backend", sort=True):
                     line = line.sort_values("S")
-                    label = annotate(backend, {**key, "dtype": dtype, "mode": mode}, line) if annotate else backend  # the fits name a group with its dtype
-                    ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=plain(label))
+                    ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=plain(backend))
+                    text = note(backend, {**key, "dtype": dtype, "mode": mode}, line) if note else None  # the fits name a group with its dtype
+                    if text:
+                        notes.append(f"{backend} {text}")
+                panel_note(ax, notes)
                 if hline is not None:
                     lines = hline(dtype, sub)
                     for y, text in lines:
@@ -201,9 +222,8 @@ def _per_group_figures(
                                        label="above the measured peak: impossible")
                     if not lines:
                         ax.annotate(f"no measured {dtype} peak in this run", xy=(0.01, 0.02), xycoords="axes fraction", fontsize=7, color="grey")
-                style_panel(ax, analysis.describe_group({**key, "dtype": None}) or "all", ylabel, logy=logy, legend=per_panel_legend)
-            if not per_panel_legend:
-                figure_legend(fig, axes[:len(chunk)])
+                style_panel(ax, analysis.describe_group({**key, "dtype": None}) or "all", ylabel, sub["S"], logy=logy, place=(place, len(chunk)))
+            figure_legend(fig, axes[:len(chunk)])
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
             mode_text = "" if mode == "fwd" else f", {mode}"
             fig.suptitle(plain(f"{title}: {dtype}{mode_text}{suffix}"), fontsize=11)
@@ -247,11 +267,11 @@ def memory_figures(frame: pd.DataFrame, fits: pd.DataFrame, colors: Mapping[str,
         for _, f in fits.iterrows():
             alpha[(f["backend"], f["group"])] = f["alpha_memory"]
 
-    def annotate(backend: str, key: Mapping[str, Any], line: pd.DataFrame) -> str:
+    def note(backend: str, key: Mapping[str, Any], line: pd.DataFrame) -> str | None:
         a = alpha.get((backend, analysis.describe_group(key)))
-        return f"{backend} (α={a:.2f})" if a is not None and a == a else backend
+        return f"α={a:.2f}" if a is not None and a == a else None
 
-    return _per_group_figures(rows, "peak_mem_bytes", "peak memory (bytes)", "Peak memory against S", "Measured peak memory of one call above the inputs; log-log axes; α is the fitted exponent (memory ∝ S^α).", colors, annotate=annotate)
+    return _per_group_figures(rows, "peak_mem_bytes", "peak memory (bytes)", "Peak memory against S", "Measured peak memory of one call above the inputs; log-log axes; α (in each panel's corner) is the fitted exponent (memory ∝ S^α).", colors, note=note)
 
 
 def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
@@ -264,8 +284,8 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
     for D, by_d in table.groupby("D", sort=True):
         groups = list(by_d.groupby("group", sort=True))
         for part, chunk in chunks(groups, MAX_PANELS):
-            fig, axes = panels(len(chunk))
-            for ax, (label, entries) in zip(axes, chunk):
+            fig, axes = panels(len(chunk), legend_band=True)
+            for place, (ax, (label, entries)) in enumerate(zip(axes, chunk)):
                 first = entries.iloc[0]
                 mask = np.ones(len(rows), dtype=bool)
                 for k in keys:
@@ -278,14 +298,16 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
                 for _, e in entries.iterrows():
                     core = sub[sub["backend"] == e["backend"]].sort_values("S")
                     color = colors[e["backend"]]
-                    ax.plot(core["S"].astype(float), core["latency_ms_median"], color=color, marker="o", ms=3, lw=1.4, label=plain(f"{e['backend']}: S* {e['S_star_text']}"))
+                    ax.plot(core["S"].astype(float), core["latency_ms_median"], color=color, marker="o", ms=3, lw=1.4, label=plain(e["backend"]))
                     if e["S_star"] is not None and e["S_star"] == e["S_star"]:
                         ax.axvline(float(e["S_star"]), color=color, ls="-", lw=0.8, alpha=0.8)
                         ax.plot([float(e["S_star"])], [np.interp(math.log(e["S_star"]), np.log(proj["S"].astype(float)), proj["latency_ms_median"])], marker="*", ms=11, color=color, mec="black", zorder=5)
                 model = float(entries.iloc[0]["model_S_star"])
-                ax.axvline(model, color="grey", ls=":", lw=1.2, label=f"FLOP model S* = {model:,.0f}")
-                ax.axvline(int(D), color="grey", ls="--", lw=0.8, label=f"rule of thumb D = {int(D)}")
-                style_panel(ax, f"D={int(D)}  {label}", "median latency (ms)")
+                ax.axvline(model, color="grey", ls=":", lw=1.2, label="FLOP model S*")
+                ax.axvline(int(D), color="grey", ls="--", lw=0.8, label="rule of thumb S = D")
+                panel_note(ax, [plain(f"{e['backend']} S* {e['S_star_text']}") for _, e in entries.iterrows()] + [f"FLOP model S* {model:,.0f}"])
+                style_panel(ax, f"D={int(D)}  {label}", "median latency (ms)", sub["S"], place=(place, len(chunk)))
+            figure_legend(fig, axes[:len(chunk)])
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
             fig.suptitle(f"Crossover at D = {int(D)}{suffix}", fontsize=11)
             figures.append(Figure(f"Crossover at D = {int(D)}{suffix}", to_data_uri(fig), "Black: the projections; coloured: each attention core; stars and solid lines: the measured S*; dotted: the FLOP model's S* = D·(1 + H_kv/H), twice that causal; dashed: the rule of thumb S ≈ D."))
