@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 from harness.errors import UserError
 
@@ -54,20 +55,29 @@ _COMPARISON_HEADER = b"case_id,backend,status_base,status_new,"
 
 def _check_comparison_out(out: Path) -> None:
     """Refuse (UserError) a comparison CSV path in a run folder, or over a file that is not an earlier comparison."""
+
+    def is_comparison(target: Path) -> bool:
+        with open(target, "rb") as f:
+            return f.read(len(_COMPARISON_HEADER)) == _COMPARISON_HEADER
+
+    check_output_file(out, "a comparison", "CSV", is_comparison)
+
+
+def check_output_file(out: Path, what: str, kind: str, ours: Callable[[Path], bool]) -> Path:
+    """Refuse (UserError) an --out path for `what` ("a comparison") in a run folder, not a plain file, or over a non-empty file `ours` does not recognise; return it resolved."""
     from harness.results.store import resolved, run_folder_of
 
     target = resolved(out, "--out")
     if target.is_dir():
-        raise UserError(f"--out {out} is a folder: give the path of the CSV file to write")
+        raise UserError(f"--out {out} is a folder: give the path of the {kind} file to write")
     held = run_folder_of(target.parent)
     if held is not None:
-        raise UserError(f"--out {out} is inside the run folder {held}: a comparison is never written into a run; give a path outside it")
+        raise UserError(f"--out {out} is inside the run folder {held}: {what} is never written into a run; give a path outside it")
     if out.is_symlink() or (target.exists() and not target.is_file()):
-        raise UserError(f"--out {out} is not a plain file: give the path of the CSV file to write")
-    if target.exists() and target.stat().st_size:
-        with open(target, "rb") as f:
-            if not f.read(len(_COMPARISON_HEADER)) == _COMPARISON_HEADER:
-                raise UserError(f"--out {out} exists and is not a comparison attnbench wrote: give another path, or remove it first")
+        raise UserError(f"--out {out} is not a plain file: give the path of the {kind} file to write")
+    if target.exists() and target.stat().st_size and not ours(target):
+        raise UserError(f"--out {out} exists and is not {what} attnbench wrote: give another path, or remove it first")
+    return target
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

@@ -73,22 +73,15 @@ def check_variation_out(path: Path) -> Path:
     import json
 
     from harness.analysis.difference import VARIATION_KIND
-    from harness.results.store import resolved, run_folder_of
+    from harness.cli.report import check_output_file
 
-    target = resolved(path, "--out")
-    held = run_folder_of(target.parent)
-    if held is not None:
-        raise UserError(f"--out {path} is inside the run folder {held}: a variation is never written into a run; give a path outside it")
-    if target.is_dir() or (target.exists() and not target.is_file()):
-        raise UserError(f"--out {path} is not a plain file: give the path of the JSON file to write")
-    if target.exists() and target.stat().st_size:
+    def is_variation(target: Path) -> bool:
         try:
-            kind = json.loads(target.read_text()).get("kind")
+            return json.loads(target.read_text()).get("kind") == VARIATION_KIND
         except (ValueError, AttributeError, OSError):
-            kind = None
-        if kind != VARIATION_KIND:
-            raise UserError(f"--out {path} exists and is not a variation attnbench wrote: give another path, or remove it first")
-    return target
+            return False
+
+    return check_output_file(path, "a variation", "JSON", is_variation)
 
 
 def write_variation(result: StabilityResult, path: Path) -> None:
