@@ -129,7 +129,7 @@ def panel_note(ax: Any, lines: list[str]) -> None:
     One text, not a legend per panel: laying out a legend's entries cost more than the rest of the panel.
     """
     if lines:
-        ax.text(0.98, 0.03, "\n".join(lines), transform=ax.transAxes, ha="right", va="bottom", fontsize=6, zorder=6,
+        ax.text(0.98, 0.03, "\n".join(plain(line) for line in lines), transform=ax.transAxes, ha="right", va="bottom", fontsize=6, zorder=6,
                 bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#cccccc", "pad": 2})
 
 
@@ -311,7 +311,7 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
                 model = float(entries.iloc[0]["model_S_star"])
                 ax.axvline(model, color="grey", ls=":", lw=1.2, label="FLOP model S*")
                 ax.axvline(int(D), color="grey", ls="--", lw=0.8, label="rule of thumb S = D")
-                panel_note(ax, [plain(f"{e['backend']} S* {e['S_star_text']}") for _, e in entries.iterrows()] + [f"FLOP model S* {model:,.0f}"])
+                panel_note(ax, [f"{e['backend']} S* {e['S_star_text']}" for _, e in entries.iterrows()] + [f"FLOP model S* {model:,.0f}"])
                 style_panel(ax, f"D={int(D)}  {label}", "median latency (ms)", sub["S"], place=(place, len(chunk)))
             figure_legend(fig, axes[:len(chunk)])
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
