@@ -133,11 +133,13 @@ def panel_note(ax: Any, lines: list[str]) -> None:
                 bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "#cccccc", "pad": 2})
 
 
-def style_panel(ax: Any, title: str, ylabel: str, s_values: Iterable[Any] = (), *, logy: bool = True, place: tuple[int, int] = (0, 1)) -> None:
+def style_panel(ax: Any, title: str, ylabel: str, s_values: Iterable[Any] = (), *, logy: bool = True, place: tuple[int, int] = (0, 1),
+                same_s: bool = False) -> None:
     """A panel against S: log₂ x ticked at the measured `s_values` (up to MAX_S_TICKS), log y (or linear), labels, major grid.
 
     `place` is (the panel's index, the figure's panel count) of a `panels` grid: every panel of a figure shows
-    one quantity, so the y label is on the first column only and "S" under each column's lowest panel.
+    one quantity, so the y label is on the first column only and "S" under each column's lowest panel; when
+    every panel has the `same_s` values, their tick labels too.
 
     Tick labels are plain numbers (S = 1024, not 2¹⁰; 0.01 ms, not 10⁻²): easier to read, and no mathtext to lay out.
     Minor ticks only on a log y axis spanning under FEW_DECADES, where they carry the only labels; elsewhere
@@ -167,6 +169,8 @@ def style_panel(ax: Any, title: str, ylabel: str, s_values: Iterable[Any] = (), 
     cols = min(COLUMNS, count)
     if index + cols >= count:
         ax.set_xlabel("S", fontsize=8)
+    elif same_s:
+        ax.tick_params(labelbottom=False)
     if index % cols == 0:
         ax.set_ylabel(ylabel, fontsize=8)
     box = ax.get_position()
@@ -207,6 +211,7 @@ def _per_group_figures(
         groups = list(analysis.groups(by_dtype, keys))
         for part, chunk in chunks(groups, MAX_PANELS):
             fig, axes = panels(len(chunk), legend_band=True)
+            same_s = len({frozenset(sub["S"]) for _, sub in chunk}) == 1
             for place, (ax, (key, sub)) in enumerate(zip(axes, chunk)):
                 notes = []
                 for backend, line in sub.groupby("backend", sort=True):
@@ -227,7 +232,8 @@ def _per_group_figures(
                                        label="above the measured peak: impossible")
                     if not lines:
                         ax.annotate(f"no measured {dtype} peak in this run", xy=(0.01, 0.02), xycoords="axes fraction", fontsize=7, color="grey")
-                style_panel(ax, analysis.describe_group({**key, "dtype": None}) or "all", ylabel, sub["S"], logy=logy, place=(place, len(chunk)))
+                style_panel(ax, analysis.describe_group({**key, "dtype": None}) or "all", ylabel, sub["S"], logy=logy, place=(place, len(chunk)),
+                            same_s=same_s)
             figure_legend(fig, axes[:len(chunk)])
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
             mode_text = "" if mode == "fwd" else f", {mode}"
