@@ -443,3 +443,17 @@ def test_compare_sums_up_each_backend_by_the_geometric_mean_of_its_ratios(tmp_pa
 
     summary = compare_runs(base, new).summary.set_index("backend").loc["sdpa"]
     assert summary["geomean_ratio"] == pytest.approx(geomean) and summary["cases"] == 3
+
+
+def test_the_report_marks_a_winner_within_noise_by_the_variation_it_is_given(tmp_path, capsys):
+    from harness.analysis.difference import Variation
+
+    run = write_run(tmp_path / "run", [timed("sdpa", 1.00, interval=0.01), timed("naive", 1.06, interval=0.01)])
+    variation = tmp_path / "stability.json"
+    variation.write_text(json.dumps(Variation(0.03, "cpu", "synthetic CPU", CASE_256.id, "sdpa", (1.0, 1.03, 0.97)).to_dict()))
+    pages = {}
+    for name, extra in (("plain", []), ("widened", ["--variation", str(variation)])):
+        assert main(["report", str(run), "--out", str(tmp_path / name), *extra]) == 0
+        pages[name] = Path(capsys.readouterr().out.strip().splitlines()[-1].removeprefix("report: ")).read_text()
+    assert "(within noise)" not in pages["plain"] and "no variation given" in pages["plain"]
+    assert "(within noise)" in pages["widened"] and "run-to-run variation 3.00 %" in pages["widened"]
