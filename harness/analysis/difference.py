@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import pandas as pd
-
 from harness.errors import UserError
 
 #: The interval's columns in a record.
@@ -127,13 +125,6 @@ def differ(a: Mapping[str, Any], b: Mapping[str, Any], cv: float = 0.0) -> bool:
     return order(a, b, cv) != 0
 
 
-def has_interval(frame: pd.DataFrame) -> pd.Series:
-    """Per row: whether it carries an interval the rule can use."""
-    if LOW not in frame.columns or HIGH not in frame.columns:
-        return pd.Series(False, index=frame.index)
-    low, high = pd.to_numeric(frame[LOW], errors="coerce"), pd.to_numeric(frame[HIGH], errors="coerce")
-    return low.notna() & high.notna() & (low <= high)
-
-
+#: The rule in one sentence, for the commands' output and the report.
 RULE_TEXT = ("two latencies differ when their 95 % intervals of the median (latency_ms_ci95_low/high), each widened by ±2·CV of the "
              "box's run-to-run variation where `attnbench stability` measured it, do not overlap")

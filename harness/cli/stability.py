@@ -13,12 +13,15 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import TYPE_CHECKING, Sequence, TextIO
 
 from harness.errors import UserError
 from harness.results.record import Record, Status
 from harness.run.children import emit, python_command, run_child
 from harness.suite.cases import Case, parse_case_id
+
+if TYPE_CHECKING:
+    from harness.analysis.difference import Variation
 
 #: The most fresh processes `stability` starts: a thousand already pins a spread far below what a run can resolve.
 MAX_PROCESSES = 1_000
@@ -61,7 +64,7 @@ class StabilityResult:
         lines.append(f"a difference between two runs below about {band * 100:.1f} % (2·√2·CV) is within this box's run-to-run noise")
         return "\n".join(lines)
 
-    def variation(self, device_name: str) -> "Variation":
+    def variation(self, device_name: str) -> Variation:
         """What the difference rule widens intervals by, measured on `device_name` (as env.json names the device)."""
         from harness.analysis.difference import Variation
 
