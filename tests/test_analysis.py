@@ -27,7 +27,7 @@ from harness.attention.theory import layer_flops
 
 def synthetic_record(case: Case, backend: str, ms: float, *, status: str = "ok", agree: bool | None = True, mem: float | None = None,
                      spread: float = 0.01, run_id: str = "synthetic", family: str = "test", flops: float | None = None) -> Record:
-    """A record shaped like the executor's, with a chosen median latency (p20/p80 at ±spread)."""
+    """A record shaped like the executor's, with a chosen median latency (p20/p80 and the 95 % interval of the median at ±spread)."""
     attention_flops, nbytes = theory.flops(case), theory.min_bytes(case)
     record = Record(
         case_id=case.id, **case.fields(), attention_kind=case.attention_kind, backend=backend, family=family, status=Status(status),
@@ -37,6 +37,7 @@ def synthetic_record(case: Case, backend: str, ms: float, *, status: str = "ok",
     if status == "ok":
         seconds = ms / 1e3
         record.latency_ms_median, record.latency_ms_p20, record.latency_ms_p80 = ms, ms * (1 - spread), ms * (1 + spread)
+        record.latency_ms_ci95_low, record.latency_ms_ci95_high = ms * (1 - spread), ms * (1 + spread)
         record.iqr_ratio, record.noisy, record.suspect, record.peak_mem_bytes = spread, False, False, mem
         record.tflops, record.gbps = record.flops / seconds / 1e12, record.bytes / seconds / 1e9
         record.agree, record.max_abs_err, record.err_bound = agree, 1e-7 if agree else 1.0, 1e-6 if agree is not None else None
@@ -339,3 +340,126 @@ def test_rows_of_different_device_models_are_never_ranked_together(tmp_path):
     ray_row.device_name, ray_row.node = "NVIDIA A100", "10.0.0.7"
     mixed = write_run(tmp_path / "ray", [ray_row, *h100[:1]], env={"before": {"device_type": "cuda", "device_name": "driver CPU"}})
     assert set(analysis.load([mixed]).frame["device_model"]) == {"NVIDIA A100", "driver CPU"}
+
+
+# -- one rule for "different": the recorded 95 % interval of the median, widened by the run-to-run variation -------------
+CASE_256 = Case(B=1, S_q=256, S_kv=256, H=8, H_kv=8, d_k=64, d_v=64)
+
+
+def timed(backend: str, ms: float, *, interval: float, spread: float = 0.10, case: Case = CASE_256, run_id: str = "synthetic") -> Record:
+    """A row whose p20–p80 range is ±`spread` (wide, as a noisy CPU's) and whose 95 % interval of the median is ±`interval`."""
+    record = synthetic_record(case, backend, ms, spread=spread, run_id=run_id)
+    record.latency_ms_ci95_low, record.latency_ms_ci95_high = ms * (1 - interval), ms * (1 + interval)
+    return record
+
+
+def test_the_rule_tells_rows_apart_by_their_intervals_widened_by_the_variation():
+    from harness.analysis.difference import differ, order
+
+    fast, slow = timed("a", 1.00, interval=0.01).to_dict(), timed("b", 1.05, interval=0.01).to_dict()
+    # p20–p80 overlap (0.9–1.1 against 0.945–1.155), intervals do not (0.99–1.01 against 1.0395–1.0605): they differ
+    assert differ(fast, slow) and order(fast, slow) == -1 and order(slow, fast) == 1
+    # a run-to-run CV of 2 % widens each by ±4 %: 1.01·1.04 = 1.0504 > 1.0395·0.96 = 0.998, so they no longer differ
+    assert not differ(fast, slow, cv=0.02) and order(fast, slow, cv=0.02) == 0
+    # intervals that overlap never differ, whatever the medians
+    assert not differ(timed("a", 1.00, interval=0.03).to_dict(), timed("b", 1.05, interval=0.03).to_dict())
+    # a row too short for an interval (under 6 samples) is never called different
+    bare = timed("c", 2.0, interval=0.01).to_dict() | {"latency_ms_ci95_low": None, "latency_ms_ci95_high": None}
+    assert not differ(fast, bare)
+
+
+def test_winners_and_recommend_judge_noise_by_the_rule(tmp_path, capsys):
+    records = [timed("sdpa", 1.00, interval=0.01), timed("naive", 1.05, interval=0.01)]
+    wins = analysis.winners(frame_of(records))
+    assert wins["winner"].iloc[0] == "sdpa" and not wins["within_noise"].iloc[0]  # p20–p80 overlap; the intervals do not
+    assert analysis.winners(frame_of(records), cv=0.02)["within_noise"].iloc[0]
+    (answer,) = analysis.recommend(frame_of(records), {"S": 256})
+    assert answer.winner == "sdpa" and not answer.within_noise
+    (answer,) = analysis.recommend(frame_of(records), {"S": 256}, cv=0.02)
+    assert answer.within_noise and "within noise (their 95 % intervals overlap)" in answer.lines()[0]
+    assert "95 % interval 0.99–1.01" in "\n".join(answer.lines())
+
+
+def _compared(tmp_path: Path, pairs: list[tuple[float, float]], interval: float = 0.01) -> tuple[Path, Path]:
+    """BASE and NEW runs of backend `sdpa`, one case per (base ms, new ms) pair, S = 128, 256, …"""
+    base, new = [], []
+    for i, (b, n) in enumerate(pairs):
+        case = Case(B=1, S_q=128 << i, S_kv=128 << i, H=8, H_kv=8, d_k=64, d_v=64)
+        base.append(timed("sdpa", b, interval=interval, case=case, run_id="base"))
+        new.append(timed("sdpa", n, interval=interval, case=case, run_id="new"))
+    return write_run(tmp_path / "base", base), write_run(tmp_path / "new", new)
+
+
+def test_compare_judges_by_the_intervals_not_the_p20_p80_ranges(tmp_path):
+    from harness.analysis.compare import compare_runs
+
+    base, new = _compared(tmp_path, [(1.0, 1.06)])  # p20–p80 overlap, intervals ±1 % do not
+    result = compare_runs(base, new, 0.05)
+    assert list(result.table["verdict"]) == ["slower"] and result.failed
+
+
+def test_compare_widens_by_the_variation_stability_wrote(tmp_path, capsys, monkeypatch):
+    from harness.cli.stability import StabilityResult
+
+    base, new = _compared(tmp_path, [(1.0, 1.06)])
+    measured = StabilityResult(CASE_256.replace(device="cpu"), "sdpa", (1.0e-3, 1.03e-3, 0.97e-3, 1.02e-3, 0.98e-3))  # CV 2.5 %
+    monkeypatch.setattr("harness.cli.stability.run_stability", lambda *a, **k: measured)
+    monkeypatch.setattr("harness.env.fingerprint", lambda device: {"device_type": device, "device_name": "synthetic CPU"})
+    variation = tmp_path / "var" / "stability.json"
+    assert main(["stability", CASE_256.id, "--backend", "sdpa", "--device", "cpu", "--out", str(variation)]) == 0
+    assert f"variation: {variation}" in capsys.readouterr().out
+    document = json.loads(variation.read_text())
+    assert document["cv"] == pytest.approx(measured.cv) and document["device_name"] == "synthetic CPU" and len(document["medians_ms"]) == 5
+    out_csv = tmp_path / "cmp.csv"
+    assert main(["compare", str(base), str(new), "--fail-above", "5%", "--out", str(out_csv)]) == 1
+    capsys.readouterr()
+    assert main(["compare", str(base), str(new), "--fail-above", "5%", "--out", str(out_csv), "--variation", str(variation)]) == 0
+    out = capsys.readouterr().out
+    assert "run-to-run variation 2.55 %" in out and pd.read_csv(out_csv)["verdict"].iloc[0] == "within noise"
+    # another device's variation says nothing about this one's runs
+    other = json.loads(variation.read_text()) | {"device_name": "another CPU"}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main(["compare", str(base), str(new), "--out", str(out_csv), "--variation", str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "measure the variation on the same device" in err
+    run = write_run(tmp_path / "rec", [timed("sdpa", 1.00, interval=0.01), timed("naive", 1.06, interval=0.01)])
+    assert main(["recommend", str(run), "--seq", "256", "--variation", str(variation)]) == 0
+    assert "within noise" in capsys.readouterr().out
+
+
+def test_a_bad_variation_file_is_one_line_and_stability_never_writes_into_a_run(tmp_path, capsys, monkeypatch):
+    base, new = _compared(tmp_path, [(1.0, 1.0)])
+    (tmp_path / "wrong.json").write_text(json.dumps({"cv": 0.1}))
+    for path in (tmp_path / "wrong.json", tmp_path / "missing.json", base / "records.jsonl"):
+        assert main(["compare", str(base), str(new), "--out", str(tmp_path / "c.csv"), "--variation", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "--variation" in err
+    monkeypatch.setattr("harness.cli.stability.run_stability", lambda *a, **k: pytest.fail("measured before refusing the output path"))
+    assert main(["stability", CASE_256.id, "--device", "cpu", "--out", str(base / "stability.json")]) == 2
+    assert "inside the run folder" in capsys.readouterr().err
+
+
+def test_compare_sums_up_each_backend_by_the_geometric_mean_of_its_ratios(tmp_path, capsys):
+    base, new = _compared(tmp_path, [(1.0, 1.2), (2.0, 2.0), (4.0, 3.2)])  # ratios 1.2 (slower), 1.0 (same), 0.8 (faster)
+    assert main(["compare", str(base), str(new), "--out", str(tmp_path / "c.csv")]) == 0
+    out = capsys.readouterr().out
+    geomean = (1.2 * 1.0 * 0.8) ** (1 / 3)  # 0.98648…
+    assert f"sdpa: geometric mean {1 / geomean:.3f}x faster over 3 cases (1 faster, 1 slower, 1 not different)" in out
+    from harness.analysis.compare import compare_runs
+
+    summary = compare_runs(base, new).summary.set_index("backend").loc["sdpa"]
+    assert summary["geomean_ratio"] == pytest.approx(geomean) and summary["cases"] == 3
+
+
+def test_the_report_marks_a_winner_within_noise_by_the_variation_it_is_given(tmp_path, capsys):
+    from harness.analysis.difference import Variation
+
+    run = write_run(tmp_path / "run", [timed("sdpa", 1.00, interval=0.01), timed("naive", 1.06, interval=0.01)])
+    variation = tmp_path / "stability.json"
+    variation.write_text(json.dumps(Variation(0.03, "cpu", "synthetic CPU", CASE_256.id, "sdpa", (1.0, 1.03, 0.97)).to_dict()))
+    pages = {}
+    for name, extra in (("plain", []), ("widened", ["--variation", str(variation)])):
+        assert main(["report", str(run), "--out", str(tmp_path / name), *extra]) == 0
+        pages[name] = Path(capsys.readouterr().out.strip().splitlines()[-1].removeprefix("report: ")).read_text()
+    assert "(within noise)" not in pages["plain"] and "no variation given" in pages["plain"]
+    assert "(within noise)" in pages["widened"] and "run-to-run variation 3.00 %" in pages["widened"]

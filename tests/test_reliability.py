@@ -418,7 +418,7 @@ def test_stability_cli_measures_in_fresh_processes(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("ATTNBENCH_TEST_LOG", str(log))
     monkeypatch.setenv("ATTNBENCH_TEST_PREPARE_S", "0")
     assert main(["stability", "B1-Sq16-Skv16-H2-Hkv2-dk16-fp32", "--processes", "2", "--backend", "t-slow",
-                 "--device", "cpu", "--measure-s", "0.02"]) == 0
+                 "--device", "cpu", "--measure-s", "0.02", "--out", str(tmp_path / "stability.json")]) == 0
     out = capsys.readouterr().out
     assert "2 fresh processes" in out and "process 2: median" in out and "coefficient of variation" in out
     pids = [line.split()[1] for line in log.read_text().splitlines()]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -247,3 +249,22 @@ def test_the_run_time_section_counts_what_stopped_each_rows_sampling():
     assert "the 3 ok rows" in text and "1 once the median's 95 % interval was within ±1 % on a steady run" in text and "2 at the time budget" in text
     assert "2 of them have their median's 95 % interval within ±1 %" in text  # 1.0 ± 0.5 % and 3.0 ± 0.7 %; 2.0 ± 5 % is not
     assert sampling_summary(frame.drop(columns="stopped_by")) is None  # records from before the column: nothing claimed
+
+
+def test_importing_and_drawing_the_report_leaves_matplotlibs_backend_and_rcparams_alone(tmp_path):
+    # A fresh interpreter whose backend is set (svg, as a GUI program's would be): the report must draw on its own canvas.
+    script = (
+        "import sys, matplotlib\n"
+        "backend, params = matplotlib.get_backend(), dict(matplotlib.rcParams)\n"
+        "import harness.report, harness.report.figures as figs\n"
+        "fig, axes = figs.panels(3)\n"
+        "axes[0].plot([1, 2], [1, 2])\n"
+        "assert figs.to_data_uri(fig).startswith('data:image/png;base64,')\n"
+        "assert matplotlib.get_backend() == backend, (backend, matplotlib.get_backend())\n"
+        "changed = sorted(k for k, v in matplotlib.rcParams.items() if params.get(k) != v and k != 'backend')\n"
+        "assert not changed, changed\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'\n"
+    )
+    env = {**os.environ, "MPLBACKEND": "svg", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

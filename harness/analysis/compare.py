@@ -1,10 +1,11 @@
-"""`attnbench compare BASE NEW`: per (case, backend), the ratio of medians and whether it exceeds both runs' noise.
+"""`attnbench compare BASE NEW`: per (case, backend), the ratio of medians and whether the two differ; per backend, their geometric mean.
 
-A difference counts as real only when the two runs' p20–p80 ranges do not overlap (NEW's p20
-above BASE's p80 for a slowdown, NEW's p80 below BASE's p20 for a speed-up): a change smaller
-than the spread of repeating the same thing is noise. `--fail-above 5%` makes the command exit 1
-when any row slowed down by more than 5 % beyond the noise, or when a row that ran in BASE no
-longer runs in NEW, so that CI can gate on it.
+A difference counts as real only by `harness.analysis.difference`'s rule: the two rows' 95 % intervals of
+the median, widened by the box's run-to-run variation where `attnbench stability` measured it
+(`--variation FILE`), do not overlap. `--fail-above 5%` makes the command exit 1 when any row is slower by
+that rule and by more than 5 %, or when a row that ran in BASE no longer runs in NEW, so that CI can gate
+on it. Per backend, as pyperf's compare does, the geometric mean of the per-case ratios and how many cases
+were faster, slower and not different.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Mapping, TextIO
 
 import pandas as pd
 
+from harness.analysis.difference import HIGH, LOW, RULE_TEXT, Variation, check_variation_device, order
 from harness.errors import UserError
 
 #: Environment fields whose difference makes two runs measure different things (compare refuses without --force).
@@ -44,16 +46,18 @@ def environment_differences(base: Mapping[str, Any], new: Mapping[str, Any], key
     return [f"{k}: {b.get(k)} → {n.get(k)}" for k in keys if b.get(k) != n.get(k)]
 
 
-#: The numbers compare reads from each `ok` row.
-LATENCY_COLUMNS = ("latency_ms_median", "latency_ms_p20", "latency_ms_p80")
+#: The number every `ok` row must have; its interval (LOW, HIGH) may be absent (under 6 samples), and the rule then says "not different".
+LATENCY_COLUMNS = ("latency_ms_median",)
 
 
 def _check_latencies(frame: pd.DataFrame, where: Path) -> pd.DataFrame:
-    """Every `ok` row's latency columns as floats; UserError naming the file, the row and the column of one that is missing.
+    """Every `ok` row's median and interval as floats; UserError naming the file, the row and the column of a missing median.
 
     Their types were checked when the records were read (`Record.from_dict`); what is left is an `ok`
     row without a number, which a reader of types alone lets through.
     """
+    for column in (LOW, HIGH):
+        frame = frame.assign(**{column: pd.to_numeric(frame[column], errors="coerce").astype("float64")}) if column in frame.columns else frame.assign(**{column: math.nan})
     for column in LATENCY_COLUMNS:
         values = pd.to_numeric(frame[column], errors="coerce")
         holes = (frame["status"] == "ok") & ~values.map(lambda v: v == v and math.isfinite(v))
@@ -97,6 +101,10 @@ class Comparison:
     env_differences: list[str]
     threshold: float | None
     failures: pd.DataFrame
+    #: Per backend: the geometric mean of NEW/BASE over the cases both ran, and the counts by verdict (`geomean_summary`).
+    summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: The run-to-run variation the intervals were widened by, if one was given.
+    variation: Variation | None = None
     #: Things the user should know about the inputs (a truncated last line dropped from a records file).
     warnings: list[str] = field(default_factory=list)
 
@@ -106,9 +114,13 @@ class Comparison:
         return self.threshold is not None and not self.failures.empty
 
 
-def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Join two runs' rows on (case, backend): ratio of medians, verdict against noise, and the rows that fail the gate."""
-    cols = ["case_id", "backend", "status", "latency_ms_median", "latency_ms_p20", "latency_ms_p80"]
+#: Verdicts of a pair of `ok` rows.
+FASTER, SLOWER, SAME = "faster", "slower", "within noise"
+
+
+def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | None = None, cv: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Join two runs' rows on (case, backend): ratio of medians, verdict by the rule (widened by `cv`), and the rows that fail the gate."""
+    cols = ["case_id", "backend", "status", "latency_ms_median", LOW, HIGH]
     b = base.reindex(columns=cols).drop_duplicates(["case_id", "backend"], keep="last")
     n = new.reindex(columns=cols).drop_duplicates(["case_id", "backend"], keep="last")
     joined = b.merge(n, on=["case_id", "backend"], how="outer", suffixes=("_base", "_new"), indicator=True)
@@ -129,10 +141,10 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | Non
         else:
             bm, nm = float(r["latency_ms_median_base"]), float(r["latency_ms_median_new"])
             ratio = nm / bm
-            slower = float(r["latency_ms_p20_new"]) > float(r["latency_ms_p80_base"])
-            faster = float(r["latency_ms_p80_new"]) < float(r["latency_ms_p20_base"])
+            sign = order({LOW: r[f"{LOW}_new"], HIGH: r[f"{HIGH}_new"]}, {LOW: r[f"{LOW}_base"], HIGH: r[f"{HIGH}_base"]}, cv)
+            slower, faster = sign > 0, sign < 0
             row.update(ratio=ratio, change_pct=100.0 * (ratio - 1.0), beyond_noise=slower or faster)
-            row["verdict"] = "slower" if slower else ("faster" if faster else "within noise")
+            row["verdict"] = SLOWER if slower else (FASTER if faster else SAME)
             row["gate"] = threshold is not None and slower and ratio > 1.0 + threshold
         rows.append(row)
     table = pd.DataFrame(rows)
@@ -143,16 +155,30 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | Non
     return table, failures
 
 
-def compare_runs(base_dir: Path | str, new_dir: Path | str, threshold: float | None = None, *, force: bool = False) -> Comparison:
-    """Compare two run folders; refuses (UserError) when they ran on different devices, unless `force`."""
+def geomean_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per backend over the cases both runs measured `ok`: the geometric mean of NEW/BASE and how many were faster, slower, not different."""
+    rows = table[table["ratio"].notna()] if "ratio" in table.columns else table
+    out = []
+    for backend, sub in rows.groupby("backend", sort=True):
+        ratios = sub["ratio"].astype(float)
+        counts = sub["verdict"].value_counts()
+        out.append({"backend": backend, "cases": len(sub), "geomean_ratio": math.exp(ratios.map(math.log).mean()),
+                    FASTER: int(counts.get(FASTER, 0)), SLOWER: int(counts.get(SLOWER, 0)), SAME: int(counts.get(SAME, 0))})
+    return pd.DataFrame(out, columns=["backend", "cases", "geomean_ratio", FASTER, SLOWER, SAME])
+
+
+def compare_runs(base_dir: Path | str, new_dir: Path | str, threshold: float | None = None, *, force: bool = False,
+                 variation: Variation | None = None) -> Comparison:
+    """Compare two run folders; refuses (UserError) when they ran on different devices, unless `force`, or when `variation` is another device's."""
     base, base_env, base_warnings = _load(Path(base_dir))
     new, new_env, new_warnings = _load(Path(new_dir))
     device_diffs = environment_differences(base_env, new_env, DEVICE_KEYS)
     if device_diffs and not force:
         raise UserError(f"runs measured different devices ({'; '.join(device_diffs)}): their times are not comparable; pass --force to compare anyway")
+    check_variation_device(variation, [base_env, new_env], "these runs")
     diffs = environment_differences(base_env, new_env)
-    table, failures = compare_frames(base, new, threshold)
-    return Comparison(table, diffs, threshold, failures, base_warnings + new_warnings)
+    table, failures = compare_frames(base, new, threshold, variation.cv if variation else 0.0)
+    return Comparison(table, diffs, threshold, failures, geomean_summary(table), variation, base_warnings + new_warnings)
 
 
 def print_comparison(result: Comparison, base_name: str, new_name: str, out: TextIO) -> None:
@@ -161,6 +187,7 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
         out.write(f"warning: {warning}\n")
     for diff in result.env_differences:
         out.write(f"warning: environments differ: {diff}\n")
+    out.write(f"rule: {RULE_TEXT}; " + (result.variation.describe() if result.variation else "no run-to-run variation given (--variation FILE)") + "\n")
     table = result.table
     if table.empty:
         out.write("no rows to compare\n")
@@ -174,8 +201,12 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
         out.write(f"{r['case_id']:<48} {r['backend']:<16} {base_ms:>10} {new_ms:>10} {ratio:>7}  {r['verdict']}{flag}\n")
     counts = table["verdict"].value_counts()
     out.write(f"{base_name} → {new_name}: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "\n")
+    for _, g in result.summary.iterrows():
+        ratio = float(g["geomean_ratio"])
+        speed = f"{ratio:.3f}x slower" if ratio > 1 else (f"{1 / ratio:.3f}x faster" if ratio < 1 else "the same")
+        out.write(f"{g['backend']}: geometric mean {speed} over {g['cases']} cases ({g[FASTER]} faster, {g[SLOWER]} slower, {g[SAME]} not different)\n")
     if result.threshold is not None:
         if result.failed:
-            out.write(f"FAIL: {len(result.failures)} rows slowed down by more than {100 * result.threshold:g}% beyond the noise, or stopped running\n")
+            out.write(f"FAIL: {len(result.failures)} rows slower by the rule and by more than {100 * result.threshold:g}%, or stopped running\n")
         else:
-            out.write(f"ok: no row slowed down by more than {100 * result.threshold:g}% beyond the noise\n")
+            out.write(f"ok: no row slower by the rule and by more than {100 * result.threshold:g}%\n")

@@ -10,7 +10,8 @@ import pandas as pd
 
 from harness.errors import UserError
 
-from harness.analysis.frame import agreeing_rows, case_key, case_labels, is_core
+from harness.analysis.difference import HIGH, LOW, differ, interval_of
+from harness.analysis.frame import CASE_KEY, agreeing_rows, case_key, case_labels, is_core
 
 
 def default_baseline(frame: pd.DataFrame) -> str | None:
@@ -19,11 +20,17 @@ def default_baseline(frame: pd.DataFrame) -> str | None:
     return str(declared.iloc[0]) if len(declared) else None
 
 
-def winners(frame: pd.DataFrame, baseline: str | None = None, metric: str = "latency_ms_median") -> pd.DataFrame:
+#: The case's fields a winners row repeats.
+CASE_KEYS = ("B", "S_q", "S_kv", "S", "H", "H_kv", "d_k", "dtype", "causal", "mode")
+
+
+def winners(frame: pd.DataFrame, baseline: str | None = None, metric: str = "latency_ms_median", cv: float = 0.0) -> pd.DataFrame:
     """Per case, the agreeing backend lowest in `metric` (the fastest by default), its margin over the runner-up and its ratio to `baseline`.
 
-    With another metric (energy per call) rows without it are left out, its columns are named after it
-    (`winner_<metric>`) and `within_noise` is None: only latency has a p20–p80 range to judge noise by.
+    `within_noise` is True when the winner and the runner-up do not differ by `harness.analysis.difference`'s rule
+    (their intervals, widened by the run-to-run variation `cv`, overlap). With another metric (energy per call)
+    rows without it are left out, its columns are named after it (`winner_<metric>`) and `within_noise` is None:
+    only latency has an interval to judge noise by.
     """
     rows = agreeing_rows(frame)
     by_latency = metric == "latency_ms_median"
@@ -31,20 +38,23 @@ def winners(frame: pd.DataFrame, baseline: str | None = None, metric: str = "lat
         rows = rows[pd.to_numeric(rows[metric], errors="coerce").notna()] if metric in rows.columns else rows.iloc[0:0]
     unit = "ms" if by_latency else metric
     baseline = baseline or default_baseline(frame)
+    # Only the columns read below: a row of the whole frame (~200 columns) is costly to take a thousand times.
+    keep = list(dict.fromkeys([*CASE_KEY, "case", "backend", metric, *CASE_KEYS, LOW, HIGH, "repro"]))
+    rows = rows[[c for c in keep if c in rows.columns]]
+    rows = rows.assign(case_order=pd.factorize(rows["case_id"])[0]).sort_values(["case_order", metric], kind="stable")  # cases keep the frame's order
     out = []
     for _, sub in rows.groupby(case_key(rows), sort=False):
-        sub = sub.sort_values(metric)
         best = sub.iloc[0]
         second = sub.iloc[1] if len(sub) > 1 else None
         base = sub[sub["backend"] == baseline]
         base_value = float(base[metric].iloc[0]) if not base.empty else None
         out.append({
-            "case": case_labels(sub).iloc[0], **{k: best[k] for k in (*case_key(sub), "B", "S_q", "S_kv", "S", "H", "H_kv", "d_k", "dtype", "causal", "mode")},
+            "case": case_labels(sub).iloc[0], **{k: best[k] for k in (*case_key(sub), *CASE_KEYS)},
             "winner": best["backend"], f"winner_{unit}": float(best[metric]),
             "runner_up": second["backend"] if second is not None else None,
             f"runner_up_{unit}": float(second[metric]) if second is not None else None,
             "margin_pct": 100.0 * (float(second[metric]) / float(best[metric]) - 1.0) if second is not None else None,
-            "within_noise": bool(second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"])) if by_latency else None,
+            "within_noise": bool(second is not None and not differ(best, second, cv)) if by_latency else None,
             "candidates": len(sub), "baseline": baseline, f"baseline_{unit}": base_value,
             "speedup_vs_baseline": base_value / float(best[metric]) if base_value else None,
             "winner_repro": best.get("repro"),
@@ -65,13 +75,14 @@ def speedups(frame: pd.DataFrame, baseline: str | None = None) -> pd.DataFrame:
     return table.rdiv(base, axis=0).reindex(base.index)
 
 
-def winner_map(frame: pd.DataFrame, axis: str, dtype: str) -> pd.DataFrame:
+def winner_map(frame: pd.DataFrame, axis: str, dtype: str, wins: pd.DataFrame | None = None) -> pd.DataFrame:
     """S × `axis` (B or H_kv) for one dtype: per cell, the backend that wins the most cases, and how many of them.
 
     Only square cases (S_q = S_kv); the other parameters vary inside a cell, which is why the
     count is shown (`won`/`cases`); ties go to the lower geometric-mean time of the tied winners.
+    `wins` is `winners(frame)` when the caller already has it.
     """
-    wins = winners(frame)
+    wins = winners(frame) if wins is None else wins
     if wins.empty:
         return pd.DataFrame()
     wins = wins[(wins["dtype"] == dtype) & (wins["S_q"] == wins["S_kv"])]
@@ -106,7 +117,7 @@ class Recommendation:
     runner_up_ms: float | None
     margin_pct: float | None
     rows: pd.DataFrame
-    #: True when the winner's and the runner-up's p20–p80 ranges overlap: the order may be noise.
+    #: True when the winner and the runner-up do not differ by `harness.analysis.difference`'s rule: the order may be noise.
     within_noise: bool = False
 
     def lines(self) -> list[str]:
@@ -119,12 +130,14 @@ class Recommendation:
             head = (f"{self.case_id}: {self.winner} ({self.winner_ms:.4g} ms), {self.margin_pct:.1f}% faster than "
                     f"the runner-up {self.runner_up} ({self.runner_up_ms:.4g} ms)")
             if self.within_noise:
-                head += "; within noise (their p20–p80 ranges overlap): either is a fair choice"
+                head += "; within noise (their 95 % intervals overlap): either is a fair choice"
         out = [head, "  based on these rows:"]
         for _, r in self.rows.sort_values("latency_ms_median", na_position="last").iterrows():
             if r["status"] == "ok":
                 agree = "agrees" if r["agree_ok"] else ("not checked" if r["agree"] is None else "DISAGREES (excluded)")
-                out.append(f"    {r['backend']:<16} {r['latency_ms_median']:>10.4g} ms  p20–p80 {r['latency_ms_p20']:.4g}–{r['latency_ms_p80']:.4g}  {agree}")
+                interval = interval_of(r)
+                spread = f"95 % interval {interval[0]:.4g}–{interval[1]:.4g}" if interval else "no 95 % interval (under 6 samples)"
+                out.append(f"    {r['backend']:<16} {r['latency_ms_median']:>10.4g} ms  {spread}  {agree}")
             else:
                 out.append(f"    {r['backend']:<16} {r['status']}: {r['reason']}")
         return out
@@ -160,9 +173,10 @@ def _batch_rows(rows: pd.DataFrame, batch: str) -> pd.Series:
     return match
 
 
-def recommend(frame: pd.DataFrame, query: Mapping[str, Any]) -> list[Recommendation]:
+def recommend(frame: pd.DataFrame, query: Mapping[str, Any], cv: float = 0.0) -> list[Recommendation]:
     """Answer from measured rows for the cases matching `query` (fields: B, S, H, H_kv, d_k, dtype, causal, window, batch).
 
+    Winner and runner-up are judged by `harness.analysis.difference`'s rule, widened by the run-to-run variation `cv`.
     Unspecified fields match anything; `S` means S_q = S_kv = S; `batch` is a batch description, matched
     against the rows' `length_dist`. Raises UserError naming the measured values when the run holds no
     case of that shape: it never interpolates or guesses.
@@ -195,6 +209,6 @@ def recommend(frame: pd.DataFrame, query: Mapping[str, Any]) -> list[Recommendat
             case_id, best["backend"] if best is not None else None, float(best["latency_ms_median"]) if best is not None else None,
             second["backend"] if second is not None else None, float(second["latency_ms_median"]) if second is not None else None,
             100.0 * (float(second["latency_ms_median"]) / float(best["latency_ms_median"]) - 1.0) if second is not None else None,
-            sub, second is not None and float(second["latency_ms_p20"]) <= float(best["latency_ms_p80"]),
+            sub, second is not None and not differ(best, second, cv),
         ))
     return out

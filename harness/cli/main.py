@@ -99,7 +99,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_stability(args: argparse.Namespace) -> int:
     """Measure one case in several fresh processes and print the spread of their medians."""
-    from harness.cli.stability import case_from_args, run_stability
+    from harness.cli.stability import case_from_args, check_variation_out, run_stability, write_variation
     from harness.env import resolve_device
 
     from harness.measure.timing import MAX_BUDGET_S
@@ -107,8 +107,11 @@ def cmd_stability(args: argparse.Namespace) -> int:
     if not 0 < args.measure_s <= MAX_BUDGET_S:  # named here: a child given 1e308 s would be blamed on the backend
         raise UserError(f"--measure-s must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got {args.measure_s}")
     case = case_from_args(args, resolve_device(args.device))
+    check_variation_out(Path(args.out))  # before the measuring: minutes of it are not lost to a path that cannot be written
     result = run_stability(case, args.backend, args.processes, args.measure_s, log=sys.stderr if sys.stderr.isatty() else None)
     print(result.report())
+    write_variation(result, Path(args.out))
+    print(f"variation: {args.out} (give it to compare, recommend or report as --variation {args.out})")
     return 0
 
 
@@ -295,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="sdpa", help="backend to measure (default sdpa)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available")
     p.add_argument("--measure-s", type=float, default=0.5, help="seconds of timed samples per process (default 0.5)")
+    p.add_argument("--out", default="reports/stability.json", help="JSON file for the measured variation, read by --variation (default: reports/stability.json)")
     p.set_defaults(func=cmd_stability)
 
     from harness.cli.profile import add_arguments as add_profile_arguments, cmd_profile

@@ -8,15 +8,23 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Callable
 
 from harness.errors import UserError
+
+
+def _variation(args: argparse.Namespace):
+    """The run-to-run variation named by --variation, or None."""
+    from harness.analysis.difference import read_variation
+
+    return read_variation(args.variation) if args.variation else None
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write reports/<run-id>/index.html and its CSVs, and print the page's path."""
     from harness.report import build_report
 
-    path = build_report([Path(r) for r in args.runs], out_root=Path(args.out), baseline=args.baseline)
+    path = build_report([Path(r) for r in args.runs], out_root=Path(args.out), baseline=args.baseline, variation=_variation(args))
     print(f"report: {path}")
     return 0
 
@@ -30,7 +38,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base, new = Path(args.base), Path(args.new)
     out = Path(args.out) if args.out else Path("reports") / f"compare-{base.name}-vs-{new.name}.csv"
     _check_comparison_out(out)  # before any work: nothing is printed for a comparison that cannot be kept
-    result = compare_runs(base, new, threshold, force=args.force)
+    result = compare_runs(base, new, threshold, force=args.force, variation=_variation(args))
     print_comparison(result, base.name, new.name, sys.stdout)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -47,20 +55,29 @@ _COMPARISON_HEADER = b"case_id,backend,status_base,status_new,"
 
 def _check_comparison_out(out: Path) -> None:
     """Refuse (UserError) a comparison CSV path in a run folder, or over a file that is not an earlier comparison."""
+
+    def is_comparison(target: Path) -> bool:
+        with open(target, "rb") as f:
+            return f.read(len(_COMPARISON_HEADER)) == _COMPARISON_HEADER
+
+    check_output_file(out, "a comparison", "CSV", is_comparison)
+
+
+def check_output_file(out: Path, what: str, kind: str, ours: Callable[[Path], bool]) -> Path:
+    """Refuse (UserError) an --out path for `what` ("a comparison") in a run folder, not a plain file, or over a non-empty file `ours` does not recognise; return it resolved."""
     from harness.results.store import resolved, run_folder_of
 
     target = resolved(out, "--out")
     if target.is_dir():
-        raise UserError(f"--out {out} is a folder: give the path of the CSV file to write")
+        raise UserError(f"--out {out} is a folder: give the path of the {kind} file to write")
     held = run_folder_of(target.parent)
     if held is not None:
-        raise UserError(f"--out {out} is inside the run folder {held}: a comparison is never written into a run; give a path outside it")
+        raise UserError(f"--out {out} is inside the run folder {held}: {what} is never written into a run; give a path outside it")
     if out.is_symlink() or (target.exists() and not target.is_file()):
-        raise UserError(f"--out {out} is not a plain file: give the path of the CSV file to write")
-    if target.exists() and target.stat().st_size:
-        with open(target, "rb") as f:
-            if not f.read(len(_COMPARISON_HEADER)) == _COMPARISON_HEADER:
-                raise UserError(f"--out {out} exists and is not a comparison attnbench wrote: give another path, or remove it first")
+        raise UserError(f"--out {out} is not a plain file: give the path of the {kind} file to write")
+    if target.exists() and target.stat().st_size and not ours(target):
+        raise UserError(f"--out {out} exists and is not {what} attnbench wrote: give another path, or remove it first")
+    return target
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -80,8 +97,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         label = f"{args.model} (H={shape['H']}, H_kv={shape['H_kv']}, d_k={shape['d_k']}): "
     if all(v is None for v in query.values()):
         raise UserError("say which shape: --model NAME and/or --seq, --B, --H, --H-kv, --d-k, --dtype, --causal, --batch")
+    from harness.analysis.difference import check_variation_device
+
+    variation = _variation(args)
     data = analysis.load([Path(args.run)])
-    answers = analysis.recommend(data.frame, query)
+    check_variation_device(variation, list(data.env.values()), args.run)
+    answers = analysis.recommend(data.frame, query, variation.cv if variation else 0.0)
     for answer in answers:
         lines = answer.lines()
         print(label + lines[0])
@@ -96,14 +117,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder(s), e.g. results/<run-id>")
     p.add_argument("--out", default="reports", help="parent folder of report folders (default: reports)")
     p.add_argument("--baseline", default=None, help="backend the speedups are against (default: the one that declares itself the baseline, sdpa-math)")
+    add_variation_argument(p)
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("compare", help="compare two runs per (case, backend); --fail-above 5%% gates on slowdowns")
     p.add_argument("base", metavar="BASE", help="the reference run folder")
     p.add_argument("new", metavar="NEW", help="the run folder to judge")
-    p.add_argument("--fail-above", metavar="PCT", help="exit 1 if a row slowed down by more than PCT (e.g. 5%%) beyond both runs' noise, or stopped running")
+    p.add_argument("--fail-above", metavar="PCT", help="exit 1 if a row is slower by the difference rule and by more than PCT (e.g. 5%%), or stopped running")
     p.add_argument("--out", help="CSV to write (default: reports/compare-BASE-vs-NEW.csv)")
     p.add_argument("--force", action="store_true", help="compare even when the runs measured different devices")
+    add_variation_argument(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("recommend", help="the fastest agreeing backend for a shape, from a run's measured rows")
@@ -118,4 +141,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="causal (or --no-causal); default: either")
     p.add_argument("--batch", help="only rows of this serving batch, as the run recorded it: a mixed batch ('2x2048 + 32x1@1024') or a "
                                    "length distribution ('uniform(64,512)')")
+    add_variation_argument(p)
     p.set_defaults(func=cmd_recommend)
+
+
+def add_variation_argument(parser: argparse.ArgumentParser) -> None:
+    """--variation FILE: the run-to-run variation `attnbench stability` wrote, which widens every interval the rule compares."""
+    parser.add_argument("--variation", metavar="FILE", help="run-to-run variation written by `attnbench stability --out FILE`: "
+                        "two latencies differ only if their 95%% intervals, widened by ±2·CV, do not overlap")

@@ -3,6 +3,8 @@
 Within one process the samples of a measurement agree far better than two processes do (address
 layout, thread placement, clocks, what else the box is doing), so the honest noise floor for
 "is a 3 % difference real?" is the coefficient of variation of medians across fresh processes.
+It is written as a variation document (`write_variation`) that compare, recommend and report take
+with `--variation FILE`: `harness.analysis.difference` widens every interval by it.
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ import argparse
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence, TextIO
 
 from harness.errors import UserError
 from harness.results.record import Record, Status
 from harness.run.children import child_command, emit, run_child
 from harness.suite.cases import Case, parse_case_id
+
+if TYPE_CHECKING:
+    from harness.analysis.difference import Variation
 
 #: The most fresh processes `stability` starts: a thousand already pins a spread far below what a run can resolve.
 MAX_PROCESSES = 1_000
@@ -56,6 +62,44 @@ class StabilityResult:
         lines.append(f"mean of medians {self.mean * 1e3:.4g} ms, coefficient of variation {self.cv * 100:.2f} %")
         lines.append(f"a difference between two runs below about {band * 100:.1f} % (2·√2·CV) is within this box's run-to-run noise")
         return "\n".join(lines)
+
+    def variation(self, device_name: str) -> Variation:
+        """What the difference rule widens intervals by, measured on `device_name` (as env.json names the device)."""
+        from harness.analysis.difference import Variation
+
+        return Variation(self.cv, self.case.device, device_name, self.case.id, self.backend, tuple(m * 1e3 for m in self.medians))
+
+
+def check_variation_out(path: Path) -> Path:
+    """Refuse (UserError) a variation path inside a run folder or over a file that is not a variation; return it resolved."""
+    import json
+
+    from harness.analysis.difference import VARIATION_KIND
+    from harness.cli.report import check_output_file
+
+    def is_variation(target: Path) -> bool:
+        try:
+            return json.loads(target.read_text()).get("kind") == VARIATION_KIND
+        except (ValueError, AttributeError, OSError):
+            return False
+
+    return check_output_file(path, "a variation", "JSON", is_variation)
+
+
+def write_variation(result: StabilityResult, path: Path) -> None:
+    """Write `result`'s run-to-run variation as JSON at `path` (checked by `check_variation_out`)."""
+    import json
+
+    from harness.env import fingerprint
+    from harness.results.store import write_file
+
+    target = check_variation_out(path)
+    document = result.variation(fingerprint(result.case.device)["device_name"]).to_dict()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_file(target, json.dumps(document, indent=1) + "\n")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def measure_in_fresh_process(case: Case, backend: str, measure_s: float) -> float:

@@ -14,6 +14,7 @@ from typing import Sequence
 import pandas as pd
 
 from harness import analysis
+from harness.analysis.difference import Variation, check_variation_device
 from harness.errors import UserError
 from harness.report.sections import sections
 from harness.report.writer import TITLE, Csv, report_folder, write_report
@@ -40,13 +41,18 @@ def _tidy_records(frame: pd.DataFrame) -> pd.DataFrame:
     return as_csv_cells(frame[[c for c in COLUMNS if c in frame.columns] + [c for c in DERIVED if c in frame.columns]])
 
 
-def build_report(run_dirs: Sequence[Path | str], out_root: Path | str = "reports", baseline: str | None = None) -> Path:
-    """Analyse the runs and write reports/<run folder>/index.html and its CSVs; return the page's path."""
+def build_report(run_dirs: Sequence[Path | str], out_root: Path | str = "reports", baseline: str | None = None,
+                 variation: Variation | None = None) -> Path:
+    """Analyse the runs and write reports/<run folder>/index.html and its CSVs; return the page's path.
+
+    `variation` (from `attnbench stability`) widens the intervals by which winners are told from runners-up.
+    """
     # Named after the run folders given, never after a run id read from a file (which could name any path).
     name = report_id([resolved(d, "run folder").name for d in run_dirs])
     out_dir = report_folder(Path(out_root), name)  # refused before any work when it is no place for a report
     data = analysis.load(run_dirs)
     if baseline is not None and baseline not in set(data.frame["backend"]):
         raise UserError(f"--baseline {baseline!r} has no row in these runs: the backends are {', '.join(sorted(set(data.frame['backend'])))}")
+    check_variation_device(variation, list(data.env.values()), "these runs")
     baseline = baseline or analysis.default_baseline(data.frame) or "sdpa-math"
-    return write_report(out_dir, f"{TITLE}: {name}", sections(data, baseline), [Csv(_tidy_records(data.frame), "records.csv")])
+    return write_report(out_dir, f"{TITLE}: {name}", sections(data, baseline, variation), [Csv(_tidy_records(data.frame), "records.csv")])

@@ -1,4 +1,4 @@
-"""The report's figures, drawn with matplotlib (Agg) from the data and embedded as base64 PNG.
+"""The report's figures, drawn from the data (on `harness.report.canvas`, never pyplot) and embedded as base64 PNG.
 
 Which figures exist is decided by the rows: one figure per dtype (and pass) for each quantity,
 one panel per combination of the other fixed parameters, one line per backend. Nothing here
@@ -7,95 +7,49 @@ keeps a list of backends or plots by hand.
 
 from __future__ import annotations
 
-import base64
-import io
 import math
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.colors import ListedColormap
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.colors import ListedColormap  # noqa: E402
-
-from harness import analysis  # noqa: E402
-
-from harness.analysis import roofline  # noqa: E402
-
-#: At most this many panels per figure; more groups spill into further figures.
-MAX_PANELS = 12
-COLUMNS = 4
-DPI = 80
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One embedded figure: a title, a PNG data URI and a caption (all plain text; the page escapes them)."""
-
-    title: str
-    data_uri: str
-    caption: str = ""
-
-
-def to_data_uri(fig: Any) -> str:
-    """Render a matplotlib figure to a base64 PNG data URI and close it."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def plain(text: Any) -> str:
-    """`text` drawn as written: matplotlib reads `$…$` as mathtext, so a backend or run named `my$x^2$` would be parsed (or fail to)."""
-    return str(text).replace("$", r"\$")
-
-
-def backend_colors(names: Iterable[str]) -> dict[str, Any]:
-    """A stable colour per backend name (sorted order into tab10, then tab20)."""
-    names = sorted(set(names))
-    palette = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20").colors[1::2])
-    return {name: palette[i % len(palette)] for i, name in enumerate(names)}
-
-
-def panels(n: int) -> tuple[Any, np.ndarray]:
-    """A figure with `n` panels in rows of up to COLUMNS (extra axes hidden), and its axes."""
-    cols = min(COLUMNS, n)
-    rows = math.ceil(n / cols)
-    width, height = (6.5, 4.3) if n <= 2 else (4.2, 3.2)  # one or two panels: draw them readable, not thumbnail-sized
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, axes.flat
-
-
-def chunks(items: list, size: int) -> Iterable[tuple[int, list]]:
-    """(index, slice) of `items` in slices of `size`."""
-    for start in range(0, len(items), size):
-        yield start // size, items[start : start + size]
+from harness import analysis
+from harness.analysis import roofline
+from harness.report.canvas import (  # noqa: F401 - MAX_PANELS, Figure, plain, backend_colors: the report's modules import them from here
+    MAX_PANELS, Figure, backend_colors, chunks, figure_legend, new_figure, panel_note, panels, plain, slim_columns, style_panel, to_data_uri,
+)
 
 
 def _per_group_figures(
     rows: pd.DataFrame, value: str, ylabel: str, title: str, caption: str, colors: Mapping[str, Any],
-    *, logy: bool = True, hline: Any = None, annotate: Any = None,
+    *, logy: bool = True, hline: Any = None, note: Any = None,
 ) -> list[Figure]:
-    """One figure per (dtype, mode), a panel per fixed-parameter group, a line per backend of `value` against S."""
+    """One figure per (dtype, mode), a panel per fixed-parameter group, a line per backend of `value` against S.
+
+    A backend's colour is the same in every panel, so one legend serves the figure; what differs per panel and
+    line (`note(backend, group key, line)`: the fitted α) is listed in the panel's corner (`panel_note`).
+    """
     figures = []
     rows = rows[rows[value].notna() & (rows[value] > 0)] if logy else rows[rows[value].notna()]
     if rows.empty:
         return figures
     keys = analysis.group_key_columns(rows, exclude=("dtype", "mode"))
+    rows = rows[slim_columns(rows, keys, "dtype", "mode", "backend", "S", "run_id", value)]
     for (dtype, mode), by_dtype in rows.groupby(["dtype", "mode"], sort=True):
         groups = list(analysis.groups(by_dtype, keys))
         for part, chunk in chunks(groups, MAX_PANELS):
-            fig, axes = panels(len(chunk))
-            for ax, (key, sub) in zip(axes, chunk):
+            fig, axes = panels(len(chunk), legend_band=True)
+            same_s = len({frozenset(sub["S"]) for _, sub in chunk}) == 1
+            for place, (ax, (key, sub)) in enumerate(zip(axes, chunk)):
+                notes = []
                 for backend, line in sub.groupby("backend", sort=True):
                     line = line.sort_values("S")
-                    label = annotate(backend, key, line) if annotate else backend
-                    ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=plain(label))
+                    ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=plain(backend))
+                    text = note(backend, {**key, "dtype": dtype, "mode": mode}, line) if note else None  # the fits name a group with its dtype
+                    if text:
+                        notes.append(f"{backend} {text}")
+                panel_note(ax, notes)
                 if hline is not None:
                     lines = hline(dtype, sub)
                     for y, text in lines:
@@ -107,19 +61,12 @@ def _per_group_figures(
                                        label="above the measured peak: impossible")
                     if not lines:
                         ax.annotate(f"no measured {dtype} peak in this run", xy=(0.01, 0.02), xycoords="axes fraction", fontsize=7, color="grey")
-                ax.set_xscale("log", base=2)
-                if logy:
-                    ax.set_yscale("log")
-                ax.set_title(plain(analysis.describe_group({**key, "dtype": None}) or "all"), fontsize=9)
-                ax.set_xlabel("S", fontsize=8)
-                ax.set_ylabel(ylabel, fontsize=8)
-                ax.tick_params(labelsize=7)
-                ax.grid(True, which="major", alpha=0.3)
-                ax.legend(fontsize=6, loc="best")
+                style_panel(ax, analysis.describe_group({**key, "dtype": None}) or "all", ylabel, sub["S"], logy=logy, place=(place, len(chunk)),
+                            same_s=same_s)
+            figure_legend(fig, axes[:len(chunk)])
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
             mode_text = "" if mode == "fwd" else f", {mode}"
             fig.suptitle(plain(f"{title}: {dtype}{mode_text}{suffix}"), fontsize=11)
-            fig.tight_layout()
             figures.append(Figure(f"{title}: {dtype}{mode_text}{suffix}", to_data_uri(fig), caption))
     return figures
 
@@ -160,11 +107,11 @@ def memory_figures(frame: pd.DataFrame, fits: pd.DataFrame, colors: Mapping[str,
         for _, f in fits.iterrows():
             alpha[(f["backend"], f["group"])] = f["alpha_memory"]
 
-    def annotate(backend: str, key: Mapping[str, Any], line: pd.DataFrame) -> str:
+    def note(backend: str, key: Mapping[str, Any], line: pd.DataFrame) -> str | None:
         a = alpha.get((backend, analysis.describe_group(key)))
-        return f"{backend} (α={a:.2f})" if a is not None and a == a else backend
+        return f"α={a:.2f}" if a is not None and a == a else None
 
-    return _per_group_figures(rows, "peak_mem_bytes", "peak memory (bytes)", "Peak memory against S", "Measured peak memory of one call above the inputs; log-log axes; α is the fitted exponent (memory ∝ S^α).", colors, annotate=annotate)
+    return _per_group_figures(rows, "peak_mem_bytes", "peak memory (bytes)", "Peak memory against S", "Measured peak memory of one call above the inputs; log-log axes; α (in each panel's corner) is the fitted exponent (memory ∝ S^α).", colors, note=note)
 
 
 def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
@@ -173,12 +120,13 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
         return []
     rows = analysis.ok_rows(frame)
     keys = analysis.group_key_columns(rows)
+    rows = rows[slim_columns(rows, keys, "backend", "S", "computes_attention", "latency_ms_median")]
     figures = []
     for D, by_d in table.groupby("D", sort=True):
         groups = list(by_d.groupby("group", sort=True))
         for part, chunk in chunks(groups, MAX_PANELS):
-            fig, axes = panels(len(chunk))
-            for ax, (label, entries) in zip(axes, chunk):
+            fig, axes = panels(len(chunk), legend_band=True)
+            for place, (ax, (label, entries)) in enumerate(zip(axes, chunk)):
                 first = entries.iloc[0]
                 mask = np.ones(len(rows), dtype=bool)
                 for k in keys:
@@ -191,40 +139,35 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
                 for _, e in entries.iterrows():
                     core = sub[sub["backend"] == e["backend"]].sort_values("S")
                     color = colors[e["backend"]]
-                    ax.plot(core["S"].astype(float), core["latency_ms_median"], color=color, marker="o", ms=3, lw=1.4, label=plain(f"{e['backend']}: S* {e['S_star_text']}"))
+                    ax.plot(core["S"].astype(float), core["latency_ms_median"], color=color, marker="o", ms=3, lw=1.4, label=plain(e["backend"]))
                     if e["S_star"] is not None and e["S_star"] == e["S_star"]:
                         ax.axvline(float(e["S_star"]), color=color, ls="-", lw=0.8, alpha=0.8)
                         ax.plot([float(e["S_star"])], [np.interp(math.log(e["S_star"]), np.log(proj["S"].astype(float)), proj["latency_ms_median"])], marker="*", ms=11, color=color, mec="black", zorder=5)
                 model = float(entries.iloc[0]["model_S_star"])
-                ax.axvline(model, color="grey", ls=":", lw=1.2, label=f"FLOP model S* = {model:,.0f}")
-                ax.axvline(int(D), color="grey", ls="--", lw=0.8, label=f"rule of thumb D = {int(D)}")
-                ax.set_xscale("log", base=2)
-                ax.set_yscale("log")
-                ax.set_title(plain(f"D={int(D)}  {label}"), fontsize=9)
-                ax.set_xlabel("S", fontsize=8)
-                ax.set_ylabel("median latency (ms)", fontsize=8)
-                ax.tick_params(labelsize=7)
-                ax.grid(True, alpha=0.3)
-                ax.legend(fontsize=6, loc="best")
+                ax.axvline(model, color="grey", ls=":", lw=1.2, label="FLOP model S*")
+                ax.axvline(int(D), color="grey", ls="--", lw=0.8, label="rule of thumb S = D")
+                panel_note(ax, [f"{e['backend']} S* {e['S_star_text']}" for _, e in entries.iterrows()] + [f"FLOP model S* {model:,.0f}"])
+                style_panel(ax, f"D={int(D)}  {label}", "median latency (ms)", sub["S"], place=(place, len(chunk)))
+            figure_legend(fig, axes[:len(chunk)])
             suffix = f" ({part + 1}/{math.ceil(len(groups) / MAX_PANELS)})" if len(groups) > MAX_PANELS else ""
             fig.suptitle(f"Crossover at D = {int(D)}{suffix}", fontsize=11)
-            fig.tight_layout()
             figures.append(Figure(f"Crossover at D = {int(D)}{suffix}", to_data_uri(fig), "Black: the projections; coloured: each attention core; stars and solid lines: the measured S*; dotted: the FLOP model's S* = D·(1 + H_kv/H), twice that causal; dashed: the rule of thumb S ≈ D."))
     return figures
 
 
-def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
-    """Per dtype: which backend wins over S × B and over S × H_kv (among agreeing rows), with won/cases in each cell."""
-    wins = analysis.winners(frame)
+def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any], wins: pd.DataFrame | None = None) -> list[Figure]:
+    """Per dtype: which backend wins over S × B and over S × H_kv (among agreeing rows), with won/cases in each cell; `wins` is `winners(frame)` if known."""
+    wins = analysis.winners(frame) if wins is None else wins
     if wins.empty:
         return []
     figures = []
     for dtype in sorted(set(wins["dtype"])):
-        maps = [(axis, analysis.winner_map(frame, axis, dtype)) for axis in ("B", "H_kv")]
+        maps = [(axis, analysis.winner_map(frame, axis, dtype, wins)) for axis in ("B", "H_kv")]
         maps = [(axis, m) for axis, m in maps if not m.empty]
         if not maps:
             continue
-        fig, axes = plt.subplots(1, len(maps), figsize=(6.5 * len(maps), 3.6), squeeze=False)
+        fig = new_figure(6.5 * len(maps), 3.6, constrained=True)
+        axes = fig.subplots(1, len(maps), squeeze=False)
         for ax, (axis, m) in zip(axes.flat, maps):
             s_values = sorted(set(m["S"]))
             a_values = sorted(set(m[axis]))
@@ -243,7 +186,6 @@ def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[F
             ax.set_ylabel(axis, fontsize=9)
             ax.set_title(f"winner over S × {axis}", fontsize=10)
         fig.suptitle(plain(f"Winner maps: {dtype}"), fontsize=11)
-        fig.tight_layout()
         figures.append(Figure(f"Winner maps: {dtype}", to_data_uri(fig), "Each cell: the backend that won the most cases (fastest among rows that agree with the reference) and won/cases; other parameters vary inside a cell."))
     return figures
 
@@ -260,7 +202,8 @@ def agreement_figure(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Fig
     if rows.empty:
         return []
     backends = sorted(set(rows["backend"]))
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(backends) + 2), 3.4))
+    fig = new_figure(max(5.0, 1.2 * len(backends) + 2), 3.4, constrained=True)
+    ax = fig.subplots()
     rng = np.random.default_rng(0)
     for i, backend in enumerate(backends):
         sub = rows[rows["backend"] == backend]
@@ -272,5 +215,4 @@ def agreement_figure(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Fig
     ax.set_yscale("log")
     ax.set_ylabel("max |out − ref| / bound", fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
     return [Figure("Agreement errors", to_data_uri(fig), "Each dot is one checked row: its largest error against the float64 reference over the row's bound. Below the line agrees.")]

@@ -80,9 +80,10 @@ def table(frame: pd.DataFrame, *, columns: Sequence[str] | None = None, headers:
     columns = list(columns or frame.columns)
     headers = list(headers or columns)
     formats = formats or {}
+    numeric = {col: pd.api.types.is_numeric_dtype(frame[col]) for col in columns}  # once per column, not per cell
     out = ['<div class="scroll"><table>' if scroll else "<table>", "<thead><tr>"]
     for col, head in zip(columns, headers):
-        cls = ' class="t"' if not pd.api.types.is_numeric_dtype(frame[col]) else ""
+        cls = ' class="t"' if not numeric[col] else ""
         out.append(f"<th{cls}>{esc(head)}</th>")
     out.append("</tr></thead><tbody>")
     for _, row in frame.iterrows():
@@ -93,7 +94,7 @@ def table(frame: pd.DataFrame, *, columns: Sequence[str] | None = None, headers:
                 text, cls = formats[col](value, row)
             else:
                 text, cls = fmt(value), ""
-            classes = " ".join(c for c in (cls, "" if pd.api.types.is_numeric_dtype(frame[col]) else "t") if c)
+            classes = " ".join(c for c in (cls, "" if numeric[col] else "t") if c)
             out.append(f'<td class="{esc(classes)}">{esc(text)}</td>' if classes else f"<td>{esc(text)}</td>")
         out.append("</tr>")
     out.append("</tbody></table></div>" if scroll else "</tbody></table>")

@@ -15,6 +15,7 @@ import pandas as pd
 
 from harness import analysis
 from harness.analysis import roofline
+from harness.analysis.difference import RULE_TEXT, Variation
 from harness.report import figures as figs
 from harness.report.flags import emulated_bf16_note, flag_summary, flags_section
 from harness.report.page import commands, esc, fmt
@@ -90,9 +91,10 @@ def _non_core(frame: pd.DataFrame) -> list[str]:
     return sorted(set(frame.loc[~frame["attention_core"].astype(bool), "backend"]))
 
 
-def _choose(frame, wins, speed, baseline, colors) -> Section:
+def _choose(frame, wins, speed, baseline, colors, variation) -> Section:
     body = [f"<p>For each case, the fastest backend among rows with status <code>ok</code> that agree with the float64 reference; "
-            f"the margin is how much slower the runner-up is; speedups are against <code>{esc(baseline)}</code>. "
+            f"the margin is how much slower the runner-up is, marked within noise unless {esc(RULE_TEXT)} "
+            f"({esc(variation.describe() if variation else 'no variation given: report --variation FILE')}); speedups are against <code>{esc(baseline)}</code>. "
             f"Backends that declare they time another problem ({esc(', '.join(_non_core(frame)) or 'none in this run')}: the whole layer, "
             "the projections alone, MLA) are not ranked against the attention cores.</p>"]
     if wins.empty:
@@ -110,7 +112,7 @@ def _choose(frame, wins, speed, baseline, colors) -> Section:
         body.append(Table(speed, index=True))
     else:
         body.append(f'<p class="muted">The baseline {esc(baseline)} has no agreeing row in this run: no speedups (choose another with --baseline).</p>')
-    for f in figs.winner_map_figures(frame, colors):
+    for f in figs.winner_map_figures(frame, colors, wins):
         body.append(f)
     return Section("choose", "The backend to choose", body, nav="Backend to choose")
 
@@ -310,17 +312,17 @@ def _environment(data: analysis.RunData) -> Section:
     return Section("environment", "Environment", body, nav="Environment")
 
 
-def sections(data: analysis.RunData, baseline: str) -> list[Section]:
-    """Every section of the report, in page order, computed from the loaded runs."""
+def sections(data: analysis.RunData, baseline: str, variation: Variation | None = None) -> list[Section]:
+    """Every section of the report, in page order, computed from the loaded runs; `variation` widens the winners' intervals."""
     frame = data.frame
     colors = figs.backend_colors(frame["backend"].dropna())
-    wins = analysis.winners(frame, baseline)
+    wins = analysis.winners(frame, baseline, cv=variation.cv if variation else 0.0)
     speed = analysis.speedups(frame, baseline)
     fits = analysis.scaling_fits(frame)
     ok = analysis.ok_rows(frame)
     return [
         _overview(data, ok, wins, baseline),
-        _choose(frame, wins, speed, baseline, colors),
+        _choose(frame, wins, speed, baseline, colors, variation),
         _latency(frame, ok, colors),
         *serving_sections(frame, colors, baseline),
         flags_section(frame, data.env),

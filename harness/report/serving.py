@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.colors import ListedColormap, to_rgba
 
 from harness.analysis import serving
-from harness.report.figures import MAX_PANELS, Figure, chunks, panels, plain, plt, to_data_uri
+from harness.report.figures import MAX_PANELS, Figure, chunks, new_figure, panels, plain, to_data_uri
 from harness.report.page import esc, fmt
 from harness.report.writer import Csv, Section, Table
 
@@ -143,7 +143,8 @@ def _winner_grids(wins: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]
         layouts = [label for _, label in sorted({(serving.layout_order(l, p), layout_label(l, p)) for l, p in zip(sub["layout"], sub["page_size"])})]
         names = sorted(set(sub["winner"]))
         grid = np.full((len(batches), len(layouts)), np.nan)
-        fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(layouts) + 2), max(2.2, 0.55 * len(batches) + 1.2)))
+        fig = new_figure(max(4.0, 1.6 * len(layouts) + 2), max(2.2, 0.55 * len(batches) + 1.2), constrained=True)
+        ax = fig.subplots()
         for _, cell in sub.iterrows():
             r, c = batches.index(cell["batch"]), layouts.index(cell["layout_label"])
             grid[r, c] = names.index(cell["winner"])
@@ -153,7 +154,6 @@ def _winner_grids(wins: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]
         ax.set_xticks(range(len(layouts)), [plain(l) for l in layouts], fontsize=8)
         ax.set_yticks(range(len(batches)), [plain(b) for b in batches], fontsize=8)
         ax.set_title(plain(f"winner per batch: {group}" if group else "winner per batch"), fontsize=10)
-        fig.tight_layout()
         figures.append(Figure(f"Winner per batch: {group}", to_data_uri(fig),
                               "Each cell: the fastest agreeing backend for that batch and layout, and how much slower the runner-up is (noise: within noise)."))
     return figures
