@@ -158,7 +158,7 @@ def test_noisy_cpu_samples_are_taken_to_the_budget():
 # -- the ceiling: a call dearer than the budget -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("call_s,samples,stop", [(3.2, 1, "call_exceeds_budget"), (0.3, 1, "call_exceeds_budget"),
+@pytest.mark.parametrize("call_s,samples,stop", [(3.2, 1, "first_call"), (0.3, 1, "call_exceeds_budget"),
                                                 (0.04, 6, "min_rounds"), (0.015, 7, "budget")])
 def test_a_call_dearer_than_the_budget_takes_fewer_samples_and_says_so(call_s, samples, stop):
     # The AVX2 CPU's bf16 naive pair: 3.2 s a call. Six samples cost 19 s where the budget is 0.1 s. A call the
@@ -168,6 +168,26 @@ def test_a_call_dearer_than_the_budget_takes_fewer_samples_and_says_so(call_s, s
     m = measure(lambda: clock.advance(call_s), clock, QUICK_BUDGET, wall=clock)
     assert m.stats.n == samples and m.stopped_by == stop
     assert (m.stats.median_interval() is None) == (samples < 6)  # under 6 samples the row claims no interval
+
+
+def test_a_first_call_five_budgets_dear_is_the_rows_one_sample_and_no_warm_up_call_precedes_it():
+    # The AVX2 CPU's bf16 naive pair again: a warm-up call before its one sample would double its cost, and quick's.
+    clock, calls = FakeClock(), []
+
+    def dear():
+        calls.append(clock())
+        clock.advance(3.2)
+
+    m = measure(dear, clock, QUICK_BUDGET, wall=clock)
+    assert len(calls) == 1 and m.stats.n == 1 and m.stats.median == pytest.approx(3.2)
+    assert m.stopped_by == m.plan.stop == "first_call" and m.plan.warmup_calls == 0 and m.stats.median_interval() is None
+    # Just under five budgets (0.6 s for quick's 0.12 s) the first call stays a warm-up call and a sample follows it.
+    calls.clear()
+    under = measure(lambda: calls.append(clock.advance(0.55)), clock, QUICK_BUDGET, wall=clock)
+    assert len(calls) == 2 and under.stopped_by == "call_exceeds_budget"
+    # Without fewest_rounds 1 (CUDA keeps 3), or with an external loop, the first call is never the sample.
+    cuda_like = measure(lambda: clock.advance(3.2), clock, dataclasses.replace(QUICK_BUDGET, fewest_rounds=3), wall=clock)
+    assert cuda_like.stopped_by == "call_exceeds_budget" and cuda_like.stats.n == 3
 
 
 def test_a_dear_first_call_that_was_only_cold_does_not_cost_the_row_its_minimum():

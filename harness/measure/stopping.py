@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 STOP_PRECISION, STOP_BUDGET, STOP_MIN_ROUNDS, STOP_MAX_ROUNDS = "precision", "budget", "min_rounds", "max_rounds"
 #: One call costs more than the whole budget: the row has `Budget.fewest_rounds` samples, fewer than `min_rounds`.
 STOP_CALL_EXCEEDS_BUDGET = "call_exceeds_budget"
+#: The pair's first call cost FIRST_CALL_ONLY_FACTOR times its whole budget (warm-up and samples) or more, and the
+#: budget asks for one sample at the fewest: that call is the row's one sample, with no warm-up call before it.
+STOP_FIRST_CALL = "first_call"
 
 #: How much the samples grow between two looks at them: each look is a chance to stop on a lucky
 #: stretch, so the looks are spaced by a quarter of what is known rather than taken after every sample.

@@ -19,7 +19,7 @@ import numpy as np
 
 from harness.measure.contention import CpuProbe, contention
 from harness.measure.stats import Drift, Stats, drift
-from harness.measure.stopping import (STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS,  # noqa: F401 - re-exported
+from harness.measure.stopping import (STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS,  # noqa: F401 - re-exported
                                       STOP_PRECISION, StoppingLoop)
 
 #: A clock returns seconds as a float; only differences between two readings matter.
@@ -97,8 +97,10 @@ class Plan:
     warmup_s: float
     call_s: float
     #: budget, min_rounds (the budget held fewer), call_exceeds_budget (one round costs more than the
-    #: budget: `fewest_rounds`) or max_rounds (it held more).
+    #: budget: `fewest_rounds`), first_call (the first call was the one sample) or max_rounds (it held more).
     stop: str = STOP_BUDGET
+    #: With `stop` first_call: that call's seconds, the row's one sample (`rounds` is then 0).
+    first_call_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -221,15 +223,23 @@ def direct_loop(clock: Clock) -> Loop:
     return loop
 
 
+#: A first call that costs this many times the pair's whole budget (warm-up and samples) is the row's one sample
+#: when the budget takes one at the fewest: on an AVX2 CPU a bf16 naive call lasts 2-3 s against quick's 0.12 s, and a
+#: warm-up call before it would double what the suite costs. A call only cold (a lazy initialisation, a preemption)
+#: rarely costs five times a budget that a warm call fits in; the row says `first_call` either way.
+FIRST_CALL_ONLY_FACTOR = 5.0
+
+
 def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable[[], object] | None = None,
-         wall: Clock = time.perf_counter, confirm_dear: bool = False) -> Plan:
+         wall: Clock = time.perf_counter, confirm_dear: bool = False, sample_first_dear: bool = False) -> Plan:
     """Warm up by time, size samples from the fastest warm-up call, and rounds from the budget.
 
     Rounds are what `measure_s` of wall time holds, a round costing its calls plus what the warm-up
     paid around each call (setup and clock readings, read on `wall`); never more than `max_rounds`,
     never fewer than `min_rounds` unless one round costs more than `measure_s` and `fewest_rounds` is set.
     `confirm_dear`: a first call dearer than that is called once more before the rounds are cut (a
-    fixed-rounds loop cannot learn later that the first call was only cold).
+    fixed-rounds loop cannot learn later that the first call was only cold). `sample_first_dear`: a first
+    call FIRST_CALL_ONLY_FACTOR times dearer than the whole budget, with `fewest_rounds` 1, is the one sample.
     """
     durations: list[float] = []
     walls: list[float] = []
@@ -243,6 +253,10 @@ def plan(fn: Callable[[], object], clock: Clock, budget: Budget, setup: Callable
         end = clock()
         walls.append(wall() - around)
         durations.append(end - start)
+        if (sample_first_dear and budget.fewest_rounds == 1 and len(durations) == 1
+                and walls[0] >= FIRST_CALL_ONLY_FACTOR * (budget.warmup_s + budget.measure_s)):
+            return Plan(iterations=1, rounds=0, warmup_calls=0, warmup_s=0.0, call_s=durations[0], stop=STOP_FIRST_CALL,
+                        first_call_s=durations[0])
         unconfirmed = confirm_dear and budget.fewest_rounds is not None and len(durations) == 1 and walls[0] > budget.measure_s
         if end - began >= budget.warmup_s and not unconfirmed:
             break
@@ -295,7 +309,15 @@ def measure(
     """
     probe = probe or CpuProbe()
     resolution = clock_resolution(clock)
-    p = plan(fn, clock, budget, setup, wall=wall, confirm_dear=loop is not None)
+    cpu_start = probe.read()
+    p = plan(fn, clock, budget, setup, wall=wall, confirm_dear=loop is not None, sample_first_dear=loop is None)
+    if p.first_call_s is not None:  # the first call was the one sample: no loop runs
+        cpu_after = probe.read()
+        samples = [p.first_call_s]
+        stats, tick = Stats.from_samples(samples, 1), tick_bound(resolution, samples, 1)
+        return Measurement(stats=stats, plan=p, clock_resolution_s=tick, too_short=too_short(samples, 1, tick), launch_leaked=None,
+                           loop_s=cpu_after.wall_s - cpu_start.wall_s, stopped_by=STOP_FIRST_CALL, drift=drift(samples),
+                           **contention(cpu_start, cpu_after, probe.threads()))
     own = None if loop is not None else StoppingLoop(direct_loop(clock), budget, min(p.rounds, budget.min_rounds), wall)
     rounds = p.rounds if own is None else budget.max_rounds
     runner = loop or own

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from harness.measure.stats import DRIFT_FLAG_PCT
-from harness.measure.stopping import STOP_CALL_EXCEEDS_BUDGET
+from harness.measure.stopping import STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL
 from harness.measure.timing import MIN_SAMPLE_TICKS
 from harness.report.page import esc
 from harness.report.writer import Csv, Section, Table
@@ -32,7 +32,9 @@ FLAG_WORDS = {
                "and their 95 % intervals do not overlap: the device changed while the row was measured (a GPU clock ramping from "
                "idle, heat, another process), so its median depends on when it was taken. Such a row is always sampled to its budget.",
     "call_exceeds_budget": "one call costs more than the pair's time budget holds, so the row took fewer samples than the minimum "
-                   "(stopped_by call_exceeds_budget): under 6 samples it has no 95 % interval, and its median is a rough figure.",
+                   "(stopped_by call_exceeds_budget): under 6 samples it has no 95 % interval, and its median is a rough figure. "
+                   "With stopped_by first_call the pair's first call cost five budgets or more and is its one sample, with no "
+                   "warm-up call before it: a figure for a call that slow, not a steady-state latency.",
 }
 #: The columns of the flagged rows' table and CSV.
 FLAG_COLUMNS = ["case_id", "backend", "too_short", "launch_leaked", "drifted", "drift_pct", "stopped_by",
@@ -46,7 +48,7 @@ def _flags(ok: pd.DataFrame) -> dict[str, pd.Series]:
         "too_short": ok["too_short"].map(lambda v: v is True) if "too_short" in ok.columns else none,
         "launch_leaked": pd.to_numeric(ok["launch_leaked"], errors="coerce").fillna(0) > 0 if "launch_leaked" in ok.columns else none,
         "drifted": ok["drifted"].map(lambda v: v is True) if "drifted" in ok.columns else none,
-        "call_exceeds_budget": ok["stopped_by"].astype(object).eq(STOP_CALL_EXCEEDS_BUDGET) if "stopped_by" in ok.columns else none,
+        "call_exceeds_budget": ok["stopped_by"].astype(object).isin([STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL]) if "stopped_by" in ok.columns else none,
     }
 
 

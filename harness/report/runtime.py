@@ -10,7 +10,7 @@ import pandas as pd
 
 from harness import analysis
 from harness.measure.outcome import PHASE_NAMES
-from harness.measure.timing import STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS, STOP_PRECISION
+from harness.measure.timing import STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS, STOP_PRECISION
 from harness.report.writer import Csv, Section, Table
 
 #: What each phase is, in words, for the table.
@@ -63,6 +63,7 @@ STOP_WORDS = {
     STOP_MIN_ROUNDS: "at the minimum of samples (the budget held fewer)",
     STOP_MAX_ROUNDS: "at the maximum of samples",
     STOP_CALL_EXCEEDS_BUDGET: "short of the minimum, because one call costs more than the budget holds",
+    STOP_FIRST_CALL: "after the first call, which cost five budgets or more and is the one sample",
 }
 
 
