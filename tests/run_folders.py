@@ -14,7 +14,7 @@ from pathlib import Path
 from harness.cli.main import main
 from harness.results.store import RunWriter
 from harness.suite.cases import Case
-from test_analysis import PEAKS, synthetic_record
+from tests.synthetic_runs import PEAKS, synthetic_record
 
 CASES = [Case(B=1, S_q=S, S_kv=S, H=2, H_kv=2, d_k=16, d_v=16) for S in (16, 32)]
 BACKENDS = ("naive", "sdpa-math")

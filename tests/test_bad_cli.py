@@ -12,7 +12,7 @@ import torch
 
 from harness.cli.main import main
 from harness.run.rundir import MANIFEST
-from test_reliability import write_suite
+from tests.cli_runs import write_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from harness.measure.execute import PairRunner, Phases
 from harness.run.cooldown import AUTO_MAX_S, Cooldown, idle_temperature_c, nvml_index, parse_cooldown
 from harness.run.worker import Finished, WorkerLoop
 from harness.suite.catalog import load_suite, pair_key
-from test_reliability import write_suite
+from tests.cli_runs import write_suite
 
 
 class FakeGpu:

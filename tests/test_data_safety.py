@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
-from run_folders import make_run, refused, snapshot, write_suite
+from tests.run_folders import make_run, refused, snapshot, write_suite
 
 
 def _run_args(tmp: Path, run_id: str, suite: Path | None = None) -> list[str]:

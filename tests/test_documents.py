@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from run_folders import make_run, refused
+from tests.run_folders import make_run, refused
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from run_folders import make_run, refused, write_suite
+from tests.run_folders import make_run, refused, write_suite
 
 CASE_ID = "B1-Sq16-Skv16-H2-Hkv2-dk16-fp32"
 

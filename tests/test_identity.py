@@ -18,8 +18,8 @@ from harness.results.record import COLUMNS, Record
 from harness.results.store import RunWriter, load_run, read_records
 from harness.run.rundir import RunFolder
 from harness.results.documents import ENV, Environment, Manifest, read_document
-from run_folders import CASES
-from test_analysis import synthetic_record
+from tests.run_folders import CASES
+from tests.synthetic_runs import synthetic_record
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -130,3 +130,18 @@ def test_the_local_supervisor_knows_nothing_of_the_ray_executor():
     named = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any("ray" in (m or "") for m in named), sorted(m for m in named if m)
+
+
+def test_test_modules_share_helpers_through_helper_modules_only():
+    """pytest imports a test module as `test_x`; imported again as `tests.test_x` it would be a second copy with its own state."""
+    tests = Path(__file__).resolve().parent
+    importing = {}
+    for path in sorted(tests.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        named = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        test_modules = sorted(m for m in named if m.rpartition(".")[2].startswith("test_"))
+        if test_modules:
+            importing[path.name] = test_modules
+    assert len(list(tests.glob("test_*.py"))) > 10  # the folder is read, not empty
+    assert importing == {}

@@ -11,7 +11,7 @@ from harness.cli.main import main
 from harness.run.order import backend_orders, fair_pairs, positions_in_case
 from harness.suite.cases import grid
 from harness.suite.catalog import Suite, pair_key
-from test_reliability import write_suite
+from tests.cli_runs import write_suite
 
 BACKENDS = ["a", "b", "c", "d"]
 

@@ -8,8 +8,8 @@ import pytest
 
 from harness.cli.main import main
 from harness.measure.categories import column_name
-from test_reliability import write_suite
-from test_report import _browse, _chromium
+from tests.cli_runs import write_suite
+from tests.browser import browse, chromium
 
 CASE_ID = "B1-Sq512-Skv512-H8-Hkv8-dk64-fp32"
 
@@ -68,10 +68,10 @@ def test_run_profile_fills_the_profile_columns_and_writes_a_trace_per_pair(profi
     assert all(r["profile_ms_fused_attention"] > 0 for r in sdpa)
 
 
-@pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
 def test_the_report_shows_the_profiling_section_in_chromium(profiled_run, tmp_path):
     page = profiled_run.parent / "reports" / "p" / "index.html"
-    found, console = _browse(page, tmp_path)
+    found, console = browse(page, tmp_path)
     assert found["errors"] == [] and console == ""
     assert "profiling" in found["sections"] and found["zero_width"] == 0
     html = page.read_text()

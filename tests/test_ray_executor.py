@@ -35,7 +35,7 @@ from harness.cli.main import main
 from harness.env import cpu_model
 from harness.run.ray_executor import INSTALL_HINT, LOOPBACK_ONLY
 from harness.run.ray_nodes import env_with_nodes, peaks_with_nodes, summarize
-from tests.test_reliability import PLUGIN, ROOT, attnbench, cli_env, executions, is_dead, keys, rows, write_suite
+from tests.cli_runs import PLUGIN, ROOT, attnbench, cli_env, executions, is_dead, keys, rows, write_suite
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY and not os.environ.get("CI"),

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -28,53 +27,7 @@ from harness.measure.execute import PairRunner, Phases, execute
 from harness.measure.failures import is_sticky_cuda_error, poisons_process
 from harness.suite.catalog import load_suite
 
-ROOT = Path(__file__).resolve().parent.parent
-PLUGIN = "tests.failing_backends:add_all"
-TINY_BUDGET = "[budget]\nwarmup_s = 0.001\nmeasure_s = 0.01\nmin_rounds = 2\n"
-
-
-def write_suite(path: Path, backends: list[str], sizes: list[int]) -> Path:
-    """A tiny TOML suite: B=1, H=2, d_k=16, one case per S in `sizes`."""
-    path.write_text(f'name = "{path.stem}"\nbackends = {json.dumps(backends)}\n{TINY_BUDGET}'
-                    f"[[grid]]\nB = 1\nS = {json.dumps(sizes)}\nH = 2\nd_k = 16\n")
-    return path
-
-
-def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The environment of a CLI run that loads the failing backends and logs their executions."""
-    env = {**os.environ, ENV_VAR: PLUGIN, "ATTNBENCH_TEST_LOG": str(tmp_path / "executions.log"), "PYTHONPATH": str(ROOT)}
-    env.pop("ATTNBENCH_TEST_RENDEZVOUS", None)
-    return {**env, **extra}
-
-
-def attnbench(args: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
-    """Run the CLI to its end."""
-    return subprocess.run([sys.executable, "-m", "harness", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240, **kwargs)
-
-
-def rows(run_dir: Path) -> list[dict]:
-    """The records of a run."""
-    return read_records(run_dir).records
-
-
-def keys(records: list[dict]) -> list[str]:
-    """Pair keys of records, in file order."""
-    return [f"{r['case_id']}-{r['backend']}" for r in records]
-
-
-def executions(tmp_path: Path) -> Counter:
-    """How often each pair's prepare() really ran, from the failing backends' log."""
-    path = tmp_path / "executions.log"
-    return Counter(line.split()[0] for line in path.read_text().splitlines()) if path.exists() else Counter()
-
-
-def is_dead(pid: int) -> bool:
-    """True when the process is gone or a zombie (killed, not yet reaped)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return True
-    return "State:\tZ" in status
+from tests.cli_runs import PLUGIN, ROOT, attnbench, cli_env, executions, is_dead, keys, rows, write_suite
 
 
 # -- the sweep of the "done when": crash, hang, OOM (raised and real) among normal pairs ---------------------------

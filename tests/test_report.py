@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,8 @@ import pytest
 from harness.suite.cases import Case
 from harness.cli.main import main
 from harness.report import build_report
-from test_analysis import PEAKS, synthetic_record, write_run
+from tests.browser import browse, chromium
+from tests.synthetic_runs import PEAKS, synthetic_record, write_run
 from tests.h200_data import H200, needs_h200
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,64 +93,27 @@ def test_report_is_self_contained(report):
 
 
 # -- a real browser ---------------------------------------------------------------------------------
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
-        if path := shutil.which(name):
-            return path
-    return None
-
-
-PROBE = """<script>
-window.__e=[];
-window.addEventListener('error',function(e){window.__e.push(String(e.message||(e.target&&(e.target.src||'').slice(0,40))||'error'))},true);
-window.addEventListener('unhandledrejection',function(e){window.__e.push('rejection: '+e.reason)});
-console.error=function(){window.__e.push('console.error: '+Array.prototype.join.call(arguments,' '))};
-window.addEventListener('load',function(){var im=Array.from(document.images);
-var r={errors:window.__e,images:im.length,zero_width:im.filter(function(i){return !(i.complete&&i.naturalWidth>0)}).length,
-tables:document.querySelectorAll('table').length,sections:Array.from(document.querySelectorAll('section')).map(function(s){return s.id})};
-var p=document.createElement('pre');p.id='attnbench-probe';p.textContent=JSON.stringify(r);document.body.appendChild(p);});
-</script>"""
-
-
-def _browse(html_path: Path, tmp_path: Path) -> tuple[dict, str]:
-    """Open a copy of the page with a probe script in headless Chromium; return the probe's findings and the console log."""
-    probed = html_path.parent / f"probe-{html_path.name}"
-    probed.write_text(html_path.read_text().replace("<head>", "<head>" + PROBE, 1))
-    done = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}",
-         "--virtual-time-budget=5000", "--dump-dom", probed.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )
-    probed.unlink()
-    match = re.search(r'<pre id="attnbench-probe">([^<]*)</pre>', done.stdout)
-    assert match, f"the probe did not run: {done.stderr[-500:]}"
-    console = "\n".join(line for line in done.stderr.splitlines() if "CONSOLE" in line)
-    import html as html_module
-
-    return json.loads(html_module.unescape(match.group(1))), console
-
-
-@pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
 def test_report_in_headless_chromium(report, tmp_path):
-    found, console = _browse(report, tmp_path)
+    found, console = browse(report, tmp_path)
     assert found["errors"] == [] and console == ""
     assert found["images"] >= 6 and found["zero_width"] == 0
     assert found["tables"] >= 8 and tuple(found["sections"]) == SECTIONS
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
     shot.unlink(missing_ok=True)
-    subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile2'}",
+    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile2'}",
                     "--window-size=1400,5000", f"--screenshot={shot}", report.resolve().as_uri()], capture_output=True, timeout=120)
     assert shot.exists() and shot.stat().st_size > 10_000
 
 
-@pytest.mark.skipif(_chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
+@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
 def test_the_browser_probe_sees_a_broken_image(tmp_path):
     # The probe must be able to fail: an undecodable image and a console error are caught.
     page = tmp_path / "broken.html"
     page.write_text('<!DOCTYPE html><html><head></head><body><img src="data:image/png;base64,AAAA"><table></table>'
                     '<section id="x"></section></body></html>')
-    found, _ = _browse(page, tmp_path)
+    found, _ = browse(page, tmp_path)
     assert found["images"] == 1 and found["zero_width"] == 1 and found["errors"]
 
 

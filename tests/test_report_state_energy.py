@@ -7,7 +7,7 @@ import pandas as pd
 from harness import analysis
 from harness.report import build_report
 from harness.suite.cases import Case
-from test_analysis import PEAKS, frame_of, synthetic_record, write_run
+from tests.synthetic_runs import PEAKS, frame_of, synthetic_record, write_run
 
 NO_GPU = "no NVIDIA GPU: a CPU row has no GPU clocks, power or throttle reasons to read"  # what the executor writes (gpu_state.NO_GPU)
 CUDA_ENV = {"before": {"device_type": "cuda", "device_name": "NVIDIA H200", "torch": "2.11.0+cu130"}}

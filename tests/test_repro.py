@@ -19,7 +19,7 @@ from harness.run.order import select_keys
 from harness.run.repro import repro_command
 from harness.suite.cases import grid
 from harness.suite.catalog import Suite
-from test_reliability import PLUGIN, TINY_BUDGET
+from tests.cli_runs import PLUGIN, TINY_BUDGET
 
 ROOT = Path(__file__).resolve().parent.parent
 

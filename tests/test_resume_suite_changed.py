@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from checkout import copy_checkout
+from tests.checkout import copy_checkout
 
 SUITE_MODULE = '''
 from harness.measure.timing import Budget

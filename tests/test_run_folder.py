@@ -17,8 +17,8 @@ from harness.run.progress import LineCounter
 from harness.run.manifest_pairs import pair_manifest
 from harness.run.rundir import MANIFEST, RunFolder, write_env
 from harness.suite.cases import Case
-from run_folders import CASES, make_run, refused
-from test_reliability import write_suite
+from tests.run_folders import CASES, make_run, refused
+from tests.cli_runs import write_suite
 
 
 def test_force_refuses_to_delete_a_folder_no_run_wrote(tmp_path, capsys):

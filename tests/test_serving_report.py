@@ -15,7 +15,7 @@ from harness.report.figures import backend_colors
 from harness.report.serving import serving_sections
 from harness.results.record import Record
 from harness.suite.cases import Case
-from test_analysis import PEAKS, _winner_records, frame_of, synthetic_record, write_run
+from tests.synthetic_runs import PEAKS, winner_records, frame_of, synthetic_record, write_run
 
 MIXED = "2x2048 + 32x1@1024"
 MIXED_Q, MIXED_KV = (2048, 2048) + (1,) * 32, (2048, 2048) + (1024,) * 32
@@ -146,8 +146,8 @@ def test_the_serving_section_appears_with_serving_rows_only(tmp_path):
     assert set(wins["winner"]) == {"lib-a", "lib-b", "sdpa", "paged-a"} and "impossible" in section
     order = wins[wins["batch"].isin(("256", DECODE))]  # by batch; within one, padded, packed, then paged by page size
     assert list(zip(order["layout"], order["page_size"].fillna(0))) == [("paged", 1), ("paged", 16), ("paged", 128), ("padded", 0), ("packed", 0)]
-    assert not serving.has_serving_rows(frame_of(_winner_records()).assign(layout="dense"))  # merged records: every row has a layout
-    dense = build_report([write_run(tmp_path / "results" / "dense", _winner_records())], out_root=tmp_path / "reports")
+    assert not serving.has_serving_rows(frame_of(winner_records()).assign(layout="dense"))  # merged records: every row has a layout
+    dense = build_report([write_run(tmp_path / "results" / "dense", winner_records())], out_root=tmp_path / "reports")
     assert '<section id="serving">' not in dense.read_text() and not (dense.parent / "batch_winners.csv").exists()
 
 
@@ -171,7 +171,7 @@ def test_recommend_with_an_unknown_batch_names_the_runs_batches_in_one_line(tmp_
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no batch '2x4096'" in err
     assert f"its batches are {'; '.join(sorted({MIXED, '256', UNIFORM, LONGTAIL}))}" in err
-    dense = write_run(tmp_path / "dense", _winner_records())
+    dense = write_run(tmp_path / "dense", winner_records())
     assert main(["recommend", str(dense), "--batch", MIXED]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "it has no serving batches" in err

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkout import copy_checkout
+from tests.checkout import copy_checkout
 from harness.cli.main import main
 from harness.env import OLDEST_TORCH, torch_version_problem
 

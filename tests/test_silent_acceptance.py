@@ -16,7 +16,7 @@ import pytest
 from harness.cli.main import main
 from harness.run.protocol import machine_memory_bytes
 from harness.suite.cases import Case
-from test_analysis import PEAKS, synthetic_record, write_run
+from tests.synthetic_runs import PEAKS, synthetic_record, write_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,7 +14,7 @@ from harness.measure.stats import Drift, Stats
 from harness.measure.timing import Measurement, Plan
 from harness.results.record import Status
 from harness.suite.cases import Case, parse_case_id
-from test_analysis import PEAKS, synthetic_record, write_run
+from tests.synthetic_runs import PEAKS, synthetic_record, write_run
 
 AVX2_ENV = {"before": {"device_type": "cpu", "device_name": "AMD EPYC", "torch": "2.x", "cpu_capability": "AVX2", "cpu_bf16_native": False}}
 

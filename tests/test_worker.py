@@ -18,7 +18,7 @@ from harness.run import protocol
 from harness.run.rundir import RunFolder
 from harness.run.worker import Finished, Started, WorkerLoop, folder_loop, main
 from harness.suite.catalog import load_suite, pair_key
-from test_reliability import write_suite
+from tests.cli_runs import write_suite
 
 
 def make_folder(tmp_path: Path, backends: list[str], sizes: list[int], **manifest: object) -> RunFolder:
