@@ -73,7 +73,7 @@ def test_nothing_sets_pytest_benchmarks_private_timer():
 @pytest.mark.slow
 def test_pytest_benchmark_json_holds_the_records_samples(tmp_path):
     """`pytest suites/test_bench.py --benchmark-json`: one benchmark per measured pair, its rounds the record's samples."""
-    from test_reliability import write_suite
+    from tests.cli_runs import write_suite
 
     suite = write_suite(tmp_path / "tiny.toml", ["naive", "sdpa"], [8, 16])
     run_dir, bench_json = tmp_path / "run", tmp_path / "bench.json"

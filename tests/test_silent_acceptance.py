@@ -245,7 +245,7 @@ def test_a_row_whose_case_id_contradicts_its_fields_is_refused(tmp_path, capsys,
 def test_a_run_that_measured_nothing_because_every_pair_failed_exits_1(tmp_path, capsys, monkeypatch):
     """Issue 19: a run whose every worker died (every pair crashed) exited 0; failures beside measured rows still exit 0."""
     from harness.backends.registry import ENV_VAR
-    from test_reliability import PLUGIN, TINY_BUDGET
+    from tests.cli_runs import PLUGIN, TINY_BUDGET
 
     monkeypatch.setenv(ENV_VAR, PLUGIN)
     monkeypatch.setenv("ATTNBENCH_TEST_FAIL_S", "16")
