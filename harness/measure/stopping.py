@@ -17,7 +17,7 @@ import numpy as np
 from harness.measure.stats import DRIFT_MIN_SAMPLES, drift, inside, median_interval, within
 
 if TYPE_CHECKING:
-    from harness.measure.timing import Budget, Clock, Loop
+    from harness.measure.budget import Budget, Clock, Loop
 
 #: What set a measurement's number of samples (`Measurement.stopped_by`; an external loop's is its `Plan.stop`).
 STOP_PRECISION, STOP_BUDGET, STOP_MIN_ROUNDS, STOP_MAX_ROUNDS = "precision", "budget", "min_rounds", "max_rounds"
