@@ -125,7 +125,7 @@ def _per_group_plot(table: pd.DataFrame, keys: list[str], x: str, y: str, colors
             ax.legend(fontsize=6, loc="best")
         suffix = f" ({part + 1}/{math.ceil(len(grouped) / MAX_PANELS)})" if len(grouped) > MAX_PANELS else ""
         fig.suptitle(plain(title + suffix), fontsize=11)
-        fig.tight_layout()
+        # panels() fixes the layout in inches: no tight_layout pass (it cannot place fixed gridspec axes, and draws twice)
         figures.append(Figure(title + suffix, to_data_uri(fig), caption))
     return figures
 
