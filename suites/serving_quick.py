@@ -3,7 +3,8 @@
 Each batch runs padded (to its longest request, masked), packed (tokens concatenated) and paged (the KV
 cache in scattered pages), so one batch's rows compare the layouts on the very same tokens and FLOPs.
 The batches: ragged prefills (uniform, and long-tailed with causal), a mixed batch of prefills and
-decodes, chunked prefill and speculative decoding; the decodes run at page sizes 1 and 16.
+decodes, chunked prefill, speculative decoding, and a decode step over ragged caches at page sizes
+1, 16 and 64 (the mixed batch's decodes run at 1 and 16).
 """
 
 from harness.measure.timing import QUICK_BUDGET
@@ -18,6 +19,8 @@ CASES = (
     *ragged_cases(["longtail(8,256)"], LAYOUTS, B=8, causal=True, **HEADS),
     *ragged_cases(["2x128 + 8x1@256"], LAYOUTS, page_sizes=(1, 16), causal=True, **HEADS),
     *ragged_cases(["4x32@256", "4x4@128"], LAYOUTS, causal=True, **HEADS),
+    # A decode step (one query token per request) over ragged caches: the paged KV bandwidth view, per page size.
+    *ragged_cases(["8x1@uniform(64,512)"], LAYOUTS, page_sizes=(1, 16, 64), causal=True, **HEADS),
 )
 
 SUITE = Suite(
