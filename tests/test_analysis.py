@@ -235,6 +235,18 @@ def test_compare_ignores_a_slowdown_within_noise_and_flags_lost_rows(tmp_path):
     assert len(failures) == 1 and failures.iloc[0]["verdict"] == "status ok → oom"
 
 
+def test_compare_counts_pairs_unchanged_in_status_without_listing_them(tmp_path, capsys):
+    """A GPU-only backend unsupported in both CPU runs is no change: one count, not a line per pair."""
+    cases = [Case(B=1, S_q=S, S_kv=S, H=8, H_kv=8, d_k=64, d_v=64) for S in (128, 256)]
+    base = write_run(tmp_path / "base", [synthetic_record(c, "x", 1.0) for c in cases] + [synthetic_record(c, "gpu-only", 1.0, status="unsupported") for c in cases])
+    new = write_run(tmp_path / "new", [synthetic_record(c, "x", 1.0) for c in cases] + [synthetic_record(c, "gpu-only", 1.0, status="unsupported") for c in cases])
+    assert main(["compare", str(base), str(new), "--out", str(tmp_path / "cmp.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-only" not in out and "2 unsupported in both" in out and "2 within noise" in out
+    table = pd.read_csv(tmp_path / "cmp.csv")
+    assert set(table.loc[table["backend"] == "gpu-only", "verdict"]) == {"unsupported in both"}  # the CSV keeps every pair
+
+
 def test_compare_refuses_different_devices_and_warns_on_versions(tmp_path, capsys):
     base, new = _two_runs(tmp_path, 1.0)
     (new / "env.json").write_text(json.dumps({"before": {"device_type": "cpu", "device_name": "other CPU", "torch": "2.x"}}))

@@ -116,6 +116,8 @@ class Comparison:
 
 #: Verdicts of a pair of `ok` rows.
 FASTER, SLOWER, SAME = "faster", "slower", "within noise"
+#: How the verdict of a pair that is not `ok` in both runs, with the same status, ends ("unsupported in both").
+UNCHANGED_SUFFIX = " in both"
 
 
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | None = None, cv: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -134,6 +136,8 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | Non
             row["gate"] = r["status_base"] == "ok"
         elif r["_merge"] == "right_only":
             row["verdict"] = "only in NEW"
+        elif r["status_base"] == r["status_new"] != "ok":
+            row["verdict"] = f"{r['status_base']} in both"  # nothing changed: counted, not listed
         elif r["status_base"] != "ok" or r["status_new"] != "ok":
             lost = r["status_base"] == "ok" and r["status_new"] != "ok"
             row["verdict"] = f"status {r['status_base']} → {r['status_new']}"
@@ -193,7 +197,7 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
         out.write("no rows to compare\n")
         return
     out.write(f"{'case':<48} {'backend':<16} {'base ms':>10} {'new ms':>10} {'ratio':>7}  verdict\n")
-    for _, r in table.iterrows():
+    for _, r in table[~table["verdict"].str.endswith(UNCHANGED_SUFFIX)].iterrows():
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None and r["ratio"] == r["ratio"] else ""
         base_ms = f"{r['base_ms']:.4g}" if r["base_ms"] == r["base_ms"] and r["base_ms"] is not None else ""
         new_ms = f"{r['new_ms']:.4g}" if r["new_ms"] == r["new_ms"] and r["new_ms"] is not None else ""
