@@ -1,4 +1,4 @@
-"""Ragged batches built directly from lengths, their per-sequence float64 reference, and a stand-in for a ragged case.
+"""Ragged batches built directly from lengths, their per-sequence float64 reference, and the ragged case they stand for.
 
 The adapters' tests build their own RaggedInputs (seeded) rather than the suite's generator, so a
 translation is checked against the layout contract of harness.suite.ragged itself. Pages are a
@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs
 
 
@@ -83,38 +84,18 @@ def agrees(out: torch.Tensor, inputs: RaggedInputs, tol: float = 1e-4) -> bool:
     return out.shape == ref.shape and bool(torch.isfinite(out).all()) and float((out.double() - ref).abs().max()) < tol
 
 
-@dataclasses.dataclass(frozen=True)
-class LayoutCase:
-    """A stand-in for a ragged Case with the fields an adapter's `supports` and `prepare` read.
+#: The fields of the ragged case the adapters' tests start from (any may be given to `serving_case`).
+CASE_DEFAULTS = dict(B=2, S_q=8, S_kv=8, H=4, H_kv=2, d_k=16, d_v=16, layout="packed")
 
-    Not a Case: a real ragged Case must also carry the lengths its `length_dist` draws from its seed
-    (checked by the suite's own tests); these tests hand the adapters RaggedInputs built from lengths
-    directly, and need only the case's dtype, device, mode, head dims, mask and layout.
+
+def serving_case(**fields) -> Case:
+    """A real ragged Case of B requests, each S_q queries over S_kv keys (`B x S_q @ S_kv`), with `fields` changed.
+
+    The adapters' tests hand `prepare` RaggedInputs built from their own lengths; the case gives what
+    `supports` and `prepare` read from it (dtype, device, mode, head dims, mask, layout, page size).
     """
-
-    B: int = 2
-    S_q: int = 8
-    S_kv: int = 8
-    H: int = 4
-    H_kv: int = 2
-    d_k: int = 16
-    d_v: int = 16
-    dtype: str = "fp32"
-    device: str = "cpu"
-    causal: bool = False
-    mode: str = "fwd"
-    window: int | None = None
-    padding: bool = False
-    mla: bool = False
-    seed: int = 0
-    layout: str = "packed"
-    page_size: int | None = None
-
-    def replace(self, **changes) -> "LayoutCase":
-        """A copy with some fields changed, as Case.replace."""
-        return dataclasses.replace(self, **changes)
-
-
-def serving_case(**fields) -> LayoutCase:
-    """A ragged case's stand-in (see LayoutCase)."""
-    return LayoutCase(**fields)
+    f = {**CASE_DEFAULTS, **fields}
+    if f["layout"] == "paged" and f.get("page_size") is None:
+        f["page_size"] = 16
+    batch = f"{f['B']}x{f['S_q']}" + (f"@{f['S_kv']}" if f["S_kv"] != f["S_q"] else "")
+    return Case(**f, seq_lens_q=(f["S_q"],) * f["B"], seq_lens_kv=(f["S_kv"],) * f["B"], length_dist=batch)

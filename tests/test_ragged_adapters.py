@@ -88,7 +88,7 @@ def test_flash_paged_limits_are_the_libraries_own():
     for backend in (FlashAttn3Backend(), FlashAttn4Backend()):
         assert backend.supports(cuda.replace(page_size=1)) is None  # FA3: "page_block_size can be arbitrary"
     assert "forward only" in FlashAttn2Backend().supports(cuda.replace(page_size=256, mode="bwd"))
-    assert "padded" in FlashAttn2Backend().supports(cuda.replace(layout="padded"))
+    assert "padded" in FlashAttn2Backend().supports(cuda.replace(layout="padded", page_size=None))
 
 
 # -- xFormers: block-diagonal biases on one packed sequence; paged biases over the flattened page pool --
@@ -191,7 +191,7 @@ def test_flashinfer_is_unavailable_here_with_a_reason_and_refuses_what_it_cannot
     assert "fp16 and bf16" in backend.supports(cuda.replace(dtype="fp32"))
     assert "no backward" in backend.supports(cuda.replace(mode="fwd_bwd"))
     assert "no CPU kernel" in backend.supports(cuda.replace(device="cpu"))
-    assert "padded" in backend.supports(cuda.replace(layout="padded"))
+    assert "padded" in backend.supports(cuda.replace(layout="padded", page_size=None))
     with pytest.raises(Unsupported, match="at least one KV token"):
         flashinfer_call(dataclasses.replace(ragged_batch([1, 1], [3, 1], page_size=2), seq_lens_kv=(3, 0)), torch.float32)
 
@@ -323,7 +323,7 @@ def test_serving_layouts_refuse_what_their_translations_do_not_carry():
     for backend in (FlashAttn2Backend(), FlashAttn3Backend(), XformersBackend(), FlashinferBackend(), FlexBackend()):
         assert backend.supports(paged) is None, backend.name
         assert "sliding window" in backend.supports(paged.replace(window=8)), backend.name
-        assert "padded" in backend.supports(paged.replace(layout="padded")), backend.name
+        assert "padded" in backend.supports(paged.replace(layout="padded", page_size=None)), backend.name
 
 
 def test_a_flash_build_that_refuses_paged_kv_is_unsupported_with_its_words(monkeypatch):
