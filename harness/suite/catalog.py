@@ -317,15 +317,16 @@ def suite_from_toml(path: Path) -> Suite:
     budget_spec = data.get("budget", {})
     if not isinstance(budget_spec, dict):
         raise UserError(f"{where}: field 'budget' has value {budget_spec!r}, expected a [budget] table")
-    budget = budget_from_fields(budget_spec, where)
+    # What the [budget] table leaves out is the device's: CUDA_BUDGET's on a GPU, QUICK_BUDGET's on the CPU.
     return Suite(
         name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
-        cases=tuple(dict.fromkeys(cases)), backends=tuple(backends) if backends else None, budget=budget,
+        cases=tuple(dict.fromkeys(cases)), backends=tuple(backends) if backends else None,
+        budget=budget_from_fields(budget_spec, where, CUDA_BUDGET), cpu_budget=budget_from_fields(budget_spec, where),
     )
 
 
-def budget_from_fields(budget_spec: dict[str, Any], where: str | Path) -> Budget:
-    """The Budget a suite file's [budget] table or a run's manifest gives by field name (the rest: QUICK_BUDGET's);
+def budget_from_fields(budget_spec: dict[str, Any], where: str | Path, base: Budget = QUICK_BUDGET) -> Budget:
+    """The Budget a suite file's [budget] table or a run's manifest gives by field name (the rest: `base`'s);
     UserError naming `where` and the field of a value no budget may have."""
     unknown = set(budget_spec) - _BUDGET_KEYS
     if unknown:
@@ -350,4 +351,4 @@ def budget_from_fields(budget_spec: dict[str, Any], where: str | Path) -> Budget
             raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected {expected}")
     if budget_spec.get("min_rounds", 0) > budget_spec.get("max_rounds", float("inf")):
         raise UserError(f"{where}: budget field 'min_rounds' has value {budget_spec['min_rounds']!r}, more than max_rounds {budget_spec['max_rounds']!r}")
-    return Budget(**{**QUICK_BUDGET.__dict__, **budget_spec})
+    return Budget(**{**base.__dict__, **budget_spec})
