@@ -33,7 +33,7 @@ FLAG_WORDS = {
                "idle, heat, another process), so its median depends on when it was taken. Such a row is always sampled to its budget.",
     "call_exceeds_budget": "one call costs more than the pair's time budget holds, so the row took fewer samples than the minimum "
                    "(stopped_by call_exceeds_budget): under 6 samples it has no 95 % interval, and its median is a rough figure. "
-                   "With stopped_by first_call the pair's first call cost twice its budget or more and is its one sample, with no "
+                   "With stopped_by first_call the pair's first call cost five budgets or more and is its one sample, with no "
                    "warm-up call before it: a figure for a call that slow, not a steady-state latency.",
 }
 #: The columns of the flagged rows' table and CSV.

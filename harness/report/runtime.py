@@ -63,7 +63,7 @@ STOP_WORDS = {
     STOP_MIN_ROUNDS: "at the minimum of samples (the budget held fewer)",
     STOP_MAX_ROUNDS: "at the maximum of samples",
     STOP_CALL_EXCEEDS_BUDGET: "short of the minimum, because one call costs more than the budget holds",
-    STOP_FIRST_CALL: "after the first call, which cost twice its budget or more and is the one sample",
+    STOP_FIRST_CALL: "after the first call, which cost five budgets or more and is the one sample",
 }
 
 

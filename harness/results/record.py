@@ -106,7 +106,7 @@ class Record:
     #: What set the number of samples (harness.measure.stopping): precision (the median's 95 % interval came
     #: within ±1 % on a steady run before the time budget was spent), budget, max_rounds, min_rounds (taken
     #: whatever they cost), call_exceeds_budget (one call costs more than the budget holds: fewer samples) or
-    #: first_call (the first call cost twice its budget or more: it is the one sample, no warm-up call before it).
+    #: first_call (the first call cost five budgets or more: it is the one sample, no warm-up call before it).
     stopped_by: str | None = None
     #: The last third of the samples' median against the first third's, in %; None under 18 samples.
     drift_pct: float | None = None
