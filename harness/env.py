@@ -106,8 +106,8 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
 def cpu_capability(flags: set[str] | None = None) -> dict[str, Any]:
     """The instruction set torch's CPU kernels use (`torch.backends.cpu.get_cpu_capability()`: DEFAULT, AVX2, AVX512...) and whether bf16 is native.
 
-    Without native bf16 (an AVX2-only CPU) a bf16 matmul is emulated through fp32 conversions and
-    runs tens of times slower than fp32: the report says so beside such rows. `cpu_bf16_native` is
+    Without native bf16 (an AVX2-only CPU) torch's bf16 matmul takes a one-thread fallback GEMM,
+    8-60x slower than fp32 as the operands' layout goes: the report says so beside such rows. `cpu_bf16_native` is
     None when the flags cannot be read.
     """
     import torch

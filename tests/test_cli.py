@@ -96,10 +96,14 @@ def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path):
     ok = frame[frame.status == "ok"]
     assert len(ok) == 12 and ok.agree.all()
     assert (ok.latency_ms_median > 0).all() and (ok.tflops > 0).all()
-    # Every row says how precise its median is, and what set its number of samples.
-    assert (ok.samples >= 6).all() and ok.latency_ms_ci95_low.notna().all()
-    assert ((ok.latency_ms_ci95_low <= ok.latency_ms_median) & (ok.latency_ms_median <= ok.latency_ms_ci95_high)).all()
-    assert set(ok.stopped_by) <= {"precision", "budget", "min_rounds", "max_rounds"}
+    # Every row says how precise its median is, and what set its number of samples. naive's bf16 call (~22 ms on an
+    # AVX2 CPU) fits the 50 ms budget a few times; on a machine slowed 2-3x it is one sample, and the row says so.
+    sampled, few = ok[ok.samples >= 6], ok[ok.samples < 6]
+    assert sampled.latency_ms_ci95_low.notna().all() and few.latency_ms_ci95_low.isna().all()
+    assert ((sampled.latency_ms_ci95_low <= sampled.latency_ms_median) & (sampled.latency_ms_median <= sampled.latency_ms_ci95_high)).all()
+    assert set(sampled.stopped_by) <= {"precision", "budget", "min_rounds", "max_rounds"}
+    assert set(few.stopped_by) <= {"call_exceeds_budget", "first_call"} and (few.latency_ms_median > 20).all()
+    assert len(sampled[sampled.latency_ms_median < 5]) == len(ok[ok.latency_ms_median < 5]) >= 8  # sdpa's sub-ms rows, always sampled
     # `attnbench run` runs its workers' loop without pytest: pytest-benchmark's files are `pytest suites/`'s
     # (tests/test_pytest_benchmark_contract.py checks that they hold the records' samples).
     assert not list(run_dir.glob("pytest-benchmark-*.json"))

@@ -132,6 +132,20 @@ def test_atol_is_one_rounding_of_the_largest_element_plus_a_floor():
     assert numerics.atol("bf16", 9.0) > numerics.atol("bf16", 3.0)  # gradients can exceed the values' magnitude
 
 
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_rules_cpu_eager_is_torchs_own_low_precision_eager_but_for_summation_order(dtype):
+    # On the CPU the rule's `lp` multiplies in fp32 and rounds back, as a low-precision GEMM with fp32 accumulation
+    # does: it must land where torch's own bf16/fp16 eager lands (same rounding points), not at fp32's accuracy.
+    case = small_case(dtype, causal=True, S_q=96, S_kv=96)
+    inputs = make_inputs(case)
+    scale, mask = reference.default_scale(case), visible_mask(case)
+    lp = reference.forward(case, inputs, reference.eager_kernel(scale), inputs.q.dtype, inputs.q.device, None)
+    native = naive_attention(inputs.q, inputs.k, inputs.v, mask, scale=scale)
+    assert lp.dtype == native.dtype == inputs.q.dtype
+    ulp = torch.finfo(inputs.q.dtype).eps
+    assert float((lp.double() - native.double()).abs().max()) <= 2 * ulp * float(native.double().abs().max())
+    assert float((lp == native).double().mean()) > 0.99  # an fp32 product left unrounded lands on other values
 @pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_never_agrees(bad_value):
     ref = torch.zeros(4, dtype=torch.float64)

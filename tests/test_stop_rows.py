@@ -3,6 +3,7 @@ the CPU's capability in env.json, and why bf16 rows are slow on a CPU without na
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -91,6 +92,18 @@ def test_a_toml_budget_refuses_bad_stopping_fields_in_one_line(tmp_path, budget,
     path.write_text(f"[budget]\n{budget}\n[[grid]]\nB = 1\nS = 8\nH = 1\nd_k = 8\n")
     with pytest.raises(UserError, match=message):
         suite_from_toml(path)
+
+
+def test_what_a_toml_budget_leaves_out_is_the_devices_budget(tmp_path):
+    from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET
+    from harness.suite.catalog import suite_from_toml
+
+    path = tmp_path / "s.toml"
+    path.write_text("[budget]\nmeasure_s = 0.3\n[[grid]]\nB = 1\nS = 8\nH = 1\nd_k = 8\n")
+    suite = suite_from_toml(path)
+    on_cpu, on_gpu = suite.on_device("cpu").budget, suite.on_device("cuda").budget
+    assert on_cpu.measure_s == on_gpu.measure_s == 0.3  # what the file sets holds on both
+    assert on_cpu == dataclasses.replace(QUICK_BUDGET, measure_s=0.3) and on_gpu == dataclasses.replace(CUDA_BUDGET, measure_s=0.3)
 
 
 def test_a_toml_budget_sets_the_stopping_fields():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from harness.measure.stats import Stats, drift
-from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget, FakeClock, measure, plan
+from harness.measure.timing import CUDA_BUDGET, FIRST_CALL_ONLY_FACTOR, QUICK_BUDGET, Budget, FakeClock, measure, plan
 from tests.h200_data import h200_records, needs_h200
 
 
@@ -143,9 +143,10 @@ def test_a_precision_stop_waits_for_the_minimum_time_and_samples():
     m = measure(Replay(clock, [1e-3] + steady), clock, dataclasses.replace(QUICK_BUDGET, warmup_s=0.0), wall=clock)
     assert m.stopped_by == "precision"
     assert m.loop_s is None or m.stats.n * 1e-3 >= QUICK_BUDGET.min_measure_share * QUICK_BUDGET.measure_s
-    assert 0.07 <= m.stats.n * 1e-3 < 0.1  # ±0.1 % jitter: within ±1 % at once, but not before 70 % of the budget
+    share, measure_s = QUICK_BUDGET.min_measure_share, QUICK_BUDGET.measure_s
+    assert share * measure_s <= m.stats.n * 1e-3 < measure_s  # ±0.1 % jitter: within ±1 % at once, but not before 70 % of the budget
     never = measure(Replay(clock, [1e-3] + steady), clock, dataclasses.replace(QUICK_BUDGET, warmup_s=0.0, precision=0.0), wall=clock)
-    assert never.stopped_by == "budget" and never.stats.n == 100
+    assert never.stopped_by == "budget" and never.stats.n == round(measure_s / 1e-3)
 
 
 def test_noisy_cpu_samples_are_taken_to_the_budget():
@@ -158,12 +159,13 @@ def test_noisy_cpu_samples_are_taken_to_the_budget():
 # -- the ceiling: a call dearer than the budget -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("call_s,samples,stop", [(3.2, 1, "first_call"), (0.3, 1, "call_exceeds_budget"),
-                                                (0.04, 6, "min_rounds"), (0.015, 7, "budget")])
+@pytest.mark.parametrize("call_s,samples,stop", [(3.2, 1, "first_call"), (0.31, 1, "first_call"), (0.29, 1, "call_exceeds_budget"),
+                                                (0.08, 1, "call_exceeds_budget"),
+                                                (0.02, 6, "min_rounds"), (0.007, 8, "budget")])
 def test_a_call_dearer_than_the_budget_takes_fewer_samples_and_says_so(call_s, samples, stop):
-    # The AVX2 CPU's bf16 naive pair: 3.2 s a call. Six samples cost 19 s where the budget is 0.1 s. A call the
+    # The AVX2 CPU's bf16 naive pair: 3.2 s a call. Six samples cost 19 s where the budget is 0.05 s. A call the
     # budget holds two of keeps the minimum (a contended machine makes small calls look dear); the loop samples
-    # until the budget is spent, so it ends at most one call past it.
+    # until the budget is spent, so it ends at most one call past it (8 calls of 7 ms: the 8th crosses 50 ms).
     clock = FakeClock()
     m = measure(lambda: clock.advance(call_s), clock, QUICK_BUDGET, wall=clock)
     assert m.stats.n == samples and m.stopped_by == stop
@@ -181,9 +183,10 @@ def test_a_first_call_five_budgets_dear_is_the_rows_one_sample_and_no_warm_up_ca
     m = measure(dear, clock, QUICK_BUDGET, wall=clock)
     assert len(calls) == 1 and m.stats.n == 1 and m.stats.median == pytest.approx(3.2)
     assert m.stopped_by == m.plan.stop == "first_call" and m.plan.warmup_calls == 0 and m.stats.median_interval() is None
-    # Just under five budgets (0.6 s for quick's 0.12 s) the first call stays a warm-up call and a sample follows it.
+    # Just under five whole budgets (0.3 s for quick's 0.06 s) the first call stays a warm-up call and a sample follows it.
+    whole = QUICK_BUDGET.warmup_s + QUICK_BUDGET.measure_s
     calls.clear()
-    under = measure(lambda: calls.append(clock.advance(0.55)), clock, QUICK_BUDGET, wall=clock)
+    under = measure(lambda: calls.append(clock.advance(0.95 * FIRST_CALL_ONLY_FACTOR * whole)), clock, QUICK_BUDGET, wall=clock)
     assert len(calls) == 2 and under.stopped_by == "call_exceeds_budget"
     # Without fewest_rounds 1 (CUDA keeps 3), or with an external loop, the first call is never the sample.
     cuda_like = measure(lambda: clock.advance(3.2), clock, dataclasses.replace(QUICK_BUDGET, fewest_rounds=3), wall=clock)
@@ -193,8 +196,9 @@ def test_a_first_call_five_budgets_dear_is_the_rows_one_sample_and_no_warm_up_ca
 def test_a_dear_first_call_that_was_only_cold_does_not_cost_the_row_its_minimum():
     # A first call that pays a lazy initialisation (or was preempted) looks dearer than the budget; the samples are not.
     clock = FakeClock()
-    m = measure(Replay(clock, [0.5] + [0.01] * 20), clock, QUICK_BUDGET, wall=clock)
-    assert m.plan.stop == "call_exceeds_budget" and m.stopped_by == "budget" and m.stats.n == 10
+    m = measure(Replay(clock, [0.08] + [0.012] * 20), clock, QUICK_BUDGET, wall=clock)
+    # 5 samples fill the 50 ms but the minimum is 6, and the look after the 5th takes a block of two (a quarter more, rounded up).
+    assert m.plan.stop == "call_exceeds_budget" and m.stopped_by == "budget" and m.stats.n == 7
 
 
 def test_without_fewest_rounds_the_minimum_holds_whatever_a_call_costs():
@@ -217,12 +221,12 @@ def test_an_external_loop_runs_the_rounds_the_budget_holds_and_the_ceiling_appli
         return out
 
     steady = measure(lambda: clock.advance(1e-3), clock, QUICK_BUDGET, loop=fixed, wall=clock)
-    assert seen[-1] == (100, 1) and steady.stats.n == 100 and steady.stopped_by == "budget"  # no stop before the rounds end
+    assert seen[-1] == (50, 1) and steady.stats.n == 50 and steady.stopped_by == "budget"  # no stop before the rounds end
     dear = measure(lambda: clock.advance(3.2), clock, QUICK_BUDGET, loop=fixed, wall=clock)
     assert seen[-1] == (1, 1) and dear.stopped_by == "call_exceeds_budget"
     assert dear.plan.warmup_calls == 2  # fixed rounds cannot be raised later: a second call confirms the first was not only cold
     cold = measure(Replay(clock, [0.5] + [0.01] * 20), clock, QUICK_BUDGET, loop=fixed, wall=clock)
-    assert cold.plan.stop == "budget" and cold.stats.n == 10  # sized from the cheaper second call
+    assert cold.plan.stop == "min_rounds" and cold.stats.n == 6  # sized from the cheaper second call (5 fit; 6 at least), not 1
 
 
 def test_around_wraps_the_whole_stopping_loop_once():

@@ -63,7 +63,7 @@ def test_the_worker_reads_budget_phases_and_cooldown_from_the_manifest(tmp_path)
     phases = loop.runner.phases
     assert (phases.check, phases.timer, phases.energy, phases.profile) == (True, "kernels", True, True)
     assert phases.traces == folder.path / protocol.TRACES
-    assert loop.runner.budget == load_suite(folder.suite_arg).budget  # the suite's TOML budget, not a default
+    assert loop.runner.budget == load_suite(folder.suite_arg).on_device("cpu").budget  # the suite's TOML budget, not a default
     assert loop.cooldown is not None and loop.cooldown.max_s == 45.0
 
 

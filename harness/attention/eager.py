@@ -7,6 +7,7 @@ importing each other.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -18,6 +19,7 @@ def naive_attention(
     mask: torch.Tensor | None = None,
     scale: float | None = None,
     return_weights: bool = False,
+    matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.matmul,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q·Kᵀ·scale + mask)·V in eager PyTorch, `[B, H, S, d]` in and out.
 
@@ -27,13 +29,14 @@ def naive_attention(
     visible key give zeros (FlashAttention's convention), not NaN.
     The scale is applied to Q (a `[B, H, S_q, d]` copy) rather than to the scores, so that only
     two score-sized tensors (scores and weights) are ever alive, as in the textbook layer.
+    `matmul` computes both products; the agreement rule passes its own on the CPU (harness.attention.reference.eager_kernel).
     """
     B, H, S_q, d_k = q.shape
     H_kv, S_kv = k.shape[1], k.shape[2]
     g = H // H_kv
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
     qg = (q * scale).view(B, H_kv, g, S_q, d_k)
-    scores = qg @ k.unsqueeze(2).transpose(-2, -1)  # [B, H_kv, g, S_q, S_kv]
+    scores = matmul(qg, k.unsqueeze(2).transpose(-2, -1))  # [B, H_kv, g, S_q, S_kv]
     if mask is not None:
         scores.masked_fill_(~mask.unsqueeze(1), float("-inf"))
     weights = torch.softmax(scores, dim=-1)
@@ -41,7 +44,7 @@ def naive_attention(
     if mask is not None:
         # In place unless autograd saved the softmax output for backward.
         weights = weights.nan_to_num(nan=0.0) if weights.requires_grad else weights.nan_to_num_(nan=0.0)
-    out = (weights @ v.unsqueeze(2)).view(B, H, S_q, v.shape[-1])
+    out = matmul(weights, v.unsqueeze(2)).view(B, H, S_q, v.shape[-1])
     if return_weights:
         return out, weights.view(B, H, S_q, S_kv)
     return out

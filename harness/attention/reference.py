@@ -89,9 +89,28 @@ def reference_kernel(scale: float) -> Kernel:
     return lambda q, k, v, m: reference_attention(q, k, v, m, scale)
 
 
+#: Dtypes whose CPU matmul the rule's `lp` computes as `fp32_accumulated_matmul`.
+WIDENED_ON_CPU = (torch.bfloat16, torch.float16)
+
+
+def fp32_accumulated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a·b of low-precision tensors as a GEMM that accumulates in fp32 computes it: products summed in fp32, rounded back once.
+
+    What torch's bf16/fp16 CPU matmul returns (fp32 accumulation; equal but for summation order), at fp32 speed:
+    without native bf16 (an AVX2 CPU) torch's own bf16 GEMM runs on one thread some 40x slower than fp32,
+    and the reference of a quick case then cost more than every backend's samples of it.
+    """
+    return torch.matmul(a.float(), b.float()).to(a.dtype)
+
+
 def eager_kernel(scale: float) -> Kernel:
-    """Eager attention in the inputs' dtype (the rule's `lp`) as a slice kernel."""
-    return lambda q, k, v, m: naive_attention(q, k, v, m, scale=scale)
+    """Eager attention in the inputs' dtype (the rule's `lp`) as a slice kernel; on the CPU a bf16/fp16 matmul accumulates in fp32 explicitly."""
+
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+        widened = q.device.type == "cpu" and q.dtype in WIDENED_ON_CPU
+        return naive_attention(q, k, v, m, scale=scale, matmul=fp32_accumulated_matmul if widened else torch.matmul)
+
+    return kernel
 
 
 def all_slices(case: Case) -> list[tuple[int, int]]:

@@ -29,9 +29,10 @@ from harness.measure.budget import Budget, Clock, Loop  # noqa: F401 - re-export
 #: and would end every pair as an error or a timeout.
 MAX_BUDGET_S = 3600.0
 
-#: On a CPU a bf16 call without native bf16 (AVX2) may last seconds: one sample then, so `quick` keeps its
-#: minutes; its interval is absent (under 6 samples) and the row says why (`call_exceeds_budget`).
-QUICK_BUDGET = Budget(warmup_s=0.02, measure_s=0.1, min_rounds=6, max_rounds=200, precision=0.01, fewest_rounds=1)
+#: The CPU's budget: 60 ms a pair. `quick` has 480 measured pairs on a CPU, and on one without native bf16 (AVX2) its
+#: bf16 naive and projections calls last 0.1-2 s each: those take one sample (`call_exceeds_budget`, `first_call`;
+#: no interval under 6 samples, and the row says why), and the budget of the rest is what keeps the sweep in minutes.
+QUICK_BUDGET = Budget(warmup_s=0.01, measure_s=0.05, min_rounds=6, max_rounds=200, precision=0.01, fewest_rounds=1)
 CUDA_BUDGET = Budget(warmup_s=0.025, measure_s=0.1, min_sample_s=0.0, min_rounds=10, max_rounds=1000, fewest_rounds=3)
 
 
@@ -176,9 +177,11 @@ def direct_loop(clock: Clock) -> Loop:
 
 
 #: A first call that costs this many times the pair's whole budget (warm-up and samples) is the row's one sample
-#: when the budget takes one at the fewest: on an AVX2 CPU a bf16 naive call lasts 2-3 s against quick's 0.12 s, and a
-#: warm-up call before it would double what the suite costs. A call only cold (a lazy initialisation, a preemption)
-#: rarely costs five times a budget that a warm call fits in; the row says `first_call` either way.
+#: when the budget takes one at the fewest: on an AVX2 CPU a bf16 naive call lasts 0.1-2 s against quick's 0.06 s,
+#: and a warm-up call before it would double what those rows cost. A call only cold (a lazy initialisation, a
+#: preemption) rarely costs five times a budget that a warm call fits in: at twice, a contended quick run took a
+#: 5 ms sdpa-math call's 120 ms first call as its row; quiet, first calls of 0.1 s and more were 0.92-1.33x the
+#: next. The row says `first_call` either way.
 FIRST_CALL_ONLY_FACTOR = 5.0
 
 

@@ -82,7 +82,8 @@ def emulated_bf16_note(frame: pd.DataFrame, envs: Mapping[str, Mapping[str, Any]
     capability = ", ".join(sorted({str(before.get("cpu_capability") or "unknown") for before in emulated.values()}))
     few = int(_flags(rows)["call_exceeds_budget"].sum())
     return (f"{len(rows)} bf16 rows ran on a CPU without native bf16 (torch's CPU capability {capability}; no avx512_bf16 or amx_bf16): "
-            "its bf16 matmuls are emulated through fp32 and run tens of times slower than fp32, so these rows time the emulation, "
+            "its bf16 matmuls take torch's fallback GEMM (one thread, no bf16 instructions), 8 to 60 times slower than fp32 "
+            "as the operands' layout goes, so these rows time that fallback, "
             f"not what the backend would cost on a CPU with bf16 (or a GPU)" + (f"; {few} of them took fewer samples than the minimum." if few else "."))
 
 

@@ -17,7 +17,8 @@ from harness.errors import UserError
 from harness.measure.timing import Budget
 from harness.results.documents import MANIFEST, Manifest
 from harness.suite.cases import Case, case_from_fields
-from harness.suite.catalog import Suite, budget_from_fields, load_suite, pair_key
+from harness.suite.budget_fields import budget_from_fields
+from harness.suite.catalog import Suite, load_suite, pair_key
 
 Pairs = dict[str, tuple[Case, str]]
 

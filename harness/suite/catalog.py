@@ -6,7 +6,6 @@ TOML file with the same fields, validated with errors that name the field and th
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import itertools
 import json
@@ -21,10 +20,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from harness.suite.batch import ragged_cases
-from harness.suite.cases import MAX_INT, MODES, RAGGED_LAYOUTS, Case, canonical_dtype, grid
+from harness.suite.cases import MODES, RAGGED_LAYOUTS, Case, canonical_dtype, grid
 from harness.errors import UserError
 from harness.results.documents import read_regular
-from harness.measure.timing import CUDA_BUDGET, MAX_BUDGET_S, QUICK_BUDGET, Budget
+from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
+from harness.suite.budget_fields import budget_from_fields
 from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases
 
 
@@ -163,8 +163,6 @@ _GRID_KEYS = {"B", "S", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "dtype", "caus
 #: A grid of batches of requests (harness.suite.batch) takes these instead of S/S_q/S_kv, padding and mla.
 _BATCH_KEYS = {"batch", "layout", "page_size", "B", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window"}
 _TOP_KEYS = {"name", "description", "device", "backends", "budget", "grid", "seed"}
-#: Every Budget field, by name: a [budget] table may set any of them, and a run's manifest holds them all.
-_BUDGET_KEYS = {f.name for f in dataclasses.fields(Budget)}
 
 
 def _as_list(where: str, key: str, value: Any) -> list:
@@ -317,37 +315,9 @@ def suite_from_toml(path: Path) -> Suite:
     budget_spec = data.get("budget", {})
     if not isinstance(budget_spec, dict):
         raise UserError(f"{where}: field 'budget' has value {budget_spec!r}, expected a [budget] table")
-    budget = budget_from_fields(budget_spec, where)
+    # What the [budget] table leaves out is the device's: CUDA_BUDGET's on a GPU, QUICK_BUDGET's on the CPU.
     return Suite(
         name=str(data.get("name", path.stem)), description=str(data.get("description", "")),
-        cases=tuple(dict.fromkeys(cases)), backends=tuple(backends) if backends else None, budget=budget,
+        cases=tuple(dict.fromkeys(cases)), backends=tuple(backends) if backends else None,
+        budget=budget_from_fields(budget_spec, where, CUDA_BUDGET), cpu_budget=budget_from_fields(budget_spec, where),
     )
-
-
-def budget_from_fields(budget_spec: dict[str, Any], where: str | Path) -> Budget:
-    """The Budget a suite file's [budget] table or a run's manifest gives by field name (the rest: QUICK_BUDGET's);
-    UserError naming `where` and the field of a value no budget may have."""
-    unknown = set(budget_spec) - _BUDGET_KEYS
-    if unknown:
-        raise UserError(f"{where}: unknown budget field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_BUDGET_KEYS))})")
-    for key, value in budget_spec.items():
-        if key == "fewest_rounds" and value is None:
-            continue  # no ceiling: a manifest (JSON) says so; a TOML table leaves the field out
-        if key in {"min_rounds", "max_rounds", "max_iterations", "fewest_rounds"}:
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
-                raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected a positive integer")
-        elif key == "precision":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-                raise UserError(f"{where}: budget field 'precision' has value {value!r}, expected a fraction from 0 (never stop early) to below 1")
-        elif key == "min_measure_share":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise UserError(f"{where}: budget field 'min_measure_share' has value {value!r}, expected a share of measure_s from 0 to 1")
-        elif (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-              or value < 0 or (key == "measure_s" and value == 0) or value > MAX_BUDGET_S):
-            # warmup_s = 0 still warms up with one call, min_sample_s = 0 is what CUDA budgets use; measuring for 0 s is nothing.
-            expected = "a finite, positive number of seconds" if key == "measure_s" else "a finite number of seconds, 0 or more"
-            expected += f", at most {MAX_BUDGET_S:g}"
-            raise UserError(f"{where}: budget field {key!r} has value {value!r}, expected {expected}")
-    if budget_spec.get("min_rounds", 0) > budget_spec.get("max_rounds", float("inf")):
-        raise UserError(f"{where}: budget field 'min_rounds' has value {budget_spec['min_rounds']!r}, more than max_rounds {budget_spec['max_rounds']!r}")
-    return Budget(**{**QUICK_BUDGET.__dict__, **budget_spec})
