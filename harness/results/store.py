@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from harness.suite.cases import CASE_FIELDS, case_from_fields
 from harness.env import harness_identity
@@ -232,17 +232,21 @@ def load_run(*run_dirs: Path | str):
     `frame.attrs["dropped_partial_lines"]` lists the records files whose truncated last line was dropped
     (`ReadResult.dropped_message` words it), so that a report can say so.
     """
+    results = [read_records(run_dir) for run_dir in run_dirs]
+    frame = records_frame([record for result in results for record in result.typed()])
+    frame.attrs["dropped_partial_lines"] = [str(result.path) for result in results if result.dropped_partial_line]
+    return frame
+
+
+def records_frame(records: Iterable[Record]):
+    """Typed records as one pandas DataFrame, every column of the schema present, in the schema's order."""
     import pandas as pd
 
-    results = [read_records(run_dir) for run_dir in run_dirs]
-    frame = pd.DataFrame([record.to_dict() for result in results for record in result.typed()])
+    frame = pd.DataFrame([record.to_dict() for record in records])
     for column in COLUMNS:
         if column not in frame.columns:
             frame[column] = None
-    ordered = [*COLUMNS, *[c for c in frame.columns if c not in COLUMNS]]
-    frame = frame[ordered]
-    frame.attrs["dropped_partial_lines"] = [str(result.path) for result in results if result.dropped_partial_line]
-    return frame
+    return frame[[*COLUMNS, *[c for c in frame.columns if c not in COLUMNS]]]
 
 
 def as_csv_cells(frame: pd.DataFrame) -> pd.DataFrame:
@@ -256,10 +260,13 @@ def as_csv_cells(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def write_csv(run_dir: Path | str) -> Path:
-    """Write `records.csv` beside the JSONL: the flat columns, raw samples left out (they stay in the JSONL)."""
+def write_csv(run_dir: Path | str, records: Iterable[Record] | None = None) -> Path:
+    """Write `records.csv` beside the JSONL: the flat columns, raw samples left out (they stay in the JSONL).
+
+    `records`: the folder's records where the caller has just read them (else the JSONL is read here).
+    """
     run_dir = Path(run_dir)
-    frame = load_run(run_dir)
+    frame = load_run(run_dir) if records is None else records_frame(records)
     frame = as_csv_cells(frame.drop(columns=[c for c in RAW_COLUMNS if c in frame.columns]))
     out = run_dir / RECORDS_CSV
     write_file(out, frame.to_csv(index=False))
