@@ -36,6 +36,20 @@ def attnbench(args: list[str], env: dict[str, str], **kwargs) -> subprocess.Comp
     return subprocess.run([sys.executable, "-m", "harness", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240, **kwargs)
 
 
+def attnbench_in_process(args: list[str], env: dict[str, str], monkeypatch) -> int:
+    """Run the CLI's supervisor in this process under exactly `env` (its workers are still subprocesses): its exit status.
+
+    For runs that only make a run folder for the test: a subprocess would import torch once more (seconds) for nothing under test.
+    """
+    from harness.cli.main import main
+
+    for name in set(os.environ) - set(env):
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return main(args)
+
+
 def rows(run_dir: Path) -> list[dict]:
     """The records of a run."""
     return read_records(run_dir).records

@@ -8,6 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.cli.main import main
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -22,6 +24,12 @@ def test_backends_json_lists_availability():
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows["naive"]["available"] is True and rows["naive"]["reason"] is None
     assert {"name", "available", "reason"} <= set(rows["sdpa-cudnn"])
+
+
+def attnbench_in_process(capsys, *args) -> tuple[int, str]:
+    """`main(ARGS)` in this process: its exit status and stderr (the process-level path is test_existing_run_folder_is_not_overwritten's)."""
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().err
 
 
 def write_suite(tmp_path, grid_lines):
@@ -44,12 +52,12 @@ GOOD = ["B = [1]", "S = [64]", "H = [8]", "d_k = [32]"]
         (["run", "--suite", "quick", "--only", "no-such-pair"], "matches no pair"),
     ],
 )
-def test_bad_arguments_give_one_line_and_exit_2(args, message, tmp_path):
-    result = attnbench(*args, "--out", tmp_path) if args[0] == "run" else attnbench(*args)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_arguments_give_one_line_and_exit_2(args, message, tmp_path, capsys):
+    code, err = attnbench_in_process(capsys, *args, "--out", tmp_path) if args[0] == "run" else attnbench_in_process(capsys, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(
@@ -61,11 +69,11 @@ def test_bad_arguments_give_one_line_and_exit_2(args, message, tmp_path):
         (["B = [1]", "S = [64]", "H = [8]", "d_k = [32]", "heads = [2]"], "unknown field 'heads'"),
     ],
 )
-def test_bad_suite_files_name_the_field(grid, message, tmp_path):
-    result = attnbench("run", "--suite", write_suite(tmp_path, grid), "--out", tmp_path / "out")
-    assert result.returncode == 2, result.stdout + result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
+def test_bad_suite_files_name_the_field(grid, message, tmp_path, capsys):
+    code, err = attnbench_in_process(capsys, "run", "--suite", write_suite(tmp_path, grid), "--out", tmp_path / "out")
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
 
 
 def test_existing_run_folder_is_not_overwritten(tmp_path):
@@ -74,7 +82,9 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
     assert first.returncode == 0, first.stderr
     before = (tmp_path / "r" / "records.jsonl").read_bytes()
     second = attnbench("run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive")
-    assert second.returncode == 2 and "--force" in second.stderr
+    # The real process: exit 2 and one line, no traceback (the other usage errors are checked in-process above).
+    lines = second.stderr.strip().splitlines()
+    assert second.returncode == 2 and len(lines) == 1 and "--force" in lines[0] and "Traceback" not in second.stderr, second.stderr
     assert (tmp_path / "r" / "records.jsonl").read_bytes() == before
 
 

@@ -35,7 +35,7 @@ from harness.cli.main import main
 from harness.env import cpu_model
 from harness.run.ray_executor import INSTALL_HINT, LOOPBACK_ONLY
 from harness.run.ray_nodes import env_with_nodes, peaks_with_nodes, summarize
-from tests.cli_runs import PLUGIN, ROOT, attnbench, cli_env, executions, is_dead, keys, rows, write_suite
+from tests.cli_runs import PLUGIN, ROOT, attnbench, attnbench_in_process, cli_env, executions, is_dead, keys, rows, write_suite
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY and not os.environ.get("CI"),
@@ -128,13 +128,13 @@ def assert_names_its_node(record: dict) -> None:
 @needs_ray
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_ray_run_has_the_rows_of_a_local_run(tmp_path):
+def test_ray_run_has_the_rows_of_a_local_run(tmp_path, capsys, monkeypatch):
     suite = write_suite(tmp_path / "small.toml", ["naive", "sdpa", "t-slow"], [8, 16, 24])
     short = Path(tempfile.mkdtemp(prefix="abray-", dir="/tmp"))
     try:
         env = ray_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0", RAY_TMPDIR=str(short))
-        local = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "local", "--quiet"], env)
-        assert local.returncode == 0, local.stderr
+        local = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "local", "--quiet"], env, monkeypatch)
+        assert local == 0, capsys.readouterr().err
         # No --ray-address and no RAY_ADDRESS: attnbench starts a local Ray for the run and stops it after.
         done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "ray", "--executor", "ray", "--quiet"], env)
         assert done.returncode == 0, done.stderr
@@ -287,12 +287,12 @@ def _drop_last_lines(run_dir: Path, n: int) -> list[str]:
 @needs_ray
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_run_resumes_from_either_executor(tmp_path, ray_cluster):
+def test_a_run_resumes_from_either_executor(tmp_path, ray_cluster, capsys, monkeypatch):
     suite = write_suite(tmp_path / "four.toml", ["t-slow"], [8, 16, 24, 40])
     env = ray_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0")
     run_dir = tmp_path / "r"
-    done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], env)
-    assert done.returncode == 0, done.stderr
+    assert attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], env, monkeypatch) == 0, \
+        capsys.readouterr().err
     full = keys(rows(run_dir))
 
     # Begun locally, finished on Ray: only the pairs without a row run.

@@ -27,7 +27,7 @@ from harness.measure.execute import PairRunner, Phases, execute
 from harness.measure.failures import is_sticky_cuda_error, poisons_process
 from harness.suite.catalog import load_suite
 
-from tests.cli_runs import PLUGIN, ROOT, attnbench, cli_env, executions, is_dead, keys, rows, write_suite
+from tests.cli_runs import PLUGIN, ROOT, attnbench, attnbench_in_process, cli_env, executions, is_dead, keys, rows, write_suite
 
 
 # -- the sweep of the "done when": crash, hang, OOM (raised and real) among normal pairs ---------------------------
@@ -87,8 +87,9 @@ def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsy
     whole_dir = tmp_path / "whole"
     whole_dir.mkdir()
     env = cli_env(whole_dir, ATTNBENCH_TEST_PREPARE_S="0.2", ATTNBENCH_TEST_RENDEZVOUS="2")
-    done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "whole", "--workers", "2", "--quiet"], env)
-    assert done.returncode == 0, done.stderr
+    code = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "whole", "--workers", "2", "--quiet"],
+                                env, monkeypatch)
+    assert code == 0, capsys.readouterr().err
     whole = rows(tmp_path / "whole")
     assert len(whole) == 6 and len(set(keys(whole))) == 6
     assert {r["status"] for r in whole} == {"ok"}
@@ -135,11 +136,11 @@ def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsy
     assert sum(ran.values()) <= 6 + 1  # at most the one pair cut short by the kill ran twice
 
 
-def test_resume_drops_only_a_truncated_last_line_and_refuses_a_corrupt_file(tmp_path, capsys):
+def test_resume_drops_only_a_truncated_last_line_and_refuses_a_corrupt_file(tmp_path, capsys, monkeypatch):
     suite = write_suite(tmp_path / "three.toml", ["t-slow"], [8, 16, 24])
     env = cli_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0")
-    done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], env)
-    assert done.returncode == 0, done.stderr
+    code = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], env, monkeypatch)
+    assert code == 0, capsys.readouterr().err
     run_dir = tmp_path / "r"
     full = rows(run_dir)
     raw = (run_dir / "records.jsonl").read_bytes()

@@ -65,6 +65,13 @@ def _torch_of(python: Path) -> tuple[str, str]:
     return out[0], out[1]
 
 
+@pytest.fixture(scope="module")
+def whole_box(tmp_path_factory) -> tuple[Path, tuple[str, str]]:
+    """A box python that leaves nothing out, and its torch (version, file): each `import torch` costs seconds, and no test writes into it."""
+    python = _box_python(tmp_path_factory.mktemp("whole") / "box")
+    return python, _torch_of(python)
+
+
 def _setup(python: Path, venv: Path, purpose: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(["sh", str(SETUP), str(python), str(venv), purpose], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -85,10 +92,9 @@ def _calls(log: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_make_bench_on_an_offline_box_keeps_its_torch_and_records_rows(tmp_path):
-    box = tmp_path / "box"
-    box_python = _box_python(box)
-    box_torch = _torch_of(box_python)
+def test_make_bench_on_an_offline_box_keeps_its_torch_and_records_rows(tmp_path, whole_box):
+    box_python, box_torch = whole_box
+    box = box_python.parents[1]
     assert box_torch[1].startswith(str(box)), "the box python must hold torch itself"
     repo = copy_checkout(tmp_path / "repo")  # as CI's clean clone is one of main
     suite = tmp_path / "tiny.toml"
@@ -112,9 +118,9 @@ def test_make_bench_on_an_offline_box_keeps_its_torch_and_records_rows(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_box_python_missing_one_test_package_gets_only_that_with_torch_held(tmp_path):
+def test_a_box_python_missing_one_test_package_gets_only_that_with_torch_held(tmp_path, whole_box):
     box_python = _box_python(tmp_path / "box", leave_out=("pytest_timeout",))
-    version, _ = _torch_of(box_python)
+    version = whole_box[1][0]  # the same torch, linked into both boxes
     pip, log = _recording_pip(tmp_path)
     env = _offline_env(tmp_path / "box", ATTNBENCH_PIP=pip)
     venv = tmp_path / "venv"
@@ -142,25 +148,25 @@ def test_a_missing_package_that_cannot_be_fetched_stops_setup_with_one_line(tmp_
 
 
 @pytest.mark.slow
-def test_a_venv_left_by_an_earlier_setup_is_made_to_see_the_box_torch(tmp_path):
-    box_python = _box_python(tmp_path / "box")
+def test_a_venv_left_by_an_earlier_setup_is_made_to_see_the_box_torch(tmp_path, whole_box):
+    box_python, box_torch = whole_box
     venv = tmp_path / "venv"
     # What the earlier script built: a venv of the base interpreter, which sees no torch.
     subprocess.run([str(box_python), "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
-    done = _setup(box_python, venv, "bench", _offline_env(tmp_path / "box"))
+    done = _setup(box_python, venv, "bench", _offline_env(box_python.parents[1]))
     assert done.returncode == 0, done.stderr
-    assert _torch_of(venv / "bin" / "python") == _torch_of(box_python)
+    assert _torch_of(venv / "bin" / "python") == box_torch
 
 
 @pytest.mark.slow
-def test_a_venv_with_a_torch_of_its_own_is_refused_not_used(tmp_path):
-    box_python = _box_python(tmp_path / "box")
+def test_a_venv_with_a_torch_of_its_own_is_refused_not_used(tmp_path, whole_box):
+    box_python = whole_box[0]
     venv = tmp_path / "venv"
     subprocess.run([BASE_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)
     own = _purelib(venv / "bin" / "python") / "torch"
     own.mkdir()
     (own / "__init__.py").write_text('__version__ = "2.13.0"\n')
-    done = _setup(box_python, venv, "bench", _offline_env(tmp_path / "box"))
+    done = _setup(box_python, venv, "bench", _offline_env(box_python.parents[1]))
     assert done.returncode == 1
     assert f"setup: {venv} sees torch '2.13.0 {own / '__init__.py'}', not {box_python}'s: remove {venv}" in done.stderr
 
