@@ -52,7 +52,10 @@ def test_resume_after_the_builtin_suite_changed_finishes_the_original_pairs(tmp_
     run_dir = repo / "results" / "r"
     command = [sys.executable, "-m", "harness", "run", "--suite", "tiny-resume", "--device", "cpu", "--out", "results", "--run-id", "r"]
 
-    first = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A terminal's Ctrl-C reaches a process whose SIGINT is not ignored; a shell's background job (`make test &`)
+    # starts with it ignored, and Python then keeps ignoring it, so the child is given the default back.
+    first = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 150
     while _lines(run_dir / "records.jsonl") < 1 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
