@@ -135,6 +135,20 @@ def test_measured_peaks_are_positive_and_stored(tmp_path):
     assert peaks["copy"]["bytes_moved"] == 2 * peaks["copy"]["bytes"]
 
 
+def test_a_low_precision_ceiling_is_never_below_the_fp32_product_it_can_be_widened_to():
+    # The AVX2 machine's peaks.json: its bf16 product runs ~100x below fp32, while torch's CPU attention kernels widen
+    # bf16 to fp32 and reach ~0.13 TFLOP/s: against bf16's own product every such row read as 9,000 % of peak.
+    avx2 = {"matmul": {"bf16": {"tflops": 0.0014}, "fp32": {"tflops": 0.142}}}
+    assert roofline.peak_tflops(avx2, "bf16") == 0.142 and roofline.ceiling_dtype(avx2, "bf16") == "fp32"
+    assert roofline.peak_tflops(avx2, "fp32") == 0.142 and roofline.ceiling_dtype(avx2, "fp32") == "fp32"
+    h200 = {"matmul": {"bf16": {"tflops": 700.0}, "fp32": {"tflops": 50.0}}}
+    assert roofline.peak_tflops(h200, "bf16") == 700.0 and roofline.ceiling_dtype(h200, "bf16") == "bf16"
+    only_fp32 = {"matmul": {"fp32": {"tflops": 50.0}}}
+    assert roofline.peak_tflops(only_fp32, "bf16") is None  # an unmeasured dtype has no ceiling: fp32's would understate a GPU's
+    row = roofline.roofline_row(0.13, 1.0, 100.0, roofline.peak_tflops(avx2, "bf16"), 20.0)
+    assert not row["impossible"] and 90 < row["pct_peak_flops"] < 92
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks how a failed CUDA measurement is recorded")
 def test_a_failed_cuda_peak_measurement_is_recorded_not_fatal(tmp_path):
     # On this CPU-only machine the CUDA child process fails; the run keeps a peaks.json that says why.

@@ -1,6 +1,7 @@
 """Where each record sits under the device's measured ceilings (peaks.json, harness.measure.peaks).
 
-    peak FLOP/s   the fastest sample of an n×n·n×n product in the dtype (2·n³ FLOPs)
+    peak FLOP/s   the fastest sample of an n×n·n×n product in the dtype (2·n³ FLOPs); for bf16/fp16 the fp32
+                  product's where that ran faster (the work can always be widened: `ceiling_dtype`)
     peak bytes/s  the fastest sample of dst.copy_(src), bytes read plus written (2·nbytes)
     ridge point   peak FLOP/s ÷ peak bytes/s (FLOP/byte): a case with a higher arithmetic
                   intensity is compute-bound, below it memory-bound.
@@ -26,10 +27,30 @@ def read_peaks(run_dir: Path | str) -> dict[str, Any] | None:
     return None if peaks is None else peaks.to_dict()
 
 
-def peak_tflops(peaks: dict[str, Any] | None, dtype: str) -> float | None:
-    """The measured matmul ceiling for a dtype in TFLOP/s, or None when it was not measured."""
-    entry = ((peaks or {}).get("matmul") or {}).get(dtype)
+#: The dtype a low-precision matmul can always be widened to: its work runs at least at that dtype's rate (torch's
+#: CPU attention kernels widen bf16 to fp32). On a CPU without native bf16 the bf16 product itself runs ~100x below
+#: fp32, and against it as the ceiling every widening kernel's bf16 row read as impossible.
+WIDENS_TO = {"bf16": "fp32", "fp16": "fp32"}
+
+
+def measured_tflops(peaks: dict[str, Any] | None, dtype: str | None) -> float | None:
+    """The measured matmul peak of one dtype in TFLOP/s, or None when it was not measured."""
+    entry = ((peaks or {}).get("matmul") or {}).get(dtype) if dtype else None
     return float(entry["tflops"]) if entry and entry.get("tflops") else None
+
+
+def ceiling_dtype(peaks: dict[str, Any] | None, dtype: str) -> str | None:
+    """The dtype whose measured peak is `dtype`'s ceiling: its own, or the one it widens to where that ran faster; None unmeasured."""
+    own, wider = measured_tflops(peaks, dtype), measured_tflops(peaks, WIDENS_TO.get(dtype))
+    if own is None:
+        return None
+    return WIDENS_TO[dtype] if wider is not None and wider > own else dtype
+
+
+def peak_tflops(peaks: dict[str, Any] | None, dtype: str) -> float | None:
+    """The matmul ceiling for a dtype in TFLOP/s (`ceiling_dtype`'s measured peak), or None when the dtype was not measured."""
+    source = ceiling_dtype(peaks, dtype)
+    return None if source is None else measured_tflops(peaks, source)
 
 
 def peak_gbps(peaks: dict[str, Any] | None) -> float | None:

@@ -156,7 +156,10 @@ def _roofline(data, ok, colors) -> Section:
             peak_rows.append({"run": rid, "what": "(not measured)"})
             continue
         for dtype, entry in (peaks.get("matmul") or {}).items():
-            peak_rows.append({"run": rid, "what": f"matmul {dtype}", "size": f"n={entry.get('n')}", "peak": entry.get("tflops"), "unit": "TFLOP/s", "median": entry.get("tflops_median")})
+            source = roofline.ceiling_dtype(peaks, dtype)
+            peak_rows.append({"run": rid, "what": f"matmul {dtype}", "size": f"n={entry.get('n')}", "peak": entry.get("tflops"), "unit": "TFLOP/s",
+                              "median": entry.get("tflops_median"), "ceiling": roofline.peak_tflops(peaks, dtype),
+                              "ceiling_from": f"{source} (widened: faster than {dtype}'s own product here)" if source not in (None, dtype) else source})
         if peaks.get("copy"):
             c = peaks["copy"]
             peak_rows.append({"run": rid, "what": "copy", "size": f"{c.get('bytes', 0) / 2**20:.0f} MiB", "peak": c.get("gbps"), "unit": "GB/s", "median": c.get("gbps_median")})
