@@ -84,7 +84,7 @@ class ProjectionsBackend(Backend):
         # The output projection's input is the attention context; the core is not run here, so it is drawn.
         context = draw(case.B, case.S_q, case.H * case.d_v)
         # Held `[out, in]` and applied as x·Wᵀ, as nn.Linear holds and applies its weight: the layout every model's
-        # projections run in. (On a CPU without native bf16, x·W with W `[in, out]` takes a bf16 GEMM path 10x slower.)
+        # projections run in. (On a CPU without native bf16, x·W with W `[in, out]` takes a bf16 GEMM path 8x slower.)
         w = {name: draw(o, i, scale=i**-0.5) for name, (i, o) in projection_shapes(case).items()}
         linear = torch.nn.functional.linear
 
