@@ -6,7 +6,6 @@ Ray executor (an optional extra) is imported only when asked for.
 
 from __future__ import annotations
 
-import sys
 from typing import TextIO
 
 from harness.errors import UserError
@@ -15,7 +14,7 @@ from harness.run.supervisor import RunConfig, Supervisor
 EXECUTORS = ("local", "ray")
 
 
-def supervisor_for(config: RunConfig, log: TextIO = sys.stderr) -> Supervisor:
+def supervisor_for(config: RunConfig, log: TextIO | None = None) -> Supervisor:
     """The supervisor of the executor the config names: harness.run.supervisor's for `local`, harness.run.ray_executor's for `ray`."""
     if config.executor not in EXECUTORS:
         raise UserError(f"unknown executor {config.executor!r}: expected {' or '.join(EXECUTORS)}")

@@ -121,7 +121,7 @@ class RaySupervisor(Supervisor):
 
     missing_reason = "no Ray task ran this pair (its case's tasks kept dying before any pair; see the Ray logs of the node)"
 
-    def __init__(self, config: RunConfig, log: TextIO = sys.stderr) -> None:
+    def __init__(self, config: RunConfig, log: TextIO | None = None) -> None:
         if not (config.ray_address or os.environ.get("RAY_ADDRESS")):
             # The Ray this run starts for itself serves this machine only: on loopback, never on its network
             # address (Ray reads this when it is imported, so it is set first; its processes inherit it).

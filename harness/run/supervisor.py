@@ -127,9 +127,11 @@ class Supervisor:
     #: The reason of the row a pair gets when the run ended without anybody running it.
     missing_reason = "no worker ran this pair (a worker failed outside any pair; see the worker-*.log files)"
 
-    def __init__(self, config: RunConfig, log: TextIO = sys.stderr) -> None:
+    def __init__(self, config: RunConfig, log: TextIO | None = None) -> None:
         self.config = config
-        self.log = log
+        # The stream of now, not of when this module was imported (a default of sys.stderr is bound once: a test's
+        # captured stream, closed since).
+        self.log = log if log is not None else sys.stderr
         self.registry: Registry = load_registry()
 
     # -- set-up -------------------------------------------------------------------------------
