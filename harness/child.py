@@ -32,7 +32,7 @@ def job_function(job: str) -> Callable[[Sequence[str]], int]:
 
 def job_parser(job: str, description: str) -> argparse.ArgumentParser:
     """The argument parser of one job: its usage errors are one line and exit 2, like the `attnbench` command's."""
-    from harness.cli.main import UsageParser
+    from harness.cli.arguments import UsageParser
 
     return UsageParser(prog=f"python -m harness.child {job}", description=description)
 

@@ -12,64 +12,13 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from harness.cli.arguments import UsageParser, comma_list, dtype_list, gpu_list, memory_limit, mode_list, non_negative_int
 from harness.errors import UserError
 from harness.results.record import NOT_FAILURES, Status
 
 EXIT_USAGE = 2
 #: Worker processes per CPU core `run --workers` allows: beyond a few, workers only disturb each other's timings.
 MAX_WORKERS_PER_CPU = 4
-
-
-class UsageParser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 like every other user mistake."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(message)
-
-
-def _comma_list(text: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError("expected a comma-separated list")
-    repeated = sorted({t for t in items if items.count(t) > 1})
-    if repeated:  # a backend named twice would run (and be listed) twice
-        raise argparse.ArgumentTypeError(f"{', '.join(repeated)} given more than once in {text!r}")
-    return items
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
-
-
-def _modes(text: str) -> list[str]:
-    """A comma list of modes, each one the harness knows (an unknown one would silently select nothing)."""
-    from harness.suite.cases import MODES
-
-    modes = _comma_list(text)
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown mode {', '.join(map(repr, unknown))}: expected {', '.join(MODES)}")
-    return modes
-
-
-def _dtypes(text: str) -> list[str]:
-    """A comma list of dtypes, each one the harness knows, in canonical spelling."""
-    from harness.suite.cases import canonical_dtype
-
-    try:
-        dtypes = [canonical_dtype(d) for d in _comma_list(text)]
-    except UserError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    repeated = sorted({d for d in dtypes if dtypes.count(d) > 1})
-    if repeated:
-        raise argparse.ArgumentTypeError(f"{', '.join(repeated)} given more than once in {text!r}")
-    return dtypes
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
@@ -151,10 +100,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UserError(f"--resume finishes the run as its manifest describes it; {', '.join(clash)} cannot change it (start a new run instead)")
     config = RunConfig(
         suite=args.suite or "", device=args.device, backends=args.backends, out=Path(args.out), run_id=args.run_id,
-        workers=args.workers, gpus=_parse_gpus(args.gpus), force=args.force,
+        workers=args.workers, gpus=gpu_list(args.gpus), force=args.force,
         resume=Path(args.resume) if args.resume else None, check=not args.no_check,
         case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
-        memory_limit=_memory_limit(args.memory_limit), profile=args.profile, traces=args.traces, energy=args.energy,
+        memory_limit=memory_limit(args.memory_limit), profile=args.profile, traces=args.traces, energy=args.energy,
         timer=args.timer or "events", executor=args.executor, ray_address=args.ray_address,
         cases=args.case or [], order_seed=DEFAULT_ORDER_SEED if args.order_seed is None else args.order_seed,
         cooldown_s=parse_cooldown(args.cooldown),
@@ -198,45 +147,6 @@ def cmd_gpu_check(args: argparse.Namespace) -> int:
     return run_gpu_check(args.cpu, args.backends)
 
 
-def _parse_size(flag: str, text: str | None) -> int | None:
-    if text is None:
-        return None
-    from harness.run.protocol import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise UserError(f"{flag}: {exc}") from None
-
-
-def _memory_limit(text: str | None) -> int | None:
-    """--memory-limit in bytes; refused above this machine's memory and swap, which no worker can use (and RLIMIT_AS cannot even hold 10²⁰ TiB)."""
-    limit = _parse_size("--memory-limit", text)
-    if limit is None:
-        return None
-    from harness.run.protocol import machine_memory_bytes
-
-    ceiling = machine_memory_bytes()
-    if ceiling is not None and limit > ceiling:
-        raise UserError(f"--memory-limit {text} is more than this machine's memory and swap ({ceiling / 2**30:.1f} GiB): it would limit nothing")
-    return limit
-
-
-def _parse_gpus(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    if text == "all":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UserError("--gpus all: torch sees no CUDA device")
-        return list(range(torch.cuda.device_count()))
-    try:
-        return [int(g) for g in text.split(",")]
-    except ValueError:
-        raise UserError(f"--gpus takes 'all' or a list like 0,1: got {text!r}") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = UsageParser(prog="attnbench", description="Benchmark and profile attention backends.")
@@ -254,16 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="a published model's attention instead of a suite (harness/suite/presets.py: llama3-405b, mistral-7b, deepseek-v3, …)")
     p.add_argument("--seq", help="with --model: comma-separated sequence lengths (default 1024,4096,16384; CPU: 128)")
     p.add_argument("--device", choices=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: the suite's, else all)")
+    p.add_argument("--backends", type=comma_list, help="comma-separated backend names (default: the suite's, else all)")
     p.add_argument("--out", default="results", help="parent folder of run folders (default: results)")
     p.add_argument("--run-id", help="name of the run folder (default: time-suite-pid)")
     p.add_argument("--workers", type=int, default=1, help="worker processes on CPU (default 1)")
     p.add_argument("--gpus", help="'all' or a list like 0,1: one worker per GPU")
     p.add_argument("--force", action="store_true", help="overwrite an existing run folder")
     p.add_argument("--resume", metavar="RUN_DIR", help="finish a run: only pairs without a record are run")
-    p.add_argument("--only", type=_comma_list, help="run only pairs whose key (<case id>-<backend>) contains each of these substrings")
-    p.add_argument("--case", type=_comma_list, metavar="ID[,ID]", help="run only the cases of these exact ids (a record's case_id)")
-    p.add_argument("--order-seed", type=_non_negative_int, metavar="N",
+    p.add_argument("--only", type=comma_list, help="run only pairs whose key (<case id>-<backend>) contains each of these substrings")
+    p.add_argument("--case", type=comma_list, metavar="ID[,ID]", help="run only the cases of these exact ids (a record's case_id)")
+    p.add_argument("--order-seed", type=non_negative_int, metavar="N",
                    help="seed of the order of each case's backends (seeded Latin-square blocks; default 0, recorded in the manifest)")
     p.add_argument("--cooldown", nargs="?", const="auto", metavar="SECONDS|auto",
                    help="CUDA: before each pair wait until the GPU is back within 3 °C of its idle temperature, "
@@ -309,16 +219,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("gpu-check", help="CUDA: every backend on a small grid, fwd/bwd, checked and timed (--cpu: tiny, on the CPU); exit 2 without CUDA")
     p.add_argument("--cpu", action="store_true", help="run on the CPU with tiny shapes (to test the command)")
-    p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: every registered one)")
+    p.add_argument("--backends", type=comma_list, help="comma-separated backend names (default: every registered one)")
     p.set_defaults(func=cmd_gpu_check)
 
     p = sub.add_parser("check", help="check every backend against a float64 reference (no timing); exit 1 on a disagreement")
     p.add_argument("--suite", help="built-in suite, 'auto' or a .toml file (default: a small built-in check grid)")
-    p.add_argument("--backends", type=_comma_list, help="comma-separated backend names (default: the suite's, else all)")
-    p.add_argument("--dtype", type=_dtypes, help="check only cases of these dtypes (e.g. fp32,bf16)")
-    p.add_argument("--mode", type=_modes, help="check only cases of these modes (fwd, bwd, fwd_bwd)")
+    p.add_argument("--backends", type=comma_list, help="comma-separated backend names (default: the suite's, else all)")
+    p.add_argument("--dtype", type=dtype_list, help="check only cases of these dtypes (e.g. fp32,bf16)")
+    p.add_argument("--mode", type=mode_list, help="check only cases of these modes (fwd, bwd, fwd_bwd)")
     p.add_argument("--device", help="move every case to this device (cpu or cuda)")
-    p.add_argument("--only", type=_comma_list, help="check only pairs whose key (<case id>-<backend>) contains each of these substrings")
+    p.add_argument("--only", type=comma_list, help="check only pairs whose key (<case id>-<backend>) contains each of these substrings")
     p.set_defaults(func=cmd_check)
     from harness.cli.report import add_commands
 
