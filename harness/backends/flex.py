@@ -224,6 +224,7 @@ def compile_timed(fn: Callable[[], torch.Tensor], case: Case, leaves: tuple[torc
     keeps its graph, as every timed one does: AOTAutograd compiles a backward first called that way
     without donated buffers (they forbid retain_graph), so `torch._functorch.config.donated_buffer`
     is never touched and the process keeps its own setting for every pair, before and after this one.
+    That compile must be a real one, never a cached graph: see `_uncached_compile`.
     """
     retain = case.mode == "bwd"
 
@@ -233,7 +234,7 @@ def compile_timed(fn: Callable[[], torch.Tensor], case: Case, leaves: tuple[torc
             torch.autograd.grad(out, leaves, torch.ones_like(out), retain_graph=retain)
 
     timings = []
-    with _no_autograd_cache() if retain else contextlib.nullcontext():
+    with _uncached_compile() if retain else contextlib.nullcontext():
         for _ in range(2):
             if case.device == "cuda":
                 torch.cuda.synchronize()
@@ -246,17 +247,23 @@ def compile_timed(fn: Callable[[], torch.Tensor], case: Case, leaves: tuple[torc
     return max(0.0, timings[0] - timings[1])
 
 
-def _no_autograd_cache() -> contextlib.AbstractContextManager[Any]:
-    """AOTAutograd's compiled-graph cache off for this compile only (private `torch._functorch.config.enable_autograd_cache`).
+def _uncached_compile() -> contextlib.ExitStack:
+    """AOTAutograd's and inductor's compiled-graph caches off for this compile only (both private config flags).
 
-    A cached graph arrives with its backward already compiled, donated buffers and all, if a `fwd_bwd`
-    pair (or an earlier process: the cache is on disk) compiled the same graph; the `bwd` step's
-    retain_graph backward would then be refused. Without the cache its backward is compiled here,
-    for retain_graph, and nothing from it is stored to change a later `fwd_bwd` pair's memory either.
-    A torch without the flag has no such cache to bypass.
+    A backward compiled for a single use (a `fwd_bwd` pair, or any earlier process: both caches live on
+    disk) may reuse its saved tensors' memory in place ("donated buffers"). Inductor's FX graph cache
+    keys the backward graph without the donated-buffer list, so a `bwd` step's retain_graph backward
+    was served that graph: its first call was right and every later one read the buffers the first
+    had overwritten (torch 2.13: 6 of 8 naive-compiled `bwd` cases disagreed by 1e2-1e3 after a
+    `fwd_bwd` run of the same shapes). With neither cache its backward is compiled here, for
+    retain_graph, and nothing from it is stored to change a later pair. A torch without a flag has
+    no such cache to bypass.
     """
     import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
 
-    if not isinstance(getattr(functorch_config, "enable_autograd_cache", None), bool):
-        return contextlib.nullcontext()
-    return functorch_config.patch(enable_autograd_cache=False)
+    stack = contextlib.ExitStack()
+    for config, flag in ((functorch_config, "enable_autograd_cache"), (inductor_config, "fx_graph_cache")):
+        if isinstance(getattr(config, flag, None), bool):
+            stack.enter_context(config.patch(**{flag: False}))
+    return stack
