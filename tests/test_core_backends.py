@@ -131,11 +131,12 @@ def test_a_runner_shares_a_cases_inputs_across_backends_until_one_writes_into_th
     case = Case(B=1, S_q=32, S_kv=32, H=4, H_kv=4, d_k=16, d_v=16)
     first, _ = runner.inputs.get(case)
     assert execute(case, REGISTRY.get("naive"), runner).agree is True
-    assert runner.inputs.get(case)[0] is first  # the same tensors for the next backend of the case
+    shared = runner.inputs.get(case)[0]
+    assert shared is not first and shared.q is first.q  # the same tensors for the next backend of the case, in a copy of its own
     # A backend that writes into the shared inputs disagrees, and the next backend gets fresh, correct ones.
     assert execute(case, _ScalesQueriesInPlace(), runner).agree is False
     again, _ = runner.inputs.get(case)
-    assert again is not first and torch.equal(again.q, make_inputs(case).q)
+    assert again.q is not first.q and torch.equal(again.q, make_inputs(case).q)
     assert execute(case, REGISTRY.get("sdpa"), runner).agree is True
     other = case.replace(S_q=64, S_kv=64)
     assert runner.inputs.get(other)[0].q.shape[2] == 64  # another case: drawn for it

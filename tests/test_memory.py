@@ -70,5 +70,6 @@ def test_a_cuda_graph_is_captured_inside_the_peak_memory_window(monkeypatch):
     case = Case(B=1, S_q=8, S_kv=8, H=2, H_kv=2, d_k=16, d_v=16)
     outcome = run_pair(case, load_registry().get("naive"), Phases(timer="graph", check=True), budget=QUICK_BUDGET)
     assert outcome.status is Status.OK, outcome.reason
-    assert events == ["meter start", "capture", "replay", "meter stop"]
-    assert outcome.peak.peak_bytes == 123 and outcome.agreement.agree  # the replay's output is what was checked
+    # The replays are all inside the window but one: the call after the timed ones, judged with the last of them.
+    assert events == ["meter start", "capture", "replay", "meter stop", "replay"]
+    assert outcome.peak.peak_bytes == 123 and outcome.agreement.agree  # the replays' outputs are what was checked

@@ -220,14 +220,33 @@ def gradient_slices(case: Case) -> list[tuple[int, int]]:
 
 
 def ragged_rows(case: Case) -> torch.Tensor | None:
-    """The packed query rows a ragged forward check compares: all (None), or a seeded sample including the first and last."""
+    """The packed query rows a ragged forward check compares: all (None), or a seeded sample of every request's rows.
+
+    Stratified by request, never uniform over the packed rows: in `8x1024 + 32x1@1024 + 8x1024` a uniform
+    sample of 128 rows left 31 of the 48 requests unchecked (and 31 of the 32 decodes), so a backend
+    wrong on one kind of request passed. Every request gets its last row (it sees the most keys) and,
+    where the sample holds two a request, its first; the rest of the sample goes to the requests'
+    interior rows in proportion to how many each has.
+    """
     T_q = sum(case.seq_lens_q)
     scores = case.H * sum(q * kv for q, kv in zip(case.seq_lens_q, case.seq_lens_kv))
     if scores <= MAX_REFERENCE_SCORES or T_q <= SAMPLED_ROWS:
         return None
     rng = np.random.default_rng([case.seed, 0xC4ED])
-    rows = rng.choice(T_q, size=SAMPLED_ROWS - 2, replace=False)
-    return torch.as_tensor(sorted({0, T_q - 1, *rows.tolist()}))
+    lens = case.seq_lens_q
+    both_ends = 2 * sum(n > 0 for n in lens) <= SAMPLED_ROWS
+    starts = np.cumsum([0, *lens[:-1]])
+    rows = [int(s + n - 1) for s, n in zip(starts, lens) if n]
+    if both_ends:
+        rows += [int(s) for s, n in zip(starts, lens) if n > 1]
+    interior = [max(0, n - 2) if both_ends else max(0, n - 1) for n in lens]
+    room, total = SAMPLED_ROWS - len(rows), sum(interior)
+    for s, n, inside in zip(starts, lens, interior):
+        take = min(inside, room * inside // total) if total and room > 0 else 0
+        if take:
+            first = s + 1 if both_ends else s
+            rows += (first + rng.choice(inside, size=take, replace=False)).tolist()
+    return torch.as_tensor(sorted(rows))
 
 
 def ragged_forward(case: Case, inputs: RaggedInputs, kernel: Kernel, dtype: torch.dtype, device: torch.device,

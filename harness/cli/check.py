@@ -146,18 +146,17 @@ def run_cli(*, suite: str | None, backends: Sequence[str] | None, dtypes: Sequen
             out: TextIO | None = None) -> int:
     """What `attnbench check` does: resolve the cases and backends, check every pair, print, and return the exit status."""
     from harness.backends.registry import load_registry
-    from harness.env import detect_device, resolve_device
-    from harness.suite.catalog import load_suite, pair_key, resolve_suite_name
+    from harness.env import resolve_device
+    from harness.suite.catalog import pair_key, suite_on_device
 
     out = out or sys.stdout
-    if device is not None:
-        resolve_device(device)
+    device = resolve_device(device)  # --device cuda without a CUDA device: one line, exit 2
     registry = load_registry()
     if suite:
-        loaded = load_suite(resolve_suite_name(suite, detect_device()))
+        loaded = suite_on_device(suite, device)  # as `run` picks them: a built-in CUDA grid's CPU variant on a CPU
         cases, names = list(loaded.cases), loaded.backend_names(backends, registry.names())
     else:
-        cases, names = default_cases(device or detect_device()), list(backends or registry.names())
+        cases, names = default_cases(device), list(backends or registry.names())
     cases = select_cases(cases, dtypes=dtypes, modes=modes, device=device)
     unknown = [n for n in names if n not in registry]
     if unknown:

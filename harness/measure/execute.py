@@ -25,12 +25,14 @@ from harness.measure import gpu_state
 from harness.measure.energy import ENERGY_NOT_ASKED, EnergyResult, pair_energy
 from harness.measure.memory import PeakMeter, measure_peak
 from harness.measure.profile import profile_step
-from harness.attention.numerics import Agreement, check_backward, check_forward, check_ragged_forward, weights_violations
+from harness.attention.numerics import Agreement, weights_violations
 from harness.measure.outcome import PairOutcome, to_record
 from harness.attention.reference import ReferenceCache
 from harness.errors import one_line
 from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error
 from harness.measure.shared_inputs import InputsCache, modified_inputs
+from harness.measure.stopping import STOP_FIRST_CALL
+from harness.measure.verdict import TIMED_CALLS, UNTIMED_CALLS, agreement_of, both_calls
 from harness.measure.timers import between_sample_setup, device_clock, graph_replay, kernel_measurement, timer_name
 from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, keep_last, measure
 from harness.results.record import Record, Status
@@ -129,17 +131,6 @@ def build_step(case: Case, prepared: Prepared, inputs: AttentionInputs) -> Calla
     return forward_backward
 
 
-def check_result(case: Case, prepared: Prepared, inputs: AttentionInputs, result: Any, references: ReferenceCache | None = None) -> Agreement:
-    """Agreement of one step's result (output, or gradients in backward modes) with the float64 reference."""
-    if prepared.check is not None:
-        return prepared.check(result)
-    if case.ragged:  # forward only (harness.backends.base.layout_refusal): the packed [T_q, H, d_v] output
-        return check_ragged_forward(case, inputs, prepared.to_bhsd(result), references)
-    if case.mode == "fwd":
-        return check_forward(case, inputs, prepared.to_bhsd(result), references)
-    return check_backward(case, inputs, [prepared.to_bhsd(g) for g in result], references)
-
-
 def _failure(exc: BaseException) -> PairOutcome:
     if is_oom(exc):
         return PairOutcome(Status.OOM, " ".join(str(exc).split())[:300])
@@ -160,13 +151,21 @@ def _release_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def missing_device(case: Case) -> str | None:
+    """Why `case` cannot run on this machine because its device is not here (a CUDA case without CUDA), or None."""
+    if case.device.startswith("cuda") and not torch.cuda.is_available():
+        return (f"the case is on {case.device}, and this machine has no CUDA device (torch {torch.__version__} sees none); "
+                "its CPU variant runs on a CPU")
+    return None
+
+
 def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget: Budget = QUICK_BUDGET,
              references: ReferenceCache | None = None, loop_factory: Callable[[Clock], Loop] | None = None,
              inputs: InputsCache | None = None) -> PairOutcome:
     """Run one pair's phases and return its outcome; never raises for a backend's failure."""
     try:
         # The layout first: a backend whose `supports` does not ask its base class must never be handed a batch it cannot read.
-        reason = backend.available() or layout_refusal(backend, case) or backend.supports(case)
+        reason = missing_device(case) or backend.available() or layout_refusal(backend, case) or backend.supports(case)
     except Exception as exc:  # noqa: BLE001 - a probe that crashes cannot vouch for the backend
         return PairOutcome(Status.ERROR, f"availability check failed: {one_line(exc)}")
     if reason:
@@ -189,16 +188,6 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
     _release_memory(case.device)
     outcome.seconds = {**seconds, "pair": time.perf_counter() - started}
     return outcome
-
-
-def _agreement(case: Case, backend: Backend, prepared: Prepared, inputs: AttentionInputs, result: Any, phases: Phases,
-               references: ReferenceCache | None) -> Agreement:
-    """The verdict on one call's result: compared with the float64 reference, or why it was not."""
-    if not backend.computes_attention:
-        return Agreement(None, None, None, None, f"not checked: {backend.name} does not compute attention")
-    if phases.check:
-        return check_result(case, prepared, inputs, result, references)
-    return Agreement(None, None, None, None, "not checked")
 
 
 def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Budget, loop_factory: Callable[[Clock], Loop] | None,
@@ -263,15 +252,6 @@ def _weights_problems(case: Case, backend: Backend) -> list[str]:
     return weights_violations(case, weights)
 
 
-def _both_calls(first: Agreement, second: Agreement) -> Agreement:
-    """The verdict on two untimed calls: the first one's failure, or the second's named as such, else the second's numbers."""
-    if first.agree is False:
-        return first.with_note("first of two calls")
-    if second.agree is False and first.agree:
-        return second.with_note("second of two calls; the first agreed, so the backend carries state across calls")
-    return second
-
-
 def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, references: ReferenceCache | None,
                 loop_factory: Callable[[Clock], Loop] | None, watch: _Stopwatch, cache: InputsCache) -> PairOutcome:
     with watch("inputs"):
@@ -283,25 +263,36 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
             prepared = backend.prepare(case, inputs)
             outcome.compile_s, outcome.plan_s, outcome.notes = prepared.compile_s, prepared.plan_s, prepared.notes
             step = build_step(case, prepared, inputs)
+        calls = UNTIMED_CALLS
         if phases.time:
             # The pair's first call is the warm-up's; the output checked is the last timed call's, and
             # with --timer graph what is timed, checked and profiled is the replay.
             result, step = _time_phases(case, step, phases, budget, loop_factory, watch, outcome)
+            if phases.check and backend.computes_attention and outcome.measurement.stopped_by != STOP_FIRST_CALL:
+                # Then one more call, untimed, outside the memory window, judged with it: two calls in a row, so a
+                # backend wrong on alternate calls shows in one (a row whose one call was its sample was judged whole).
+                with watch("check"):
+                    first = modified_inputs(kept, inputs, " over its timed calls") or agreement_of(
+                        case, backend, prepared, inputs, result, phases.check, references)
+                    del result
+                    result = step()
+                calls = TIMED_CALLS
         else:
             with watch("check"):
                 result = step()
                 if phases.check:  # a second call: a backend right only on its first (state carried across calls) is caught
-                    first = modified_inputs(kept, inputs, " in its first call") or _agreement(case, backend, prepared, inputs, result, phases, references)
+                    first = modified_inputs(kept, inputs, " in its first call") or agreement_of(
+                        case, backend, prepared, inputs, result, phases.check, references)
                     del result
                     result = step()
             if phases.memory:
                 with watch("memory"):
                     outcome.peak = measure_peak(step, case.device)
         with watch("check"):
-            agreement = modified_inputs(kept, inputs) or _agreement(case, backend, prepared, inputs, result, phases, references)
+            agreement = modified_inputs(kept, inputs) or agreement_of(case, backend, prepared, inputs, result, phases.check, references)
             del result
             if first is not None:
-                agreement = _both_calls(first, agreement)
+                agreement = both_calls(first, agreement, calls)
         if phases.time and phases.energy:
             with watch("energy"):
                 outcome.energy = pair_energy(step, case.device, outcome.measurement.stats.median)

@@ -1,8 +1,10 @@
-"""The inputs a pair gets, shared by the backends of one case, and the guard against a backend that writes into them."""
+"""The inputs a pair gets, shared by the backends of one case, and the guard against a backend that changes them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -10,8 +12,6 @@ from harness.attention.numerics import Agreement
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, make_case_inputs
 
-#: The tensors of AttentionInputs (and of a ragged batch's RaggedInputs) a backend is handed and must leave as they were drawn.
-GUARDED = ("q", "k", "v", "kv_lens", "grad_out", "cu_seqlens_q", "cu_seqlens_kv", "k_pages", "v_pages", "block_table")
 #: Elements compared per step when a host copy is checked against a device tensor: bounds the device memory the
 #: comparison borrows (64 Mi bytes of bf16 per chunk) instead of copying a whole input of a large case back at once.
 CHUNK_ELEMENTS = 2**25
@@ -26,27 +26,44 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 class KeptInputs:
     """An exact copy of a case's inputs as drawn, on the host, to tell whether a backend changed them.
 
-    A sum or a norm cannot: a permutation (q reversed along S_q, heads swapped) leaves both unchanged.
-    The copy costs the inputs' size again in host memory, never device memory: at the top of `default`
-    (B 8, S 16384, H 32, d_k 128, bf16) about 3 GiB of RAM, beside the device's 141 GB left to the backends.
+    Every field of the inputs is kept: tensors bit for bit (a sum or a norm cannot tell: a permutation,
+    q reversed along S_q or heads swapped, leaves both unchanged), the rest by value (a ragged batch's
+    lengths, page size and causal flag, which a backend could rebind). The copy costs the inputs' size
+    again in host memory, never device memory: at the top of `default` (B 8, S 16384, H 32, d_k 128,
+    bf16) about 3 GiB of RAM, beside the device's 141 GB left to the backends.
     """
 
     tensors: dict[str, torch.Tensor]
+    values: dict[str, Any]
 
     @classmethod
-    def of(cls, inputs: AttentionInputs) -> "KeptInputs":
-        """A host copy of every guarded tensor of `inputs`."""
+    def of(cls, inputs: Any) -> "KeptInputs":
+        """A host copy of every field of `inputs` (an AttentionInputs or a RaggedInputs)."""
+        tensors, values = {}, {}
         with torch.no_grad():
-            return cls({name: getattr(inputs, name).detach().to("cpu", copy=True) for name in GUARDED if getattr(inputs, name, None) is not None})
+            for f in dataclasses.fields(inputs):
+                value = getattr(inputs, f.name)
+                if isinstance(value, torch.Tensor):
+                    tensors[f.name] = value.detach().to("cpu", copy=True)
+                else:
+                    values[f.name] = value
+        return cls(tensors, values)
 
-    def changed(self, inputs: AttentionInputs) -> list[str]:
-        """The names of the guarded tensors of `inputs` that are no longer bit for bit the kept ones (shape, dtype or any element)."""
-        return [name for name in GUARDED if not self._same(self.tensors.get(name), getattr(inputs, name, None))]
+    def changed(self, inputs: Any) -> list[str]:
+        """The fields of `inputs` that are no longer the kept ones: a tensor's shape, dtype or any bit, or another value."""
+        changed = []
+        for f in dataclasses.fields(inputs):
+            now = getattr(inputs, f.name)
+            if f.name in self.tensors:
+                same = isinstance(now, torch.Tensor) and self._same(self.tensors[f.name], now)
+            else:
+                same = not isinstance(now, torch.Tensor) and type(now) is type(self.values.get(f.name)) and now == self.values.get(f.name)
+            if not same:
+                changed.append(f.name)
+        return changed
 
     @staticmethod
-    def _same(kept: torch.Tensor | None, now: torch.Tensor | None) -> bool:
-        if kept is None or now is None:
-            return kept is None and now is None
+    def _same(kept: torch.Tensor, now: torch.Tensor) -> bool:
         if now.shape != kept.shape or now.dtype != kept.dtype:
             return False
         with torch.no_grad():
@@ -75,8 +92,10 @@ def modified_inputs(kept: KeptInputs, inputs: AttentionInputs, when: str = "") -
 class InputsCache:
     """The last case's inputs, handed to the next backend of the same case (loops run cases outer, backends inner).
 
-    Safe because every pair compares its inputs with the kept copy after its calls: a backend that wrote
-    into them fails its agreement, and the cache is dropped so the next backend gets freshly drawn ones.
+    Safe because each pair gets its own copy of the inputs object (a field it rebinds, a ragged batch's
+    lengths or page size, stays its own) and compares it with the kept copy after its calls: a backend
+    that wrote into a tensor or rebound a field fails its agreement, and the cache is dropped so the
+    next backend gets freshly drawn ones.
     """
 
     def __init__(self) -> None:
@@ -85,7 +104,7 @@ class InputsCache:
         self._kept: KeptInputs | None = None
 
     def get(self, case: Case) -> tuple[AttentionInputs, KeptInputs]:
-        """The case's inputs (with q, k, v requiring grad in backward modes) and the copy of them as drawn."""
+        """A copy of the case's inputs for one pair (q, k, v requiring grad in backward modes; the tensors shared) and the copy as drawn."""
         if self._case != case or self._inputs is None or self._kept is None:
             self.drop()
             inputs = make_case_inputs(case)
@@ -93,7 +112,7 @@ class InputsCache:
                 for t in (inputs.q, inputs.k, inputs.v):
                     t.requires_grad_(True)
             self._case, self._inputs, self._kept = case, inputs, KeptInputs.of(inputs)
-        return self._inputs, self._kept
+        return dataclasses.replace(self._inputs), self._kept
 
     def drop(self) -> None:
         """Forget the inputs and their copy (their memory goes with them)."""

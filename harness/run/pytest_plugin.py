@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pytest
 
 from harness.backends.registry import Registry, load_registry
+from harness.env import resolve_device
 from harness.errors import UserError
 from harness.measure.execute import PairRunner, Phases
 from harness.measure.timing import Clock, Loop
@@ -27,7 +28,7 @@ from harness.results.record import Record
 from harness.results.store import RunWriter
 from harness.run.worker import WorkerLoop
 from harness.suite.cases import Case
-from harness.suite.catalog import Suite, load_suite, pair_key
+from harness.suite.catalog import Suite, pair_key, suite_on_device
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -83,10 +84,7 @@ def pedantic_loop(benchmark: Any, timer: PairClock) -> Callable[[Clock], Loop]:
 
 def selected_pairs(config: pytest.Config) -> tuple[Suite, Registry, list[tuple[Case, str]]]:
     """The suite, the registry and the (case, backend) pairs the --attnbench-* options select; touches no run folder."""
-    suite = load_suite(config.getoption("--attnbench-suite"))
-    device = config.getoption("--attnbench-device")
-    if device:
-        suite = suite.on_device(device)
+    suite = suite_on_device(config.getoption("--attnbench-suite"), resolve_device(config.getoption("--attnbench-device")))
     registry = load_registry()
     backends_opt = config.getoption("--attnbench-backends")
     names = suite.backend_names(backends_opt.split(",") if backends_opt else None, registry.names())

@@ -48,7 +48,7 @@ from harness.run.progress import Progress
 from harness.run.manifest_pairs import pair_manifest
 from harness.run.rundir import RunFolder, new_run_id
 from harness.run.workers import Slot, Worker, worker_slots
-from harness.suite.catalog import Suite, load_suite, pair_key, resolve_suite_name
+from harness.suite.catalog import Suite, pair_key, resolve_suite_name, suite_on_device
 
 #: A worker's exit code when it ran out of pairs (harness.run.worker; a failed pair is a row, never an exit code).
 _FINISHED = (0,)
@@ -109,10 +109,10 @@ class RunSummary:
 def _resolve_suite(name: str, device: str) -> tuple[Suite, str]:
     """The suite on `device`, and what workers load it from (a TOML file's absolute path, else the name)."""
     name = resolve_suite_name(name, device)
-    suite = load_suite(name)
+    suite = suite_on_device(name, device)
     if Path(name).suffix == ".toml" or Path(name).exists():
         name = str(Path(name).resolve())
-    return suite.on_device(device), name
+    return suite, name
 
 
 class Supervisor:

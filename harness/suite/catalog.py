@@ -77,6 +77,15 @@ def resolve_suite_name(name: str, device: str) -> str:
     return name
 
 
+def suite_on_device(name: str, device: str) -> Suite:
+    """The suite `name` (`auto` included) as it runs on `device`: on a CPU its CPU grid and budget where it has them.
+
+    `run`, `check` and `pytest suites/` all pick a suite's cases here, so that none of them hands a CPU
+    machine the CUDA grid of a built-in suite.
+    """
+    return load_suite(resolve_suite_name(name, device)).on_device(device)
+
+
 #: The longest slug: a run id adds a timestamp and a process id, and a folder name stops at 255 bytes.
 SLUG_MAX = 64
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
