@@ -7,6 +7,7 @@ Built in `prepare` (untimed) from a `RaggedInputs`; each backend's timed call th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Callable
 
 import numpy as np
@@ -54,16 +55,24 @@ class Request:
 
 def request_masks(inputs: RaggedInputs, window: int | None) -> list[torch.Tensor | None]:
     """Each request's own mask `[1, 1, q_len, kv_len]` (built once, untimed), None where it sees every key."""
-    masks = [sequence_mask(q_len, kv_len, inputs.causal, window, inputs.q.device) for q_len, kv_len in zip(inputs.seq_lens_q, inputs.seq_lens_kv)]
+    masks = [sequence_mask(q_len, kv_len, inputs.causal, window, inputs.q.device)
+             for q_len, kv_len in zip(inputs.seq_lens_q, inputs.seq_lens_kv)]
     return [None if m is None else m[None, None] for m in masks]
+
+
+def offsets(lengths: tuple[int, ...]) -> list[int]:
+    """The cumulative offsets `[0, l0, l0 + l1, …]` of a batch's lengths, as Python ints (what cu_seqlens holds, read nowhere)."""
+    return [0, *accumulate(lengths)]
 
 
 def requests(inputs: RaggedInputs, k: torch.Tensor, v: torch.Tensor, masks: list[torch.Tensor | None]) -> list[Request]:
     """Every request of the batch as views over packed keys and values `k`, `v` (the inputs' own, or gathered from pages)."""
-    cu_q, cu_kv = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_kv.tolist()
+    # The offsets come from the Python lengths, never from cu_seqlens: a paged step calls this in the
+    # timed call, where reading a device tensor's values is a host sync (and forbids CUDA-graph capture).
+    cu_q, cu_kv = offsets(inputs.seq_lens_q), offsets(inputs.seq_lens_kv)
 
-    def view(t: torch.Tensor, offsets: list[int], i: int) -> torch.Tensor:
-        return t[offsets[i]:offsets[i + 1]].transpose(0, 1).unsqueeze(0)
+    def view(t: torch.Tensor, starts: list[int], i: int) -> torch.Tensor:
+        return t[starts[i]:starts[i + 1]].transpose(0, 1).unsqueeze(0)
 
     return [Request(view(inputs.q, cu_q, i), view(k, cu_kv, i), view(v, cu_kv, i), mask) for i, mask in enumerate(masks)]
 
