@@ -83,6 +83,33 @@ with open(sys.argv[1], "w") as f:
 EOF
 }
 
+# The GPU libraries' own code, which the tests hold the adapters to (tests/test_*_library.py), on a CPU machine:
+# flashinfer-python and flash-attn-4 ship Python and install (--no-deps: their CUDA dependencies have no use
+# here, and neither imports without them: the tests read their source with ast); flash-attn 2 has no wheel,
+# so its sdist (FA2's flash_api.cpp and interface, FA3's setup) is downloaded, never built, into
+# $VENV/share/attnbench. Only for `test`, and only into an environment whose torch this script installed.
+LIBRARY_PINS="flashinfer-python==0.7.2.post1 flash-attn-4==4.0.0b36"
+FLASH_ATTN2_SDIST="flash-attn==2.8.3"
+install_library_sources() {
+    sources="$VENV/share/attnbench"
+    mkdir -p "$sources"
+    if ! "$VENV/bin/python" -c "import importlib.util as u; import sys; sys.exit(not (u.find_spec('flashinfer') and u.find_spec('flash_attn.cute')))" 2>/dev/null; then
+        # shellcheck disable=SC2086 # one word per requirement
+        pip_in_venv install --quiet --no-deps $LIBRARY_PINS || library_sources_missing "$LIBRARY_PINS"
+    fi
+    if [ -z "$(ls "$sources"/flash_attn-2.8.3.tar.gz 2>/dev/null)" ]; then
+        # pip reads the sdist's metadata by running its setup.py, which imports torch, setuptools, wheel and
+        # packaging: no build isolation (it would lack torch), and no CUDA build (nothing is compiled).
+        pip_in_venv install --quiet setuptools wheel packaging || true
+        FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE pip_in_venv download --quiet --no-deps --no-build-isolation \
+            --no-binary :all: "$FLASH_ATTN2_SDIST" -d "$sources" || library_sources_missing "$FLASH_ATTN2_SDIST (sdist)"
+    fi
+}
+library_sources_missing() {
+    [ "$IN_CI" = 1 ] && { echo "setup: could not get $1, which CI's library tests read" >&2; exit 1; }
+    echo "setup: $1 not installed (the tests that read its source will skip)"
+}
+
 python_torch=$(torch_of "$PYTHON") || python_torch=
 if [ -n "$python_torch" ]; then
     torch_version=${python_torch%% *}
@@ -121,6 +148,9 @@ else
     # a CUDA torch; on a GPU box install the xFormers built for your torch yourself.
     "$VENV/bin/python" -c "import xformers" >/dev/null 2>&1 \
         || pip_in_venv install --quiet --no-deps "xformers==0.0.35" || echo "setup: xformers not installed (its tests will skip)"
+    if [ "$PURPOSE" = test ]; then
+        install_library_sources
+    fi
     NEEDED="torch, numpy, pandas, matplotlib, pytest, pytest_benchmark, pytest_timeout"
     if "$VENV/bin/python" -c "import $NEEDED" >/dev/null 2>&1; then
         echo "setup: torch, numpy, pandas, matplotlib, pytest, pytest-benchmark and pytest-timeout are installed: nothing to download"

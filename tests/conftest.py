@@ -32,3 +32,21 @@ def collect_only_what_the_test_made():
     gc.freeze()
     yield
     gc.unfreeze()
+
+
+#: The tests that hold the GPU adapters to the real libraries' own code (installed or downloaded by `make test`).
+LIBRARY_TESTS = ("test_flashinfer_library.py", "test_flash_attn_library.py", "test_xformers_library.py")
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI a skipped real-library test fails: there, a missing library source is a broken set-up, not a machine without it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _in_ci() and item.path.name in LIBRARY_TESTS:
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where make test installs what it reads: {report.longrepr}"

@@ -28,10 +28,18 @@ def gather_pages(pages: torch.Tensor, page_ids: list[int], length: int) -> torch
 
 
 def flash_emulator(function: str, args, kwargs) -> torch.Tensor:
-    """FlashAttention's documented semantics for `flash_attn_varlen_func` / `flash_attn_with_kvcache`, output as the call returns it."""
+    """FlashAttention's documented semantics for flash_attn_func / _varlen_func / _with_kvcache, output as the call returns it.
+
+    Only the kernel's math, which no real code can run without a GPU: the call's arguments are bound
+    to the real signatures in tests/test_flash_attn_library.py. No sliding window (its tests use the
+    dense contract in tests/test_translation.py).
+    """
     q, k, v = args
     scale, causal = kwargs["softmax_scale"], kwargs["causal"]
+    assert kwargs.get("window_size", (-1, -1)) in ((-1, -1), (None, None)), "the emulation has no sliding window"
     table = kwargs.get("block_table", kwargs.get("page_table"))
+    if function == "flash_attn_func":  # [B, S, H, d], every row real
+        return torch.stack([attend_one(q[b], k[b], v[b], scale, causal).to(q.dtype) for b in range(q.shape[0])])
     if function == "flash_attn_with_kvcache" and "cu_seqlens_q" not in kwargs:
         q_rows = [q[b] for b in range(q.shape[0])]  # [B, S_q, H, d]
     else:
@@ -59,44 +67,59 @@ def flash_emulator(function: str, args, kwargs) -> torch.Tensor:
 
 
 def xformers_emulator(call) -> torch.Tensor:
-    """memory_efficient_attention as xFormers defines it: softmax(q·kᵀ·scale + bias) v.
+    """memory_efficient_attention's kernel math, emulated (no xFormers kernel runs on the CPU): softmax(q·kᵀ·scale + bias) v, float64.
 
-    A block-diagonal bias is materialised by xFormers itself. A paged one is read as its docstring
-    defines it (sequence b's logical page p is physical page block_tables[b, p] of the flattened pool):
-    xFormers' own `materialize` writes every table entry's page, so an unused entry that repeats a
-    page the sequence owns would mask that page out there, though the kernel never reads past a length.
+    Only the math is emulated: the mask is the real bias's own `materialize()` (a paged one through
+    `paged_bias_emulator`). q, k, v are `call.view`'s 4-D `[B, M, H, K]` (K/V may have H_kv < H heads:
+    query head h reads head h // (H/H_kv)) or 5-D `[B, M, G, g, K]`; the output has q's layout.
     """
+    q, k, v = call.view(call.q, call.k, call.v)
+    shape = (*q.shape[:-1], v.shape[-1])
+    if q.dim() == 4:
+        G = k.shape[2]
+        q = q.unflatten(2, (G, q.shape[2] // G))
+        k, v = (t.unsqueeze(3).expand(-1, -1, -1, q.shape[3], -1) for t in (k, v))
     bias = call.attn_bias
     if getattr(bias, "block_tables", None) is not None:
-        return paged_bias_emulator(call)
-    q, k, v = call.view(call.q, call.k, call.v)
-    if q.dim() == 4:
-        q, k, v = q.unsqueeze(2), k.unsqueeze(2), v.unsqueeze(2)
-    additive = bias.materialize((q.shape[1], k.shape[1]))
-    scores = torch.einsum("bmghk,bnghk->bghmn", q.double(), k.double()) * call.scale + additive.double()
+        additive = paged_bias_emulator(bias, k.shape[1])
+    else:
+        additive = torch.zeros(q.shape[1], k.shape[1]) if bias is None else bias.materialize((q.shape[1], k.shape[1]))
+    scale = call.scale if call.scale is not None else q.shape[-1] ** -0.5  # xFormers' default, Inputs.scale_float
+    scores = torch.einsum("bmghk,bnghk->bghmn", q.double(), k.double()) * scale + additive.double()
     out = torch.einsum("bghmn,bnghk->bmghk", torch.softmax(scores, -1).nan_to_num(0.0), v.double())
-    return out.reshape(1, q.shape[1], -1, v.shape[-1])
+    return out.reshape(shape)
 
 
-def paged_bias_emulator(call) -> torch.Tensor:
-    """A paged block-diagonal bias's attention, from the bias's own sequence starts, lengths and block tables."""
-    bias = call.attn_bias
+def paged_bias_emulator(bias, pool_rows: int) -> torch.Tensor:
+    """A paged bias's additive mask `[Σ q_len, pool_rows]` over the flattened page pool, from the real bias's `materialize()`.
+
+    The table must be int32 with every entry, used or not, a page of the pool (a kernel is handed whole
+    rows). xFormers' debug materialize() writes the page of every entry, so an unused entry repeating one
+    of the sequence's own pages would mask that page out there, though the kernel reads no entry past a
+    length: unused entries are pointed at a page past the pool, which is then cut off. Nothing is emulated.
+    """
+    import dataclasses
+    import math
+
     _check_index(bias.block_tables, "block_tables")
-    page_size = bias.page_size
-    pool_k = call.k[0].reshape(-1, page_size, *call.k.shape[2:])  # [1, pages·page_size, H_kv, d] → the pages
-    pool_v = call.v[0].reshape(-1, page_size, *call.v.shape[2:])
-    causal = "CausalWithOffset" in type(bias).__name__
-    starts, lengths = bias.q_seqinfo.seqstart_py, bias.k_seqinfo.seqlen_py
-    outs = []
-    for b, n in enumerate(lengths):
-        pages = bias.block_tables[b].tolist()
-        qb = call.q[0, starts[b]:starts[b + 1]]
-        outs.append(attend_one(qb, gather_pages(pool_k, pages, n), gather_pages(pool_v, pages, n), call.scale, causal))
-    return torch.cat(outs).unsqueeze(0)
+    num_pages, size = pool_rows // bias.page_size, bias.page_size
+    table = bias.block_tables.clone()
+    assert int(table.min()) >= 0 and int(table.max()) < num_pages, f"a block-table entry outside the pool of {num_pages} pages"
+    for b, n in enumerate(bias.k_seqinfo.seqlen_py):
+        table[b, math.ceil(n / size):] = num_pages
+    mask = dataclasses.replace(bias, block_tables=table).materialize((bias.q_seqinfo.seqstart_py[-1], bias.k_seqinfo.seqstart_py[-1]))
+    if mask.shape[-1] < pool_rows:  # materialize() stops at the highest page the table names
+        mask = torch.cat([mask, mask.new_full((mask.shape[0], pool_rows - mask.shape[-1]), float("-inf"))], -1)
+    return mask[:, :pool_rows]
 
 
 def flashinfer_emulator(call) -> torch.Tensor:
-    """FlashInfer's documented semantics of the wrapper `call` names, run on `run()`'s arguments after `plan()`'s."""
+    """FlashInfer's kernel math for the wrapper `call` names, run on `run()`'s arguments after `plan()`'s.
+
+    Only the math is emulated, because no real FlashInfer code runs on a CPU: the wrappers' constructors,
+    plan() and run() are bound to the installed library's own signatures, its decode kernel's head groups
+    read from its source, in tests/test_flashinfer_library.py.
+    """
     plan = call.plan_args
     assert plan["q_data_type"] == plan["kv_data_type"] == call.run_args[0].dtype
     q = call.run_args[0]
@@ -133,7 +156,7 @@ def flashinfer_emulator(call) -> torch.Tensor:
 
 
 def flashinfer_window_emulator(call) -> torch.Tensor:
-    """Ragged prefill with FlashInfer's window_left: query j sees keys t with j + shift − window_left ≤ t ≤ j + shift."""
+    """Ragged prefill's math with window_left (query j sees keys j + shift − window_left … j + shift): the kernel, which no CPU runs."""
     plan = call.plan_args
     q, k, v = call.run_args
     qo, kv = plan["qo_indptr"], plan["kv_indptr"]

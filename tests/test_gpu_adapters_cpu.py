@@ -27,24 +27,23 @@ class _RefusingBackward(torch.autograd.Function):
 
 
 def _fake_xformers(monkeypatch, *, backward_ok: bool):
-    pytest.importorskip("xformers")
     import harness.backends.xformers as xf
-    from harness.backends.xformers import import_xformers
+    from tests.xformers_real import real_fmha
 
-    import_xformers()
-    from xformers.ops import fmha
+    fmha = real_fmha()
 
     class FakeOp:
         NAME = "fake_fw"
 
     class FakeXops:
         @staticmethod
-        def memory_efficient_attention(q, k, v, attn_bias=None, scale=None):
+        def memory_efficient_attention(q, k, v, attn_bias=None, scale=None, op=None):
             out = q * 1.0 if backward_ok else _RefusingBackward.apply(q)
             return out + 0.0 * (k.sum() + v.sum())
 
     monkeypatch.setattr(xf, "import_xformers", lambda: (FakeXops, None))
     monkeypatch.setattr(fmha.dispatch, "_dispatch_fw", lambda inp, needs_gradient: FakeOp)
+    monkeypatch.setattr(fmha.dispatch, "_dispatch_bw", lambda inp, varlen_lse_packed: FakeOp)
     return xf.XformersBackend()
 
 

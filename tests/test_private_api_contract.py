@@ -173,13 +173,9 @@ def test_compiled_backward_pairs_leave_donated_buffer_as_they_found_it(mode, one
 
 
 def _fmha():
-    pytest.importorskip("xformers")
-    from harness.backends.xformers import import_xformers
+    from tests.xformers_real import real_fmha  # imports xformers.ops even beside flash-attn-4 alone
 
-    import_xformers()
-    from xformers.ops import fmha
-
-    return fmha
+    return real_fmha()
 
 
 def test_dispatch_fw_takes_inputs_and_refuses_what_no_operator_serves():
@@ -220,14 +216,14 @@ def _xformers_without_dispatcher(monkeypatch, forward):
 def test_xformers_row_says_why_its_operator_is_unnamed_without_dispatch_fw(monkeypatch):
     from harness.backends.xformers import xformers_version
 
-    backend = _xformers_without_dispatcher(monkeypatch, lambda q, k, v, attn_bias=None, scale=None: q * 1.0)
+    backend = _xformers_without_dispatcher(monkeypatch, lambda q, k, v, attn_bias=None, scale=None, op=None: q * 1.0)
     prepared = backend.prepare(SQUARE, make_inputs(SQUARE))
     assert prepared.notes["op_fw"] is None
     _one_line_naming(prepared.notes["op_fw_unknown"], "_dispatch_fw", xformers_version())
 
 
 def test_xformers_forward_refusal_is_unsupported_without_dispatch_fw(monkeypatch):
-    def refuse(q, k, v, attn_bias=None, scale=None):
+    def refuse(q, k, v, attn_bias=None, scale=None, op=None):
         raise NotImplementedError("No operator found for `memory_efficient_attention_forward` with inputs: cpu")
 
     backend = _xformers_without_dispatcher(monkeypatch, refuse)

@@ -95,13 +95,9 @@ def test_flash_paged_limits_are_the_libraries_own():
 
 
 def _xformers_bias():
-    pytest.importorskip("xformers")
-    from harness.backends.xformers import import_xformers
+    from tests.xformers_real import real_fmha  # imports xformers.ops even beside flash-attn-4 alone
 
-    import_xformers()
-    from xformers.ops import fmha
-
-    return fmha.attn_bias
+    return real_fmha().attn_bias
 
 
 @pytest.mark.parametrize("inputs", batches(paged=False) + batches(paged=True))
@@ -300,7 +296,7 @@ def test_xformers_prepare_passes_the_ragged_bias_and_returns_packed_rows(monkeyp
     class FakeOp:
         NAME = "fake_fw"
 
-    def memory_efficient_attention(q, k, v, attn_bias=None, scale=None):
+    def memory_efficient_attention(q, k, v, attn_bias=None, scale=None, op=None):
         if q.dim() == 5 and hasattr(attn_bias, "block_tables"):  # the paged emulation reads [1, M, H_kv, d] pools
             q, k, v = q.flatten(2, 3), k[:, :, :, 0], v[:, :, :, 0]
         call = SimpleNamespace(q=q, k=k, v=v, attn_bias=attn_bias, scale=scale, view=lambda *t: t)

@@ -1,8 +1,8 @@
 """FlashAttention 2, 3 and 4 (Dao-AILab), each where installed, on CUDA only.
 
 - `flash-attn2`: `flash_attn.flash_attn_func`, and `flash_attn_varlen_func` for padded batches.
-- `flash-attn3`: the Hopper build, `flash_attn_interface` (sm90).
-- `flash-attn4`: the CuTe-DSL build, `flash_attn.cute` (sm90, sm100/sm110).
+- `flash-attn3`: the hopper/ build, `flash_attn_interface` (its default build has sm80 and sm90 kernels).
+- `flash-attn4`: the CuTe-DSL build, `flash_attn.cute` (forward on sm80-sm120, backward sm90 and newer).
 
 Serving layouts (a `RaggedInputs` batch): packed → `flash_attn_varlen_func` on the packed rows with
 `cu_seqlens_q/k`; paged → `flash_attn_with_kvcache` with `cache_seqlens` and the block table (FA2's
@@ -10,11 +10,15 @@ Serving layouts (a `RaggedInputs` batch): packed → `flash_attn_varlen_func` on
 function over the pages (FA2: `block_table` with `cu_seqlens_k`; FA3: `flash_attn_with_kvcache` with
 `cu_seqlens_q`; FA4 always: `flash_attn_varlen_func` with `page_table` and `seqused_k`).
 
-`flash_call` translates a case into the kernel's arguments (BSHD layout, packed rows with cumulative
-sequence lengths, window sizes); it is a plain function of CPU-runnable torch code, tested on the CPU
-against FlashAttention's documented contract. The kernels themselves need a GPU and are unverified
-until `make gpu-check` runs on one. FlashAttention aligns causal masks bottom-right, per sequence in
-varlen mode: the harness's convention (harness.suite.inputs), so no case needs to be refused for alignment.
+`flash_call` (dense) and `flash_ragged_call` translate a case into the named function's arguments
+(BSHD layout, packed rows with cumulative sequence lengths, window sizes): plain functions of
+CPU-runnable torch code whose calls are bound to the libraries' real signatures on the CPU
+(tests/test_flash_attn_library.py). Head-dim, GPU and page-size limits are the libraries' own
+(harness.backends.flash_rules); every `prepare` makes one untimed call, so a limit no rule states
+(a build compiled without some head dim) is `Unsupported` in the library's words. The kernels need a
+GPU and are unverified until `make gpu-check` runs on one. FlashAttention aligns causal masks
+bottom-right, per sequence in varlen mode: the harness's convention (harness.suite.inputs), so no
+case needs to be refused for alignment.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from harness.backends.base import Backend, Prepared
+from harness.backends.flash_rules import head_dim_refusal, is_refusal, paged_refusal
 from harness.backends.layouts import Varlen, from_bshd, is_causal, pack, to_bshd, unpack, varlen, window_size
 from harness.backends.ragged_args import (
     case_layout, is_paged, kernel_block_table, layout_refusal, lengths_int32, softmax_scale, uniform_length,
@@ -37,17 +42,13 @@ from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs
 from harness.suite.ragged import RaggedInputs
 
-#: How FlashAttention words a configuration its build or kernels refuse (e.g. FA3 built without paged KV:
-#: "This flash attention build does not support paged KV."), as opposed to a failure.
-REFUSALS = ("does not support", "not supported", "only supports")
-
-
 @dataclass
 class FlashCall:
     """The arguments of one FlashAttention call, and how to turn its results back into `[B, H, S, d]`.
 
-    Dense: q, k, v are `[B, S, H, d]`. Varlen: `[Σ len, H, d]`, with `cu_seqlens_q/k` and
-    `max_seqlen_q/k` in `kwargs`. `q_to_bhsd` converts the output and dQ; `kv_to_bhsd` dK and dV.
+    Dense: q, k, v are `[B, S, H, d]` for `flash_attn_func`. Varlen: `[Σ len, H, d]` for
+    `flash_attn_varlen_func`, with `cu_seqlens_q/k` and `max_seqlen_q/k` in `kwargs`; the call is
+    `function(q, k, v, **kwargs)`. `q_to_bhsd` converts the output and dQ; `kv_to_bhsd` dK and dV.
     """
 
     q: torch.Tensor
@@ -59,6 +60,7 @@ class FlashCall:
     kv_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
     grad_from_bhsd: Callable[[torch.Tensor], torch.Tensor]
     layout: dict[str, Any] = field(default_factory=dict)
+    function: str = "flash_attn_func"
 
 
 def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None = -1, requires_grad: bool = False) -> FlashCall:
@@ -79,6 +81,7 @@ def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None =
         return FlashCall(
             leaf(q), leaf(k), leaf(v), kwargs, False,
             q_to_bhsd=from_bshd, kv_to_bhsd=from_bshd, grad_from_bhsd=to_bshd, layout={"layout": "BSHD"},
+            function="flash_attn_func",
         )
     vl: Varlen = varlen(case, q.device)
     kwargs.update(cu_seqlens_q=vl.cu_q, cu_seqlens_k=vl.cu_k, max_seqlen_q=vl.max_q, max_seqlen_k=vl.max_k)
@@ -89,6 +92,7 @@ def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None =
         kv_to_bhsd=lambda t: from_bshd(unpack(t, vl.kv_lens, S_kv)),
         grad_from_bhsd=lambda t: pack(to_bshd(t), vl.q_lens),
         layout={"layout": "varlen", "total_q": int(vl.q_lens.sum()), "total_k": int(vl.kv_lens.sum())},
+        function="flash_attn_varlen_func",
     )
 
 
@@ -166,17 +170,12 @@ class _FlashBase(Backend):
     #: Compute capabilities (major versions) the build has kernels for, and in words.
     majors: ClassVar[tuple[int, ...]] = ()
     arch_words: ClassVar[str] = ""
-    max_head_dim: ClassVar[int] = 256
-    #: FlashAttention 2 needs d_v = d_k; 3 and 4 accept a smaller d_v.
-    same_head_dims: ClassVar[bool] = False
     #: How the build spells an unbounded window side.
     none_window: ClassVar[int | None] = -1
     layouts = frozenset({"dense", "packed", "paged"})
-    #: The FlashAttention generation (2, 3, 4): which function and argument names serve a paged batch.
+    #: The FlashAttention generation (2, 3, 4): its head-dim and page rules (flash_rules), and which
+    #: function and argument names serve a paged batch.
     generation: ClassVar[int] = 2
-    #: What a paged KV cache's page size must be a multiple of, and the build's own rule in words.
-    page_multiple: ClassVar[int] = 1
-    page_rule_source: ClassVar[str] = ""
 
     def _import(self) -> Any:
         return importlib.import_module(self.module)
@@ -207,40 +206,49 @@ class _FlashBase(Backend):
         return None
 
     def supports(self, case: Case) -> str | None:
-        """fp16/bf16 only; head dims within the build's limits (multiples of 8, at most 256)."""
+        """fp16/bf16 only; the library's own head-dim, GPU and page-size rules (harness.backends.flash_rules)."""
         reason = super().supports(case)
         if reason:
             return reason
         if case.dtype not in ("fp16", "bf16"):
             return f"{self.name} computes in fp16 and bf16 only (case is {case.dtype})"
-        if case.d_k > self.max_head_dim or case.d_v > self.max_head_dim:
-            return f"{self.name} supports head dims up to {self.max_head_dim} (case has d_k={case.d_k}, d_v={case.d_v})"
-        if case.d_k % 8 or case.d_v % 8:
-            return f"{self.name} needs head dims that are multiples of 8 (case has d_k={case.d_k}, d_v={case.d_v})"
-        if self.same_head_dims and case.d_v != case.d_k:
-            return f"{self.name} needs d_v = d_k (case has d_k={case.d_k}, d_v={case.d_v})"
+        # The rules differ by GPU (FA3's d_v ≠ d_k, FA4's head dims): this machine's GPU when it has one.
+        cc = cuda_capability()
+        major = cc[0] if cc else None
+        words = head_dim_refusal(self.generation, case.d_k, case.d_v, backward=case.mode != "fwd", major=major)
+        if words:
+            return f"{self.name} {words}; case has d_k={case.d_k}, d_v={case.d_v}"
         reason = layout_refusal(self, case)
         if reason:
             return reason
         page_size = getattr(case, "page_size", None)
-        if case_layout(case) == "paged" and page_size and page_size % self.page_multiple:
-            return f"{self.name} needs a paged KV block size that is a multiple of {self.page_multiple} ({self.page_rule_source}; case has page_size={page_size})"
+        if case_layout(case) == "paged" and page_size:
+            words = paged_refusal(self.generation, page_size, major)
+            return f"{self.name} {words}" if words else None
         return None
 
-    def _kernels(self, mod: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        return mod.flash_attn_func, mod.flash_attn_varlen_func
+    def _trial(self, fn: Callable[[], Any], function: str) -> None:
+        """One untimed call: a build or kernel that refuses the configuration says so only when called."""
+        try:
+            fn()
+        except (RuntimeError, AssertionError, NotImplementedError, ValueError) as exc:
+            message = " ".join(str(exc).split())[:300]
+            if is_refusal(message):
+                raise Unsupported(f"{self.name} {function}: {message}") from None
+            raise
 
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
-        """Translate the inputs (untimed), then time one kernel call on them."""
+        """Translate the inputs, make one untimed trial call, then time that call."""
         if isinstance(inputs, RaggedInputs):
             return self._prepare_ragged(inputs)
-        dense, varlen_fn = self._kernels(self._import())
         call = flash_call(case, inputs, none_window=self.none_window, requires_grad=case.mode != "fwd")
-        kernel = varlen_fn if call.is_varlen else dense
+        kernel = getattr(self._import(), call.function)
         q, k, v, kwargs = call.q, call.k, call.v, call.kwargs
 
         def fn() -> torch.Tensor:
             return first(kernel(q, k, v, **kwargs))
+
+        self._trial(fn, call.function)
 
         def check(result: Any) -> Any:
             from harness.attention.numerics import check_backward, check_forward
@@ -250,7 +258,7 @@ class _FlashBase(Backend):
             dq, dk, dv = result
             return check_backward(case, inputs, [call.q_to_bhsd(dq), call.kv_to_bhsd(dk), call.kv_to_bhsd(dv)])
 
-        notes = {**call.layout, "kernel": f"{self.module}.{getattr(kernel, '__name__', 'flash_attn_func')}"}
+        notes = {**call.layout, "kernel": f"{self.module}.{call.function}"}
         return Prepared(fn=fn, leaves=(q, k, v), to_bhsd=call.q_to_bhsd, from_bhsd=call.grad_from_bhsd, notes=notes, check=check)
 
     def _prepare_ragged(self, inputs: RaggedInputs) -> Prepared:
@@ -262,14 +270,8 @@ class _FlashBase(Backend):
         def fn() -> torch.Tensor:
             return first(kernel(*args, **kwargs))
 
-        try:
-            # One untimed call: a build compiled without paged KV (or varlen) refuses only when called.
-            fn()
-        except (RuntimeError, AssertionError, NotImplementedError) as exc:
-            message = " ".join(str(exc).split())[:300]
-            if any(words in message for words in REFUSALS):
-                raise Unsupported(f"{self.name} {call.function}: {message}") from None
-            raise
+        # A build compiled without paged KV (or varlen) refuses only when called.
+        self._trial(fn, call.function)
         notes = {"kernel": f"{self.module}.{call.function}", "layout": "paged" if is_paged(inputs) else "packed"}
         return Prepared(fn=fn, to_bhsd=call.to_packed, notes=notes)
 
@@ -294,9 +296,6 @@ class FlashAttn2Backend(_FlashBase):
     dist = "flash-attn"
     majors = (8, 9, 10, 11, 12)
     arch_words = "an Ampere or newer GPU (sm80+)"
-    same_head_dims = True
-    page_multiple = 256
-    page_rule_source = "its paged kernels check page_block_size % 256 == 0"
 
     def available(self) -> str | None:
         """As the base, and the installed `flash_attn` must be a 2.x release."""
@@ -308,29 +307,31 @@ class FlashAttn2Backend(_FlashBase):
 
 @register
 class FlashAttn3Backend(_FlashBase):
-    """FlashAttention 3, the Hopper build (`flash_attn_interface`): sm90 only."""
+    """FlashAttention 3, the hopper/ build (`flash_attn_interface`): sm90, and sm80 kernels in its default build."""
 
     name = "flash-attn3"
-    description = "FlashAttention 3 (flash_attn_interface, the hopper/ build), sm90"
+    description = "FlashAttention 3 (flash_attn_interface, the hopper/ build), sm90 (sm80 kernels too)"
     module = "flash_attn_interface"
     package = "built from flash-attention/hopper"
     dist = "flash_attn_3"
-    majors = (9,)
-    arch_words = "a Hopper GPU (sm90)"
+    # hopper/setup.py builds sm80 kernels unless FLASH_ATTENTION_DISABLE_SM80; its sm90 ones are
+    # sm_90a only, so nothing runs on Blackwell.
+    majors = (8, 9)
+    arch_words = "an Ampere or Hopper GPU (sm80, sm90)"
     generation = 3
 
 
 @register
 class FlashAttn4Backend(_FlashBase):
-    """FlashAttention 4, the CuTe-DSL build (`flash_attn.cute`): Hopper and Blackwell."""
+    """FlashAttention 4, the CuTe-DSL build (`flash_attn.cute`): forward on sm80-sm120, backward from sm90."""
 
     name = "flash-attn4"
-    description = "FlashAttention 4 (flash_attn.cute, CuTe DSL), sm90/sm100"
+    description = "FlashAttention 4 (flash_attn.cute, CuTe DSL), sm80-sm120 (backward sm90+)"
     module = "flash_attn.cute"
     package = "pip install flash-attn-4"
     dist = "flash-attn-4"
-    majors = (9, 10, 11)
-    arch_words = "a Hopper or Blackwell GPU (sm90, sm100, sm110)"
+    majors = (8, 9, 10, 11, 12)
+    arch_words = "an Ampere, Hopper or Blackwell GPU (sm80-sm120)"
     none_window = None
     generation = 4
 

@@ -7,15 +7,19 @@ Every batch goes through one of FlashInfer's planned wrappers, in the NHD layout
     paged          BatchPrefillWithPagedKVCacheWrapper    plan(qo_indptr, paged_kv_indptr, paged_kv_indices,
                                                                paged_kv_last_page_len, …); run(q, (k_pages, v_pages))
 
-A dense case is the ragged batch whose sequences all have S_q queries and S_kv keys (a dense decode,
-its KV one page per sequence, runs the decode wrapper). Paged arguments
-are FlashInfer's CSR page table: sequence i's pages are `indices[indptr[i]:indptr[i+1]]`, in the
+A dense case is the ragged batch whose sequences all have S_q queries and S_kv keys; a dense decode
+views its contiguous KV as pages of DENSE_DECODE_PAGE_SIZE tokens (no copy) and runs the decode wrapper.
+Paged arguments are FlashInfer's CSR page table: sequence i's pages are `indices[indptr[i]:indptr[i+1]]`, in the
 sequence's own order (read from the block table, never assumed in order), and its KV length is
 `page_size·(pages − 1) + last_page_len[i]` with 1 ≤ last_page_len ≤ page_size. Causal masks are
-bottom-right (query j sees key t ≤ j + kv_len − qo_len), the harness's convention. GQA is native.
+bottom-right (query j sees key t ≤ j + kv_len − qo_len), the harness's convention. GQA is native; a
+decode whose head group the CUDA-core decode kernel lacks runs the tensor-core one (CUDA_CORE_DECODE_GROUPS).
+Every index tensor handed to plan() is on the host, as a server's are: plan() reads them there (its
+schedule is computed on the CPU) and copies them to the device itself.
 `plan()` is the per-batch set-up a server pays once per step: timed alone into `Prepared.plan_s` (a
 second plan(); the first loads, on first use JIT-compiles, the kernel module: `compile_s`).
-`flashinfer_call` is the translation, a plain function tested on the CPU; the kernels need a GPU and
+`flashinfer_call` is the translation, a plain function tested on the CPU (its calls bound to the
+installed library's signatures in tests/test_flashinfer_library.py); the kernels need a GPU and
 are unverified until `make gpu-check` runs on one.
 """
 
@@ -23,8 +27,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
+import math
+import os
+import shutil
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -41,6 +50,17 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 RAGGED_PREFILL = "BatchPrefillWithRaggedKVCacheWrapper"
 PAGED_PREFILL = "BatchPrefillWithPagedKVCacheWrapper"
 PAGED_DECODE = "BatchDecodeWithPagedKVCacheWrapper"
+#: The query-per-KV head groups FlashInfer's CUDA-core decode kernel is compiled for (0.7.2: the
+#: DISPATCH_GQA_GROUP_SIZE macro of include/flashinfer/utils.cuh, which csrc/batch_decode.cu's plan
+#: dispatches on); any other group fails at plan() with "Unsupported group_size", so it runs tensor cores.
+CUDA_CORE_DECODE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
+#: The page a dense decode's contiguous cache is viewed in: vLLM's default block size and FlashInfer's own
+#: examples'. Both decode schedulers split a sequence's KV only at page boundaries, in chunks of at least
+#: max(128 / page_size, 1) pages (include/flashinfer/attention/scheduler.cuh), so one page of S_kv tokens
+#: would run B·H_kv thread blocks; 16-token pages keep the 128-token chunks a server's cache gets.
+DENSE_DECODE_PAGE_SIZE = 16
+#: Where FlashInfer looks for nvcc when neither CUDA_HOME, CUDA_PATH nor PATH names one (jit/cpp_ext.py).
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
 
 
 @dataclass
@@ -52,20 +72,35 @@ class FlashinferCall:
     run_args: tuple[Any, ...]
     #: The output `[T_q, H, d_v]` as the harness checks it (packed rows, or `[B, H, S_q, d_v]` for a dense case).
     to_checked: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda out: out)
+    #: The wrapper constructor's keyword arguments after (workspace, "NHD"): `use_tensor_cores` for a decode that needs it.
+    init_args: dict[str, Any] = field(default_factory=dict)
+    #: What the row records about the call (the decode kernel, the page size).
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def host_indptr(lengths: Sequence[int]) -> torch.Tensor:
+    """Cumulative offsets [0, n_0, n_0 + n_1, …] as a host int32 tensor, from lengths the host already holds."""
+    return torch.tensor([0, *itertools.accumulate(int(n) for n in lengths)], dtype=torch.int32)
 
 
 def page_table_csr(inputs: RaggedInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FlashInfer's (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len), int32, from the block table."""
+    """FlashInfer's (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len), int32, on the host, from the block table."""
     used = pages_used(inputs)
     if min(used) == 0:
         raise Unsupported("flashinfer's paged KV needs every sequence to hold at least one KV token (last_page_len ≥ 1)")
-    device = inputs.q.device
-    indptr = torch.zeros(len(used) + 1, dtype=torch.int32, device=device)
-    indptr[1:] = torch.cumsum(torch.tensor(used, device=device), 0).to(torch.int32)
-    indices = torch.cat([inputs.block_table[b, :n] for b, n in enumerate(used)]).to(device=device, dtype=torch.int32)
+    table = inputs.block_table.to("cpu")  # a server keeps its block table on the host; here, one untimed copy
+    indices = torch.cat([table[b, :n] for b, n in enumerate(used)]).to(torch.int32)
     page_size = inputs.page_size
-    last = lengths_int32([int(n) - (p - 1) * page_size for n, p in zip(inputs.seq_lens_kv, used)], device)
-    return indptr, indices, last
+    last = lengths_int32([int(n) - (p - 1) * page_size for n, p in zip(inputs.seq_lens_kv, used)], "cpu")
+    return host_indptr(used), indices, last
+
+
+def decode_kernel(H: int, H_kv: int) -> tuple[dict[str, Any], str]:
+    """The decode wrapper's constructor arguments for a head group, and the kernel they select, in the row's words."""
+    if H // H_kv in CUDA_CORE_DECODE_GROUPS:
+        return {}, "cuda-core decode kernel"
+    return {"use_tensor_cores": True}, (f"tensor-core decode (FlashInfer's prefill kernel): its CUDA-core decode kernel has no "
+                                        f"head group of {H // H_kv} (it takes {', '.join(map(str, CUDA_CORE_DECODE_GROUPS))})")
 
 
 def flashinfer_call(inputs: RaggedInputs, dtype: torch.dtype, window_left: int = -1) -> FlashinferCall:
@@ -75,9 +110,10 @@ def flashinfer_call(inputs: RaggedInputs, dtype: torch.dtype, window_left: int =
     H_kv, d_v = inputs.k.shape[1], inputs.v.shape[-1]
     common = {"num_qo_heads": H, "num_kv_heads": H_kv, "sm_scale": softmax_scale(inputs), "window_left": window_left,
               "q_data_type": dtype, "kv_data_type": dtype}
-    qo_indptr = inputs.cu_seqlens_q.to(torch.int32)
+    # The offsets come from the host's lengths (the contract's cumulative sums), never copied back from the device.
+    qo_indptr = host_indptr(inputs.seq_lens_q)
     if not is_paged(inputs):
-        plan = {"qo_indptr": qo_indptr, "kv_indptr": inputs.cu_seqlens_kv.to(torch.int32), "head_dim_qk": d_k, "head_dim_vo": d_v,
+        plan = {"qo_indptr": qo_indptr, "kv_indptr": host_indptr(inputs.seq_lens_kv), "head_dim_qk": d_k, "head_dim_vo": d_v,
                 "causal": inputs.causal, **common}
         return FlashinferCall(RAGGED_PREFILL, plan, (q, inputs.k.detach(), inputs.v.detach()))
     indptr, indices, last = page_table_csr(inputs)
@@ -85,17 +121,20 @@ def flashinfer_call(inputs: RaggedInputs, dtype: torch.dtype, window_left: int =
     if set(inputs.seq_lens_q) == {1} and d_k == d_v:
         # One query per request: decode, where causal changes nothing (the query sees its whole cache).
         plan = {"indptr": indptr, "indices": indices, "last_page_len": last, "head_dim": d_k, "page_size": inputs.page_size, **common}
-        return FlashinferCall(PAGED_DECODE, plan, (q, cache))
+        init, kernel = decode_kernel(H, H_kv)
+        return FlashinferCall(PAGED_DECODE, plan, (q, cache), init_args=init,
+                              notes={"decode_kernel": kernel, "page_size": inputs.page_size})
     plan = {"qo_indptr": qo_indptr, "paged_kv_indptr": indptr, "paged_kv_indices": indices, "paged_kv_last_page_len": last,
             "head_dim_qk": d_k, "head_dim_vo": d_v, "page_size": inputs.page_size, "causal": inputs.causal, **common}
-    return FlashinferCall(PAGED_PREFILL, plan, (q, cache))
+    return FlashinferCall(PAGED_PREFILL, plan, (q, cache), notes={"page_size": inputs.page_size})
 
 
 def dense_as_ragged(case: Case, inputs: AttentionInputs) -> RaggedInputs:
     """A dense case as the ragged batch it is: B sequences of S_q queries and S_kv keys, packed (copies, untimed).
 
-    A decode case (S_q = 1, no window) is also given its KV as a paged cache of one S_kv-token page per
-    sequence, so that it runs FlashInfer's decode kernel, the one a server calls for decode steps.
+    A decode case (S_q = 1, no window) is also given its KV as a paged cache, so that it runs FlashInfer's
+    decode kernel, the one a server calls for decode steps: the packed KV viewed (same storage) as pages of
+    `dense_page_size(S_kv)` tokens, sequence b's pages in order after sequence b − 1's.
     """
     def rows(t: torch.Tensor) -> torch.Tensor:
         return t.detach().transpose(1, 2).reshape(-1, t.shape[1], t.shape[-1]).contiguous()
@@ -106,16 +145,62 @@ def dense_as_ragged(case: Case, inputs: AttentionInputs) -> RaggedInputs:
                           cu(case.S_q), cu(case.S_kv), causal=case.causal or case.window is not None)
     if case.S_q != 1 or case.window is not None or case.d_k != case.d_v:
         return ragged
-    pages = lambda t: t.view(case.B, case.S_kv, *t.shape[1:])  # noqa: E731
-    table = torch.arange(case.B, dtype=torch.int32, device=device)[:, None]
-    return replace(ragged, page_size=case.S_kv, k_pages=pages(ragged.k), v_pages=pages(ragged.v), block_table=table)
+    page = dense_page_size(case.S_kv)
+    per_sequence = case.S_kv // page
+    pages = lambda t: t.view(case.B * per_sequence, page, *t.shape[1:])  # noqa: E731
+    table = torch.arange(case.B * per_sequence, dtype=torch.int32).view(case.B, per_sequence)  # host, as a server's
+    return replace(ragged, page_size=page, k_pages=pages(ragged.k), v_pages=pages(ragged.v), block_table=table)
+
+
+def dense_page_size(S_kv: int) -> int:
+    """The page a dense decode's S_kv-token cache is viewed in: DENSE_DECODE_PAGE_SIZE, or the largest power of two dividing S_kv below it.
+
+    A view needs every sequence to start on a page boundary, so the page must divide S_kv; the suites' lengths are
+    powers of two of at least 16 and get 16, an odd length gets 1 (still a view, only more pages).
+    """
+    return math.gcd(S_kv, DENSE_DECODE_PAGE_SIZE)
 
 
 def flashinfer_dense_call(case: Case, inputs: AttentionInputs) -> FlashinferCall:
     """A dense case through the ragged prefill wrapper (decode: the paged decode wrapper); a window of w keys is window_left = w − 1."""
     call = flashinfer_call(dense_as_ragged(case, inputs), torch_dtype(case.dtype), -1 if case.window is None else case.window - 1)
     call.to_checked = lambda out: out.reshape(case.B, case.S_q, case.H, out.shape[-1]).transpose(1, 2)
+    if call.wrapper == PAGED_DECODE:
+        call.notes["kv_view"] = f"the contiguous cache viewed as {call.plan_args['page_size']}-token pages (no copy)"
     return call
+
+
+def kernel_build_refusal() -> str | None:
+    """Why FlashInfer could get no kernels here, or None: no prebuilt ones, and no nvcc or ninja to JIT-compile them.
+
+    FlashInfer loads a wrapper's kernel module prebuilt, from flashinfer-jit-cache (module flashinfer_jit_cache) or
+    its own data/aot folder (jit/env.py), else builds it on first use: ninja from PATH running
+    $CUDA_HOME/bin/nvcc, CUDA_HOME being CUDA_HOME, CUDA_PATH, nvcc's on PATH or /usr/local/cuda (jit/cpp_ext.py).
+    flashinfer-cubin does not count: it holds TensorRT-LLM cubins, not these wrappers' FA2 modules.
+    """
+    if importlib.util.find_spec("flashinfer_jit_cache") is not None or _packaged_aot():
+        return None
+    prebuilt = "no prebuilt kernels (pip install flashinfer-jit-cache, its wheel for your CUDA)"
+    if os.environ.get("FLASHINFER_DISABLE_JIT"):
+        return f"flashinfer finds {prebuilt}, and FLASHINFER_DISABLE_JIT forbids compiling them"
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home is None:
+        found = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(found)) if found else DEFAULT_CUDA_HOME
+    nvcc = os.environ.get("FLASHINFER_NVCC") or os.path.join(home, "bin", "nvcc")
+    if not os.path.isdir(home) or shutil.which(nvcc) is None:
+        return (f"flashinfer compiles its kernels on first use but finds no nvcc (not at {nvcc}: set CUDA_HOME or put nvcc on PATH) "
+                f"and {prebuilt}")
+    if shutil.which("ninja") is None:
+        return f"flashinfer compiles its kernels with ninja, which is not on PATH (pip install ninja), and finds {prebuilt}"
+    return None
+
+
+def _packaged_aot() -> bool:
+    """Whether the installed flashinfer package ships its own AOT-built kernels (data/aot, jit/env.py's FLASHINFER_AOT_DIR)."""
+    spec = importlib.util.find_spec("flashinfer")
+    roots = (spec.submodule_search_locations or []) if spec is not None else []
+    return any(Path(root, "data", "aot").is_dir() and any(Path(root, "data", "aot").iterdir()) for root in roots)
 
 
 @register
@@ -135,11 +220,15 @@ class FlashinferBackend(Backend):
         return str(getattr(importlib.import_module("flashinfer"), "__version__", "unknown"))
 
     def available(self) -> str | None:
-        """Installed (flashinfer-python), a CUDA device, and importable."""
+        """Installed (flashinfer-python), a CUDA device, its kernels prebuilt or a compiler to build them, and importable."""
         if importlib.util.find_spec("flashinfer") is None:
             return "flashinfer is not installed (pip install flashinfer-python; CUDA only, no CPU kernel)"
         if not torch.cuda.is_available():
             return "flashinfer needs CUDA: it has no CPU kernel"
+        # Without it every row would fail at its first plan(), each with the compiler's error.
+        reason = kernel_build_refusal()
+        if reason:
+            return reason
         try:
             importlib.import_module("flashinfer")
         except Exception as exc:  # a build that does not match torch or the driver is unavailable, not a crash
@@ -168,7 +257,7 @@ class FlashinferBackend(Backend):
             call = flashinfer_dense_call(case, inputs)
         device = inputs.q.device
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        wrapper = getattr(flashinfer, call.wrapper)(workspace, "NHD")
+        wrapper = getattr(flashinfer, call.wrapper)(workspace, "NHD", **call.init_args)
         # The first plan() also loads the kernel module, JIT-compiling it on first use (seconds to minutes):
         # compile time, kept apart; the second is the per-step plan a server pays, the row's plan_ms.
         _, first_s = timed_setup(lambda: wrapper.plan(**call.plan_args), device)
@@ -178,5 +267,6 @@ class FlashinferBackend(Backend):
         def fn() -> torch.Tensor:
             return wrapper.run(*run_args)
 
-        notes = {"kernel": f"flashinfer.{call.wrapper}", "kv_layout": "NHD"}
+        built_with = ", ".join(f"{key}={value}" for key, value in call.init_args.items())
+        notes = {"kernel": f"flashinfer.{call.wrapper}" + (f"({built_with})" if built_with else ""), "kv_layout": "NHD", **call.notes}
         return Prepared(fn=fn, to_bhsd=call.to_checked, notes=notes, plan_s=plan_s, compile_s=max(0.0, first_s - plan_s))

@@ -10,7 +10,12 @@ Serving layouts (`xformers_ragged_call`): packed rows as one `[1, T, H, d]` sequ
 block-diagonal bias (`BlockDiagonalMask`, causal `BlockDiagonalCausalFromBottomRightMask`); paged,
 the page pool viewed as `[1, num_pages·page_size, H_kv, d]` with `PagedBlockDiagonalPaddedKeysMask`
 (causal: `PagedBlockDiagonalCausalWithOffsetPaddedKeysMask`), which reads sequence b's logical page p
-at physical page block_tables[b, p]. Which operator serves them is the dispatcher's answer, in notes.
+at physical page block_tables[b, p].
+
+The operators are resolved once, untimed, as xFormers' own dispatcher picks them for these inputs
+(`fmha.dispatch._dispatch_fw`, and `_dispatch_bw` for backward modes), recorded in notes and passed
+as `op=` to the timed call, so no dispatcher runs inside it; one untimed trial call in every mode turns
+a refusal the kernel makes only when called (FlashAttention 2's paged page-size check) into Unsupported.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from harness.backends.ragged_args import is_paged, kernel_block_table, layout_re
 from harness.backends.registry import register
 from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs
-from harness.errors import Unsupported
+from harness.errors import Unsupported, one_line
 from harness.private_api import refused_signature
 from harness.suite.inputs import AttentionInputs
 
@@ -65,15 +70,78 @@ def xformers_version() -> str:
     return metadata.version("xformers")
 
 
-def dispatch_fw_problem(fmha: Any) -> str | None:
-    """Why xFormers' private `fmha.dispatch._dispatch_fw(inputs, needs_gradient)` cannot name the forward operator here, or None."""
-    dispatch_fw = getattr(getattr(fmha, "dispatch", None), "_dispatch_fw", None)
-    if not callable(dispatch_fw):
-        return f"xformers {xformers_version()} has no fmha.dispatch._dispatch_fw (the private function that names the forward operator)"
-    signature = refused_signature(dispatch_fw, None, False)
+def dispatch_fw_problem(fmha: Any, name: str = "_dispatch_fw") -> str | None:
+    """Why xFormers' private `fmha.dispatch.<name>(inputs, needs_gradient | varlen_lse_packed)` cannot name an operator here, or None."""
+    dispatch = getattr(getattr(fmha, "dispatch", None), name, None)
+    what, second = ("forward", "needs_gradient") if name == "_dispatch_fw" else ("backward", "varlen_lse_packed")
+    if not callable(dispatch):
+        return f"xformers {xformers_version()} has no fmha.dispatch.{name} (the private function that names the {what} operator)"
+    signature = refused_signature(dispatch, None, False)
     if signature:
-        return f"xformers {xformers_version()}: fmha.dispatch._dispatch_fw{signature} no longer takes (inputs, needs_gradient)"
+        return f"xformers {xformers_version()}: fmha.dispatch.{name}{signature} no longer takes (inputs, {second})"
     return None
+
+
+def import_failure(exc: ImportError) -> str:
+    """available()'s one-line reason when `import xformers.ops` raised: xFormers missing, or which of its modules failed to import what."""
+    from importlib.util import find_spec
+
+    if exc.name == "xformers" or find_spec("xformers") is None:
+        return "xformers is not installed (pip install xformers; CUDA only, no CPU kernel)"
+    where, tb = "xformers.ops", exc.__traceback__
+    while tb is not None:  # the innermost xFormers module on the way: the one whose own import failed
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        where, tb = (module if module.startswith("xformers") else where), tb.tb_next
+    reason = f"xformers {xformers_version()} is installed but `import xformers.ops` fails in {where}"
+    reason += f" importing {exc.name}" if exc.name else ""
+    if (exc.name or "").startswith("flash_attn") or "Flash-Attention" in str(exc):
+        # flash.py imports flash_attn.flash_attn_interface whenever any `flash_attn` package is found, and
+        # flash-attn-4 alone is a `flash_attn` namespace (flash_attn/cute) without it.
+        reason += " (xFormers takes any flash_attn package for FlashAttention 2; flash-attn-4 alone lacks flash_attn_interface)"
+    return f"{reason}: {one_line(exc)}"
+
+
+#: How xFormers (`Operator ... does not support inputs`, a ValueError once `op=` is passed) and the kernels behind it
+#: word a refusal made only when called (FlashAttention 2: "Paged KV cache block size must be divisible by 256"),
+#: as opposed to a failure (out of memory, a CUDA error), which stays an error.
+REFUSALS = ("does not support", "not supported", "only support", "must be divisible")
+
+
+def resolve_ops(fmha: Any, inp: Any, backward: bool, notes: dict[str, Any]) -> tuple[Any, Any] | None:
+    """The `(forward, backward)` operators xFormers' dispatcher picks for `inp`, as `op=` takes them, named in notes; None if unnamed."""
+    unnamed = dispatch_fw_problem(fmha) or (dispatch_fw_problem(fmha, "_dispatch_bw") if backward else None)
+    if unnamed:
+        notes["op_fw"], notes["op_fw_unknown"] = None, unnamed
+        return None
+    try:
+        # What _memory_efficient_attention_forward(_requires_grad) would ask for these inputs.
+        op_fw = fmha.dispatch._dispatch_fw(inp, backward)
+    except NotImplementedError as exc:
+        raise Unsupported(f"xformers: {_first_reason(exc)}") from None
+    notes["op_fw"] = op_fw.NAME
+    if not backward:
+        return op_fw, None
+    try:
+        # What _fMHA.forward would ask: for a varlen bias the forward's LSE format decides (it asserts they agree).
+        op_bw = fmha.dispatch._dispatch_bw(inp, varlen_lse_packed=getattr(op_fw, "VARLEN_LSE_PACKED", None))
+    except NotImplementedError as exc:
+        raise Unsupported(f"xformers backward: {_first_reason(exc)}") from None
+    notes["op_bw"] = op_bw.NAME
+    return op_fw, op_bw
+
+
+def trial_call(fn: Callable[[], torch.Tensor], leaves: tuple[torch.Tensor, ...], backward: bool) -> None:
+    """One untimed call of `fn` (and its backward in backward modes): a refusal raised only when called becomes Unsupported."""
+    try:
+        with torch.set_grad_enabled(backward):
+            out = fn()
+            if backward:
+                torch.autograd.grad(out, leaves, torch.ones_like(out))
+    except (NotImplementedError, ValueError, RuntimeError) as exc:
+        reason = _first_reason(exc)
+        if isinstance(exc, NotImplementedError) or ("CUDA error" not in reason and any(words in reason for words in REFUSALS)):
+            raise Unsupported(f"xformers{' backward' if backward else ''}: {reason}") from None
+        raise
 
 
 @dataclass
@@ -226,13 +294,13 @@ class XformersBackend(Backend):
         try:
             _, broken = import_xformers()
         except ImportError as exc:
-            return f"xformers is not installed (pip install xformers; CUDA only, no CPU kernel): {exc}"
+            return import_failure(exc)
         except Exception as exc:
             return f"xformers failed to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         return broken
 
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
-        """Translate the inputs (untimed), ask xFormers' dispatcher which operator it will use, and time the call."""
+        """Translate the inputs and resolve xFormers' operators (untimed), make one trial call, and time the call with `op=` set."""
         xops, _ = import_xformers()
         from xformers.ops import fmha
 
@@ -246,37 +314,19 @@ class XformersBackend(Backend):
             call = xformers_call(case, inputs, bias, requires_grad=case.mode != "fwd")
         notes = dict(call.notes)
         notes["attn_bias"] = type(bias).__name__ if bias is not None else None
+        backward = case.mode != "fwd"
         ql, kl, vl = call.view(call.q, call.k, call.v)
-        unnamed = dispatch_fw_problem(fmha)
-        if unnamed:
-            notes["op_fw"], notes["op_fw_unknown"] = None, unnamed
-        else:
-            try:
-                inp = fmha.Inputs(query=ql, key=kl, value=vl, attn_bias=bias, scale=call.scale)
-                notes["op_fw"] = fmha.dispatch._dispatch_fw(inp, case.mode != "fwd").NAME
-            except NotImplementedError as exc:
-                raise Unsupported(f"xformers: {_first_reason(exc)}") from None
+        op = resolve_ops(fmha, fmha.Inputs(query=ql, key=kl, value=vl, attn_bias=bias, scale=call.scale), backward, notes)
         scale, q, k, v = call.scale, call.q, call.k, call.v
 
         def fn() -> torch.Tensor:
-            out = xops.memory_efficient_attention(*call.view(q, k, v), attn_bias=bias, scale=scale)
+            # op = (forward, backward): without leaves that need a gradient xFormers runs op[0] alone.
+            out = xops.memory_efficient_attention(*call.view(q, k, v), attn_bias=bias, scale=scale, op=op)
             # 5-D [B, M, G, g, d] → [B, M, H, d]: a view, so the upstream gradient has the leaves' layout.
             return out.reshape(*out.shape[:2], case.H, case.d_v) if out.dim() == 5 else out
 
-        if case.mode != "fwd" or unnamed:
-            # xFormers picks its backward operator only when backward runs, and none of its CUDA backward
-            # operators takes the 5-D GQA layout (flash/cutlass BwOp: SUPPORTS_BMGHK = False); without its
-            # dispatcher, the forward's refusal too is known only from a call. One untimed call here turns
-            # a refusal into `unsupported` instead of an error mid-run.
-            backward = case.mode != "fwd"
-            try:
-                with torch.set_grad_enabled(backward):
-                    out = fn()
-                    if backward:
-                        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-            except NotImplementedError as exc:
-                raise Unsupported(f"xformers{' backward' if backward else ''}: {_first_reason(exc)}") from None
-            del out
+        # Every mode, fwd too: a kernel may refuse only when called (FA2's paged page-size TORCH_CHECK).
+        trial_call(fn, (q, k, v), backward)
 
         def check(result: Any) -> Any:
             from harness.attention.numerics import check_backward, check_forward

@@ -1,0 +1,280 @@
+"""The FlashInfer adapter against the installed library's own source, not an emulation of it.
+
+flashinfer cannot import without CUDA, so its source is read instead: every wrapper constructor, plan()
+and run() call the adapter makes is bound to the signature `ast` builds from the installed .py file
+(following a `**kwargs` that plan() forwards to its implementation), the decode kernel's head groups are
+read from its CUDA headers, and plan()'s handling of host index tensors from its body. Tests that read
+the source skip only where flashinfer-python's source is absent (CI installs it with --no-deps).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.machinery
+import importlib.util
+import inspect
+import os
+import re
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import harness.backends.flashinfer as fi
+from harness.attention.numerics import check_forward
+from harness.suite.cases import Case
+from harness.suite.inputs import make_inputs
+from tests.library_contracts import flashinfer_emulator
+from tests.ragged_fixtures import ragged_batch, serving_case
+
+_SPEC = importlib.util.find_spec("flashinfer")
+SOURCE = Path(_SPEC.origin).parent if _SPEC is not None and _SPEC.origin else None
+NO_SOURCE = "flashinfer-python's source is not installed (CI: pip install flashinfer-python==0.7.2.post1 --no-deps)"
+needs_source = pytest.mark.skipif(SOURCE is None or not (SOURCE / "__init__.py").is_file(), reason=NO_SOURCE)
+P = inspect.Parameter
+SELF = object()
+
+
+def class_node(name: str) -> ast.ClassDef:
+    """The class `flashinfer.<name>` as written, found by following flashinfer/__init__.py's relative imports."""
+    path = SOURCE / "__init__.py"
+    for _ in range(8):
+        tree = ast.parse(path.read_text(), str(path))
+        found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+        if found:
+            return found[-1]
+        origin = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level and any(a.name == name for a in n.names))
+        target = path.parent.parents[origin.level - 2] if origin.level > 1 else path.parent
+        target = target.joinpath(*(origin.module or "").split("."))
+        path = target / "__init__.py" if target.is_dir() else target.with_suffix(".py")
+    raise AssertionError(f"flashinfer.{name} not found in its source")
+
+
+def method_node(cls: str, method: str) -> ast.FunctionDef:
+    """The method's real definition (the last one not marked @overload)."""
+    overload = lambda d: (d.id if isinstance(d, ast.Name) else getattr(d, "attr", "")) == "overload"  # noqa: E731
+    defs = [n for n in class_node(cls).body if isinstance(n, ast.FunctionDef) and n.name == method
+            and not any(overload(d) for d in n.decorator_list)]
+    assert defs, f"{cls}.{method} not in flashinfer's source"
+    return defs[-1]
+
+
+def signature(fn: ast.FunctionDef) -> inspect.Signature:
+    """An inspect.Signature from the ast.arguments: positional-only, positional, defaults, *args, keyword-only, **kwargs."""
+    a = fn.args
+    positional = [(x, P.POSITIONAL_ONLY) for x in a.posonlyargs] + [(x, P.POSITIONAL_OR_KEYWORD) for x in a.args]
+    defaults = [P.empty] * (len(positional) - len(a.defaults)) + [ast.unparse(d) for d in a.defaults]
+    params = [P(x.arg, kind, default=d) for (x, kind), d in zip(positional, defaults)]
+    if a.vararg:
+        params.append(P(a.vararg.arg, P.VAR_POSITIONAL))
+    params += [P(x.arg, P.KEYWORD_ONLY, default=P.empty if d is None else ast.unparse(d)) for x, d in zip(a.kwonlyargs, a.kw_defaults)]
+    if a.kwarg:
+        params.append(P(a.kwarg.arg, P.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+def forwards(fn: ast.FunctionDef, kwarg: str) -> list[ast.Call]:
+    """The calls `self.<method>(…, **kwarg)` through which fn hands its **kwarg on."""
+    return [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"
+            and any(k.arg is None and isinstance(k.value, ast.Name) and k.value.id == kwarg for k in n.keywords)]
+
+
+def bind(cls: str, method: str, args: tuple, kwargs: dict) -> list[str]:
+    """Bind a call to the real method (TypeError if it does not fit) and to what its **kwargs reach; the methods bound."""
+    fn = method_node(cls, method)
+    sig = signature(fn)
+    bound = sig.bind(SELF, *args, **kwargs)
+    reached = [method]
+    kwarg = next((p.name for p in sig.parameters.values() if p.kind is P.VAR_KEYWORD), None)
+    if kwarg and bound.arguments.get(kwarg):
+        # A **kwargs takes any keyword: what checks it is the method it is passed on to, bound as plan() calls it.
+        calls = forwards(fn, kwarg)
+        assert calls, f"{cls}.{method} takes **{kwarg} and passes it to no method this test can follow"
+        for call in calls:
+            assert all(isinstance(a, ast.Name) for a in call.args), ast.unparse(call)
+            on = [bound.arguments[a.id] for a in call.args]
+            named = {k.arg: bound.arguments[k.value.id] for k in call.keywords if k.arg is not None}
+            reached += bind(cls, call.func.attr, tuple(on), {**named, **bound.arguments[kwarg]})
+    return reached
+
+
+def fake_flashinfer(log: list):
+    """A `flashinfer` module whose three wrappers record every call (name, method, args, kwargs) and run nothing."""
+    def wrapper_class(name):
+        def record(method):
+            def call(self, *args, **kwargs):
+                log.append((name, method, args, kwargs))
+            return call
+        return type(name, (), {m: record(m) for m in ("__init__", "plan", "run")})
+    return types.SimpleNamespace(**{n: wrapper_class(n) for n in (fi.RAGGED_PREFILL, fi.PAGED_PREFILL, fi.PAGED_DECODE)})
+
+
+def prepared_calls(monkeypatch, case, inputs):
+    """What FlashinferBackend.prepare (and one timed call) hands the library for a case: the calls, and the Prepared."""
+    log: list = []
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer(log))
+    prepared = fi.FlashinferBackend().prepare(case, inputs)
+    prepared.fn()
+    return log, prepared
+
+
+def adapter_batches():
+    """(id, case, inputs) for every wrapper and path the adapter has: ragged and paged, dense, decode at 2:1 and 32:1."""
+    paged = lambda lq, lkv, **kw: ragged_batch(lq, lkv, page_size=4, causal=True, seed=3, **kw)  # noqa: E731
+    dense = [Case(B=2, S_q=5, S_kv=7, H=4, H_kv=2, d_k=16, d_v=16, causal=True), Case(B=2, S_q=1, S_kv=32, H=32, H_kv=1, d_k=16, d_v=16),
+             Case(B=2, S_q=8, S_kv=8, H=2, H_kv=2, d_k=16, d_v=16, window=3)]
+    out = [("packed", serving_case(dtype="fp32"), ragged_batch([3, 2], [8, 5], causal=True, seed=3)),
+           ("paged-prefill", serving_case(dtype="fp32"), paged([3, 2], [8, 5])),
+           ("paged-decode-2:1", serving_case(dtype="fp32"), paged([1, 1], [8, 5])),
+           ("paged-decode-32:1", serving_case(dtype="fp32"), paged([1, 1], [8, 5], H=32, H_kv=1))]
+    return out + [(case.id, case, make_inputs(case)) for case in dense]
+
+
+@needs_source
+def test_every_call_the_adapter_makes_binds_to_the_installed_signature(monkeypatch):
+    bound = set()
+    for name, case, inputs in adapter_batches():
+        log, _ = prepared_calls(monkeypatch, case, inputs)
+        assert [m for _, m, _, _ in log] == ["__init__", "plan", "plan", "run"], name
+        for wrapper, method, args, kwargs in log:
+            bound.update((wrapper, m) for m in bind(wrapper, method, args, kwargs))
+    # Every wrapper's constructor, plan() and run() was bound; the decode plan's keywords reached _plan_impl.
+    assert {m for _, m in bound} >= {"__init__", "plan", "run"} and (fi.PAGED_DECODE, "_plan_impl") in bound
+    assert {w for w, _ in bound} == {fi.RAGGED_PREFILL, fi.PAGED_PREFILL, fi.PAGED_DECODE}
+    # The binding is strict: a keyword plan() does not take, or run()'s arguments of another wrapper, fail.
+    decode = fi.flashinfer_call(ragged_batch([1, 1], [8, 5], page_size=4), torch.float32)
+    with pytest.raises(TypeError, match="head_dim_qk"):
+        bind(fi.PAGED_DECODE, "plan", (), {**decode.plan_args, "head_dim_qk": 16})
+    with pytest.raises(TypeError):
+        bind(fi.RAGGED_PREFILL, "run", decode.run_args, {})
+
+
+@needs_source
+def test_a_decode_whose_head_group_the_cuda_core_kernel_lacks_runs_the_tensor_core_decode(monkeypatch):
+    from suites.decode import SUITE
+
+    utils = (SOURCE / "data" / "include" / "flashinfer" / "utils.cuh").read_text()
+    macro = utils[utils.index("#define DISPATCH_GQA_GROUP_SIZE"):]
+    macro = macro[:macro.index("#define", 1)]
+    groups = {int(g) for g in re.findall(r"group_size == (\d+)", macro)}
+    # The CUDA-core decode plan dispatches on that macro; the adapter's copy of its groups must be the library's.
+    assert "DISPATCH_GQA_GROUP_SIZE(num_qo_heads / num_kv_heads" in (SOURCE / "data" / "csrc" / "batch_decode.cu").read_text()
+    assert 32 not in groups and "use_tensor_cores" in signature(method_node(fi.PAGED_DECODE, "__init__")).parameters
+    heads = {(c.H, c.H_kv) for c in SUITE.cases if c.S_q == 1 and not c.mla and not c.padding}
+    assert (32, 1) in heads
+    for H, H_kv in sorted(heads, key=lambda h: -(h[0] // h[1])):  # MQA's 32:1 first
+        case = Case(B=2, S_q=1, S_kv=32, H=H, H_kv=H_kv, d_k=16, d_v=16)
+        inputs = make_inputs(case)
+        call = fi.flashinfer_dense_call(case, inputs)
+        tensor_cores = H // H_kv not in groups
+        assert call.wrapper == fi.PAGED_DECODE and getattr(call, "init_args", {}).get("use_tensor_cores", False) is tensor_cores, (H, H_kv)
+        assert call.notes["decode_kernel"].startswith("tensor-core" if tensor_cores else "cuda-core"), (H, H_kv)
+        assert check_forward(case, inputs, call.to_checked(flashinfer_emulator(call))).agree, (H, H_kv)
+        _, prepared = prepared_calls(monkeypatch, case, inputs)
+        assert prepared.notes["kernel"].endswith("(use_tensor_cores=True)") is tensor_cores
+        assert prepared.notes["decode_kernel"] == call.notes["decode_kernel"]
+    paged = fi.flashinfer_call(ragged_batch([1, 1], [8, 5], H=32, H_kv=1, page_size=4), torch.float32)
+    assert paged.init_args == {"use_tensor_cores": True}
+    assert set(fi.CUDA_CORE_DECODE_GROUPS) == groups  # the adapter's copy of the rule is the library's
+
+
+def test_a_dense_decode_views_its_cache_as_16_token_pages_of_the_same_storage(monkeypatch):
+    for S_kv, page in ((64, 16), (131072, 16), (24, 8), (9, 1)):
+        case = Case(B=2 if S_kv < 1000 else 1, S_q=1, S_kv=S_kv, H=2, H_kv=1, d_k=8, d_v=8)
+        inputs = make_inputs(case)
+        ragged = fi.dense_as_ragged(case, inputs)
+        assert ragged.page_size == page and ragged.k_pages.shape == (case.B * S_kv // page, page, 1, 8)
+        for pages, packed in ((ragged.k_pages, ragged.k), (ragged.v_pages, ragged.v)):
+            assert pages.data_ptr() == packed.data_ptr()
+            assert pages.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()  # a view, not a copy
+        call = fi.flashinfer_dense_call(case, inputs)
+        n = S_kv // page
+        assert call.plan_args["page_size"] == page and call.notes["page_size"] == page
+        assert call.plan_args["indptr"].tolist() == [b * n for b in range(case.B + 1)]
+        assert call.plan_args["indices"].tolist() == list(range(case.B * n)) and call.plan_args["last_page_len"].tolist() == [page] * case.B
+        if S_kv < 1000:
+            assert check_forward(case, inputs, call.to_checked(flashinfer_emulator(call))).agree, S_kv
+    _, prepared = prepared_calls(monkeypatch, case, inputs)
+    assert prepared.notes["page_size"] == 1 and "1-token pages (no copy)" in prepared.notes["kv_view"]
+
+
+def test_available_says_what_is_missing_to_get_the_kernels(monkeypatch, tmp_path):
+    package, cuda = tmp_path / "site" / "flashinfer", tmp_path / "cuda"
+    package.mkdir(parents=True)
+    jit_cache: list = [None]
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name == "flashinfer":
+            spec = importlib.machinery.ModuleSpec("flashinfer", None, is_package=True)
+            spec.submodule_search_locations = [str(package)]
+            return spec
+        return jit_cache[0] if name == "flashinfer_jit_cache" else real_find_spec(name, *args, **kwargs)
+
+    on_path: dict = {}
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    def which(cmd, *args, **kwargs):
+        return (cmd if os.access(cmd, os.X_OK) else None) if os.path.isabs(cmd) else on_path.get(cmd)
+
+    monkeypatch.setattr(shutil, "which", which)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fi, "DEFAULT_CUDA_HOME", str(tmp_path / "no-cuda"), raising=False)
+    for name in ("CUDA_HOME", "CUDA_PATH", "FLASHINFER_NVCC", "FLASHINFER_DISABLE_JIT"):
+        monkeypatch.delenv(name, raising=False)
+    backend = fi.FlashinferBackend()
+
+    reason = backend.available()  # checked before flashinfer is imported: here it could not be
+    assert "nvcc" in reason and "CUDA_HOME" in reason and "pip install flashinfer-jit-cache" in reason and "\n" not in reason
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(cuda))
+    assert "ninja, which is not on PATH" in backend.available()
+    on_path["ninja"] = "/venv/bin/ninja"
+    assert fi.kernel_build_refusal() is None
+    monkeypatch.delenv("CUDA_HOME")
+    on_path["nvcc"] = str(cuda / "bin" / "nvcc")  # found on PATH: CUDA_HOME is its parent's parent
+    assert fi.kernel_build_refusal() is None
+    monkeypatch.setenv("FLASHINFER_DISABLE_JIT", "1")
+    assert "FLASHINFER_DISABLE_JIT forbids compiling" in backend.available()
+    jit_cache[0] = importlib.machinery.ModuleSpec("flashinfer_jit_cache", None)  # prebuilt: no compiler needed
+    assert fi.kernel_build_refusal() is None
+    jit_cache[0] = None
+    (package / "data" / "aot" / "batch_decode_module").mkdir(parents=True)  # an AOT build of flashinfer itself
+    assert fi.kernel_build_refusal() is None
+
+
+def _on_device(obj, fields):
+    """obj with the named tensors moved to the meta device: a stand-in for the GPU whose data cannot be read back."""
+    return dataclasses.replace(obj, **{f: getattr(obj, f).to("meta") for f in fields if getattr(obj, f) is not None})
+
+
+def test_plan_is_handed_host_index_tensors_and_the_library_copies_them_itself():
+    device_fields = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_kv", "k_pages", "v_pages")
+    calls = [fi.flashinfer_call(_on_device(ragged_batch(lq, lkv, page_size=ps, seed=4), device_fields), torch.bfloat16)
+             for lq, lkv, ps in (([3, 2], [8, 5], None), ([3, 2], [8, 5], 4), ([1, 1], [8, 5], 4))]
+    for case in (Case(B=2, S_q=1, S_kv=32, H=4, H_kv=1, d_k=16, d_v=16), Case(B=2, S_q=4, S_kv=8, H=4, H_kv=2, d_k=16, d_v=16)):
+        calls.append(fi.flashinfer_dense_call(case, _on_device(make_inputs(case), ("q", "k", "v"))))
+    assert {c.wrapper for c in calls} == {fi.RAGGED_PREFILL, fi.PAGED_PREFILL, fi.PAGED_DECODE}
+    for call in calls:
+        indexes = {k: v for k, v in call.plan_args.items() if isinstance(v, torch.Tensor)}
+        assert len(indexes) >= 2 and all(t.device.type == "cpu" and t.dtype == torch.int32 for t in indexes.values()), call.wrapper
+        assert all(t.device.type == "meta" for t in call.run_args if isinstance(t, torch.Tensor))  # the data stays on the device
+    if SOURCE is None:
+        pytest.skip(NO_SOURCE)
+    # plan() reads each index tensor on the host (`.to("cpu")`) and moves it to the device itself (`.to(self.device`).
+    for call in calls:
+        body = "\n".join(ast.unparse(method_node(call.wrapper, m)) for m in ("plan", "_plan_impl") if _defines(call.wrapper, m))
+        for name, t in call.plan_args.items():
+            if isinstance(t, torch.Tensor):
+                assert re.search(rf"\b{name}\.to\((self\.device|'cpu')", body), (call.wrapper, name)
+
+
+def _defines(cls: str, method: str) -> bool:
+    """Whether the class's source defines the method."""
+    return any(isinstance(n, ast.FunctionDef) and n.name == method for n in class_node(cls).body)
