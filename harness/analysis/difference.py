@@ -20,20 +20,26 @@ one the data leave no doubt about, and a CI gate built on it does not cry wolf. 
 
 from __future__ import annotations
 
-import json
 import math
+import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from harness.errors import UserError
+from harness.results.documents import MAX_VARIATION_PROCESSES, parse_json, read_regular
 
 #: The interval's columns in a record.
 LOW, HIGH = "latency_ms_ci95_low", "latency_ms_ci95_high"
 #: Each interval is widened by this many CVs on each side: about 95 % of fresh processes' medians lie within ±2·CV.
 CV_WIDTH = 2.0
+#: At this CV the widened low end lo·(1 − CV_WIDTH·CV) reaches 0 ms.
+MAX_CV = 1.0 / CV_WIDTH
 #: What a variation document says it is (`kind`), so that a wrong JSON file is refused by name.
 VARIATION_KIND = "attnbench run-to-run variation"
+#: A variation document is a few kilobytes (1,000 medians at most); more is not one.
+MAX_VARIATION_BYTES = 2**20
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class Variation:
     case_id: str
     backend: str
     medians_ms: tuple[float, ...]
+    #: The file it was read from, for messages (not written).
+    source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document `stability` writes."""
@@ -62,33 +70,85 @@ def read_variation(path: Path | str) -> Variation:
     """A variation document written by `attnbench stability --out`; UserError naming the file and what is wrong."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"--variation {path}: no such file (write one with `attnbench stability … --out {path}`)") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--variation {path}: not a readable JSON document ({exc})") from None
+        # The one document reader: a FIFO or /dev/zero is refused, not waited on or read forever; deep nesting is one line.
+        doc = parse_json(read_regular(path, "variation document", MAX_VARIATION_BYTES), path)
+    except UserError as exc:
+        if not os.path.lexists(path):
+            raise UserError(f"--variation {path}: no such file (write one with `attnbench stability … --out {path}`)") from None
+        raise UserError(f"--variation {exc}") from None
     if not isinstance(doc, dict) or doc.get("kind") != VARIATION_KIND:
         raise UserError(f"--variation {path}: not a variation document written by `attnbench stability` (its kind is not {VARIATION_KIND!r})")
-    cv, medians = doc.get("cv"), doc.get("medians_ms")
+    return Variation(_cv(doc, path), *(_text(doc, path, name) for name in ("device_type", "device_name", "case_id", "backend")),
+                     _medians(doc, path), source=str(path))
+
+
+def _bad(path: Path, name: str, value: Any, expected: str) -> UserError:
+    shown = repr(value)
+    return UserError(f"--variation {path}: field {name!r} has value {shown if len(shown) <= 60 else shown[:57] + '...'}, expected {expected}")
+
+
+def _cv(doc: Mapping[str, Any], path: Path) -> float:
+    cv = doc.get("cv")
     if isinstance(cv, bool) or not isinstance(cv, (int, float)) or not math.isfinite(cv) or cv < 0:
-        raise UserError(f"--variation {path}: field 'cv' has value {cv!r}, expected a non-negative finite number")
-    if not isinstance(medians, list) or not all(isinstance(m, (int, float)) and not isinstance(m, bool) for m in medians):
-        raise UserError(f"--variation {path}: field 'medians_ms' has value {medians!r}, expected a list of numbers")
-    for name in ("device_type", "device_name", "case_id", "backend"):
-        if not isinstance(doc.get(name), str):
-            raise UserError(f"--variation {path}: field {name!r} has value {doc.get(name)!r}, expected text")
-    return Variation(float(cv), doc["device_type"], doc["device_name"], doc["case_id"], doc["backend"], tuple(float(m) for m in medians))
+        raise _bad(path, "cv", cv, "a non-negative finite number")
+    if cv >= MAX_CV:
+        # lo·(1 − 2·CV) ≤ 0: every widened interval reaches 0 ms, so the rule could never tell two rows apart.
+        raise _bad(path, "cv", cv, f"below {MAX_CV} (a CV that large widens every interval down to 0 ms: nothing could differ)")
+    return float(cv)
 
 
-def check_variation_device(variation: Variation | None, envs: Sequence[Mapping[str, Any]], where: str) -> None:
-    """Refuse (UserError) a variation measured on another device than the runs': another box's noise says nothing of this one's."""
+def _text(doc: Mapping[str, Any], path: Path, name: str) -> str:
+    value = doc.get(name)
+    if name == "device_type" and value not in ("cpu", "cuda"):
+        raise _bad(path, name, value, "'cpu' or 'cuda'")
+    if not isinstance(value, str) or not value.strip():
+        raise _bad(path, name, value, "non-empty text")
+    return value
+
+
+def _medians(doc: Mapping[str, Any], path: Path) -> tuple[float, ...]:
+    """The medians, checked against the document's own `cv` and `processes`: a document that contradicts itself is refused."""
+    medians = doc.get("medians_ms")
+    if not isinstance(medians, list) or not 2 <= len(medians) <= MAX_VARIATION_PROCESSES:
+        raise _bad(path, "medians_ms", medians, f"a list of 2 to {MAX_VARIATION_PROCESSES:,} medians (one per fresh process)")
+    for i, m in enumerate(medians):
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0:
+            raise _bad(path, f"medians_ms[{i}]", m, "a positive finite number of milliseconds")
+    processes = doc.get("processes", len(medians))
+    if isinstance(processes, bool) or processes != len(medians):
+        raise _bad(path, "processes", processes, f"{len(medians)}, the number of medians in 'medians_ms'")
+    values = tuple(float(m) for m in medians)
+    try:
+        measured = statistics.stdev(values) / statistics.fmean(values)
+    except (OverflowError, ValueError):  # medians near the float limit: their spread is not a number
+        raise _bad(path, "medians_ms", medians, "medians whose spread is a finite number") from None
+    # The CV is recomputed from the medians it was written from (stability's own formula, in ms rather than s: rounding only).
+    if not math.isclose(measured, float(doc["cv"]), rel_tol=1e-6, abs_tol=1e-12):
+        raise _bad(path, "cv", doc["cv"], f"{measured:.6g}, the CV of its own 'medians_ms'")
+    return values
+
+
+def check_variation_device(variation: Variation | None, envs: Sequence[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]],
+                           where: str) -> None:
+    """Refuse (UserError) a variation measured on another device than the runs', or runs whose env.json cannot say which device.
+
+    `envs` are the runs' env.json documents, or a mapping from each run's name to its document (then the run is named).
+    """
     if variation is None:
         return
-    for env in envs:
+    named = envs.items() if isinstance(envs, Mapping) else ((None, env) for env in envs)
+    source = f" ({variation.source})" if variation.source else ""
+    for run, env in named:
         before = env.get("before") or {}
-        seen = (before.get("device_type"), before.get("device_name"))
-        if seen != (variation.device_type, variation.device_name) and seen != (None, None):
-            raise UserError(f"--variation was measured on {variation.device_type} {variation.device_name!r} but {where} ran on "
+        in_file = f"{run}/env.json" if run else (f"{where}/env.json" if os.path.isdir(where) else f"env.json of {where}")
+        for name in ("device_type", "device_name"):
+            # A fingerprint without the device cannot show the variation is this box's: refused, not taken on trust.
+            if not isinstance(before.get(name), str) or not before[name]:
+                raise UserError(f"--variation{source} cannot be checked against {in_file}: its field 'before.{name}' is "
+                                f"{before.get(name)!r}, and the variation must have been measured on the runs' device")
+        seen = (before["device_type"], before["device_name"])
+        if seen != (variation.device_type, variation.device_name):
+            raise UserError(f"--variation{source} was measured on {variation.device_type} {variation.device_name!r} but {where} ran on "
                             f"{seen[0]} {seen[1]!r}: measure the variation on the same device")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, TextIO
 
 from harness.errors import UserError
+from harness.results.documents import MAX_VARIATION_PROCESSES
 from harness.results.record import Record, Status
 from harness.run.children import child_command, emit, run_child
 from harness.suite.cases import Case, parse_case_id
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from harness.analysis.difference import Variation
 
 #: The most fresh processes `stability` starts: a thousand already pins a spread far below what a run can resolve.
-MAX_PROCESSES = 1_000
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float:
@@ -72,16 +72,17 @@ class StabilityResult:
 
 def check_variation_out(path: Path) -> Path:
     """Refuse (UserError) a variation path inside a run folder or over a file that is not a variation; return it resolved."""
-    import json
-
-    from harness.analysis.difference import VARIATION_KIND
+    from harness.analysis.difference import MAX_VARIATION_BYTES, VARIATION_KIND
     from harness.cli.report import check_output_file
+    from harness.results.documents import parse_json, read_regular
 
     def is_variation(target: Path) -> bool:
+        # The document reader, not read_text(): a huge file is not read whole, nesting past the parser's depth is no traceback.
         try:
-            return json.loads(target.read_text()).get("kind") == VARIATION_KIND
-        except (ValueError, AttributeError, OSError):
+            doc = parse_json(read_regular(target, "variation document", MAX_VARIATION_BYTES), target)
+        except UserError:
             return False
+        return isinstance(doc, dict) and doc.get("kind") == VARIATION_KIND
 
     return check_output_file(path, "a variation", "JSON", is_variation)
 
@@ -115,8 +116,8 @@ def measure_in_fresh_process(case: Case, backend: str, measure_s: float) -> floa
 
 def run_stability(case: Case, backend: str, processes: int = 5, measure_s: float = 0.5, log: TextIO | None = None) -> StabilityResult:
     """Measure `case` once in each of `processes` fresh processes, one after the other."""
-    if not 2 <= processes <= MAX_PROCESSES:
-        raise UserError(f"--processes must be from 2 to {MAX_PROCESSES:,} (each is a fresh process, started one after another), got {processes}")
+    if not 2 <= processes <= MAX_VARIATION_PROCESSES:
+        raise UserError(f"--processes must be from 2 to {MAX_VARIATION_PROCESSES:,} (each is a fresh process, started one after another), got {processes}")
     if not measure_s > 0:
         raise UserError(f"--measure-s must be positive, got {measure_s}")
     from harness.backends.registry import load_registry
