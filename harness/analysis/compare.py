@@ -24,6 +24,8 @@ from harness.errors import UserError
 DEVICE_KEYS = ("device_type", "device_name")
 #: Fields whose difference is worth a warning (a version upgrade is often the point of comparing).
 VERSION_KEYS = ("torch", "torch_cuda", "cudnn", "python", "xformers", "flash_attn", "cpu_model", "torch_threads", "host")
+#: Row columns naming what measured a row (harness.env.harness_identity): the measurement rules change between versions.
+IDENTITY_KEYS = ("harness_version", "harness_commit")
 EXIT_REGRESSION = 1
 
 
@@ -44,6 +46,17 @@ def environment_differences(base: Mapping[str, Any], new: Mapping[str, Any], key
     """`field: BASE value → NEW value` for each key environment field that differs between two env.json documents."""
     b, n = base.get("before") or {}, new.get("before") or {}
     return [f"{k}: {b.get(k)} → {n.get(k)}" for k in keys if b.get(k) != n.get(k)]
+
+
+def identity_differences(base: pd.DataFrame, new: pd.DataFrame) -> list[str]:
+    """`field: BASE values → NEW values` for each identity column whose known values differ between two runs' rows."""
+    out = []
+    for key in IDENTITY_KEYS:
+        # Unknown (null: a row written before the columns, or outside a git checkout) says nothing either way.
+        b, n = (sorted({v for v in frame[key] if isinstance(v, str)}) if key in frame.columns else [] for frame in (base, new))
+        if b and n and b != n:
+            out.append(f"{key}: {', '.join(b)} → {', '.join(n)}")
+    return out
 
 
 #: The number every `ok` row must have; its interval (LOW, HIGH) may be absent (under 6 samples), and the rule then says "not different".
@@ -107,6 +120,8 @@ class Comparison:
     variation: Variation | None = None
     #: Things the user should know about the inputs (a truncated last line dropped from a records file).
     warnings: list[str] = field(default_factory=list)
+    #: How NEW's rows name another attnbench than BASE's (`identity_differences`): warned of on stderr.
+    harness_differences: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -182,7 +197,8 @@ def compare_runs(base_dir: Path | str, new_dir: Path | str, threshold: float | N
     check_variation_device(variation, [base_env, new_env], "these runs")
     diffs = environment_differences(base_env, new_env)
     table, failures = compare_frames(base, new, threshold, variation.cv if variation else 0.0)
-    return Comparison(table, diffs, threshold, failures, geomean_summary(table), variation, base_warnings + new_warnings)
+    return Comparison(table, diffs, threshold, failures, geomean_summary(table), variation, base_warnings + new_warnings,
+                      identity_differences(base, new))
 
 
 def print_comparison(result: Comparison, base_name: str, new_name: str, out: TextIO) -> None:
@@ -191,6 +207,9 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
         out.write(f"warning: {warning}\n")
     for diff in result.env_differences:
         out.write(f"warning: environments differ: {diff}\n")
+    if result.harness_differences:  # one line, beside the environments' differences
+        out.write(f"warning: NEW's rows were measured by another attnbench ({'; '.join(result.harness_differences)}): "
+                  f"its measurement rules may differ\n")
     out.write(f"rule: {RULE_TEXT}; " + (result.variation.describe() if result.variation else "no run-to-run variation given (--variation FILE)") + "\n")
     table = result.table
     if table.empty:

@@ -23,9 +23,9 @@ from harness.measure.profile import profile_step
 from harness.measure.cuda_clock import CudaEventClock, L2Flusher
 from harness.measure.stats import Stats
 from harness.measure.timing import Clock, Measurement
+from harness.results.documents import TIMERS  # noqa: F401 - run --timer's choices, re-exported where the timers are
 from harness.suite.cases import Case
 
-TIMERS = ("events", "kernels", "graph")
 #: Bounds on the calls `--timer kernels` profiles (the row's `samples`). Every profiled call pays the
 #: profiler's overhead and its own flush, and 200 already put the median's 95 % interval between the
 #: 86th and 115th order statistics; profiling all of a CUDA row's up to 1,000 samples took seconds a pair.

@@ -43,7 +43,8 @@ def read_regular(path: Path | str, what: str = "regular file", limit: int | None
     except FileNotFoundError:
         raise UserError(f"{path} does not exist") from None
     except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+        kind = _kind_of(path)  # a socket cannot be opened at all (ENXIO): say what it is, not just the errno
+        raise UserError(f"{path} is {kind}, not a {what}" if kind else f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -56,6 +57,15 @@ def read_regular(path: Path | str, what: str = "regular file", limit: int | None
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def _kind_of(path: Path) -> str | None:
+    """What `path` is when it is not a regular file (a socket, a FIFO, …), or None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def parse_json(raw: bytes, where: Path | str) -> Any:
@@ -184,6 +194,13 @@ _CAPABILITIES = object_of(object_of(_boolean))
 _ATTEMPT = fields_of(started_utc=_string, wall_s=_number)
 
 
+#: `run --timer`'s choices, defined here (torch-free) for the manifest's check and harness.measure.timers alike.
+TIMERS = ("events", "kernels", "graph")
+#: The most fresh processes `attnbench stability` starts, and so the most medians a variation document holds.
+MAX_VARIATION_PROCESSES = 1_000
+_TIMER = _accepting(lambda v: isinstance(v, str) and v in TIMERS, f"one of {', '.join(TIMERS)} (run --timer)")
+
+
 @dataclass
 class Manifest(Document):
     """manifest.json: what the run is (suite, device, backends, pairs) and who wrote it."""
@@ -224,7 +241,7 @@ class Manifest(Document):
     CHECKS = {
         "run_id": _string, "suite": optional(_string), "suite_arg": optional(_string), "suite_copy": optional(_plain_name),
         "device": optional(_device), "backends": list_of(_string), "broken": object_of(_string), "capabilities": _CAPABILITIES,
-        "pairs": list_of(_string), "check": _boolean, "profile": _boolean, "traces": _boolean, "timer": _string,
+        "pairs": list_of(_string), "check": _boolean, "profile": _boolean, "traces": _boolean, "timer": _TIMER,
         "energy": _boolean, "cooldown_s": optional(_positive),
         "created_utc": optional(_string), "attempts": list_of(_ATTEMPT), "harness": optional(_string), "run_uuid": optional(_string),
         "pair_specs": optional(list_of(fields_of(case=_object, backend=_string))), "budget": optional(_object),

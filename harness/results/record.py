@@ -16,6 +16,7 @@ import types
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from harness.errors import UserError
+from harness.results.record_checks import LATENCY_FIELDS, check_latencies, check_ranges  # noqa: F401 (LATENCY_FIELDS: its old home)
 from harness.suite.cases import CASE_FIELDS, case_from_fields
 
 SCHEMA_VERSION = 1
@@ -249,26 +250,10 @@ class Record:
             if name in _OPTIONS:
                 values[name] = _typed(name, value, where)
         record = cls(**values, extra={k: v for k, v in data.items() if k not in _OPTIONS})
-        _check_latencies(record, where)
+        check_latencies(record, where)
+        check_ranges(record, where)
         _check_case_id(record, where)
         return record
-
-
-#: The latency columns: durations, never negative; on an `ok` row the median is what every ratio divides by.
-LATENCY_FIELDS = ("latency_ms_median", "latency_ms_p20", "latency_ms_p80", "latency_ms_min", "latency_ms_mean", "latency_ms_max",
-                  "latency_ms_stdev", "latency_ms_ci95_low", "latency_ms_ci95_high")
-
-
-def _check_latencies(record: Record, where: str) -> None:
-    """UserError for a negative latency, or an `ok` row whose median is 0: no measurement gives either, and ratios would lie."""
-    for name in LATENCY_FIELDS:
-        value = getattr(record, name)
-        if value is not None and value < 0:
-            raise UserError(f"{where}: field {name!r} has value {value!r}, a negative duration")
-    if record.status is Status.OK and record.latency_ms_median is not None and record.latency_ms_median <= 0:
-        raise UserError(f"{where}: field 'latency_ms_median' is {record.latency_ms_median!r} on an ok row; a measured call takes time")
-    if record.sample_ms is not None and any(isinstance(v, (int, float)) and v < 0 for v in record.sample_ms):
-        raise UserError(f"{where}: field 'sample_ms' holds a negative duration")
 
 
 def _check_case_id(record: Record, where: str) -> None:

@@ -21,6 +21,7 @@ the request's Q is raised to it.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import math
@@ -85,8 +86,16 @@ def read_lengths_file(path: str | os.PathLike) -> LengthsFile:
     path = Path(path)
     try:
         stamp = path.stat().st_mtime_ns
-    except OSError:
-        raise UserError(f"lengths file {path} does not exist") from None
+    except OSError as exc:
+        # Only a name that is truly absent "does not exist": a loop, a refusal or a too-long name is named as what it is.
+        denied = "cannot be reached: permission denied (on the file or a folder on its path)"
+        why = {errno.ENOENT: "does not exist", errno.ELOOP: "is a loop of symbolic links (or a folder on its path is)",
+               errno.ENAMETOOLONG: "has a name too long for the file system (a part over 255 bytes, or the whole over 4096)",
+               errno.EACCES: denied, errno.EPERM: denied, errno.ENOTDIR: "cannot be reached: a part of its path is a file, not a folder",
+               }.get(exc.errno, f"cannot be read: {exc.strerror or exc}")
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            why = f"is a symbolic link to {os.readlink(path)}, which does not exist"
+        raise UserError(f"lengths file {path} {why}") from None
     return _read_lengths_file(str(path), stamp)
 
 

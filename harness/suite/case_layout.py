@@ -56,6 +56,33 @@ def check_layout(case, integer: Callable[..., int]) -> None:
             raise UserError(f"{name}={getattr(case, name)} contradicts the lengths, which make {name}={value}")
     if not batch.from_file and batch.draw(case.seed, case.B) != (q, kv):
         raise UserError(f"the lengths are not those {case.length_dist!r} draws from seed {case.seed}")
+    if case.layout == "paged":
+        _check_pages(case)
+
+
+#: Page numbers sit in an int32 block table (harness.suite.ragged), and kernels take the page size as a 32-bit integer.
+MAX_INT32 = 2**31 - 1
+#: The most elements one tensor can index (harness.suite.cases.MAX_INT, which imports this module).
+_MAX_ELEMENTS = 2**63 - 1
+
+
+def _check_pages(case) -> None:
+    """UserError unless the paged cache can be built: a 32-bit page size and page count, and a cache tensor that can be indexed.
+
+    The case's own size guard counts the packed K/V, not the pages: a page far longer than the requests makes a
+    cache of pages x page_size rows, almost all of it padding, that no device holds.
+    """
+    size = case.page_size
+    if size > MAX_INT32:
+        raise UserError(f"page_size={size} is beyond a kernel's 32-bit page size (at most {MAX_INT32})")
+    pages = sum(-(-n // size) for n in case.seq_lens_kv)
+    if pages > MAX_INT32:
+        raise UserError(f"page_size={size}: the paged cache would take {pages:,} pages, more than its int32 block table "
+                        f"can number (at most {MAX_INT32:,})")
+    elements = pages * size * case.H_kv * max(case.d_k, case.d_v)
+    if elements > _MAX_ELEMENTS:
+        raise UserError(f"page_size={size}: the paged cache ({pages:,} pages of {size} rows, H_kv={case.H_kv}, d={max(case.d_k, case.d_v)}) "
+                        f"would hold {elements:.3g} elements, more than a tensor can index (2^63 - 1)")
 
 
 def layout_id_tokens(case) -> list[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import json
 import math
 import os
 import pkgutil
@@ -20,9 +19,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from harness.suite.batch import ragged_cases
+from harness.suite.batch_axes import check_axes
 from harness.suite.cases import MODES, RAGGED_LAYOUTS, Case, canonical_dtype, grid
 from harness.errors import UserError
-from harness.results.documents import read_regular
+from harness.results.documents import MAX_DOCUMENT_BYTES, parse_json, read_regular
 from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
 from harness.suite.budget_fields import budget_from_fields
 from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases
@@ -201,18 +201,33 @@ def _as_list(where: str, key: str, value: Any) -> list:
     return values
 
 
+#: How many frozen copies `_lengths_folder` follows back (a repro of a repro of ...) before it calls the chain a loop.
+MAX_SUITE_COPIES = 64
+
+
 def _lengths_folder(path: Path) -> Path:
     """Where a suite's relative `file:` paths are read from: the suite file's folder, or, for a run folder's frozen copy
-    of a suite, the folder of the suite it was copied from (the manifest's `suite_arg`), where the lengths files are."""
-    manifest = path.parent / "manifest.json"
-    if manifest.is_file():
-        try:
-            data = json.loads(read_regular(manifest, "manifest"))
-        except (UserError, ValueError):
+    of a suite, the folder of the suite it was first copied from (the manifest's `suite_arg`, followed back through
+    the frozen copies a chain of repros made), where the lengths files are."""
+    seen: set[Path] = set()
+    while len(seen) < MAX_SUITE_COPIES:
+        seen.add(path.resolve())
+        manifest = path.parent / "manifest.json"
+        if not manifest.is_file():
             return path.parent
-        if isinstance(data, dict) and data.get("suite_copy") == path.name and isinstance(data.get("suite_arg"), str):
-            return Path(data["suite_arg"]).parent
-    return path.parent
+        try:
+            # Bounded, and nesting past the parser's depth is a UserError (not a RecursionError) like any bad JSON.
+            data = parse_json(read_regular(manifest, "manifest", MAX_DOCUMENT_BYTES), manifest)
+        except UserError as exc:
+            # Refused, not guessed past: which folder the `file:` lengths come from (so which cases run) depends on it.
+            raise UserError(f"{path}: the manifest beside it cannot be read ({exc})") from None
+        if not (isinstance(data, dict) and data.get("suite_copy") == path.name and isinstance(data.get("suite_arg"), str)):
+            return path.parent
+        source = Path(data["suite_arg"])
+        if source.resolve() in seen:
+            raise UserError(f"{path}: its manifest's suite_arg leads back to a suite copy already followed ({source})")
+        path = source
+    raise UserError(f"{path}: more than {MAX_SUITE_COPIES} frozen suite copies in a row; cannot tell where its lengths files are")
 
 
 def _batch_axes(where: str, spec: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -233,6 +248,10 @@ def _batch_axes(where: str, spec: dict[str, Any], folder: Path) -> dict[str, Any
     for required in ("H", "d_k"):
         if required not in axes:
             raise UserError(f"{where}: missing field {required!r}")
+    try:
+        check_axes(batches, layouts, axes.get("page_size"), {**axes, "base": folder})
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
     return {**axes, "batch": batches, "layout": layouts, "folder": folder}
 
 
