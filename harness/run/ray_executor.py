@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from harness.run.driver import FailureRows, sigterm_interrupts
 from harness.run.progress import Progress
 from harness.run.rundir import RunFolder, write_env
 from harness.run.supervisor import RunConfig, RunSummary, Supervisor
-from harness.run.ray_nodes import env_with_nodes, peaks_with_nodes, read_json, write_json
+from harness.run.ray_nodes import check_address, env_with_nodes, peaks_with_nodes, read_json, write_json
 from harness.run.ray_scheduler import PairsRun
 from harness.run.ray_tasks import describe_node, no_peaks, node_telemetry, task_options
 from harness.suite.catalog import Suite
@@ -65,23 +64,6 @@ def import_ray() -> Any:
     except ImportError:
         raise UserError(INSTALL_HINT) from None
     return ray
-
-
-def _check_address(address: str) -> None:
-    """Refuse an address nobody answers at, in one line and in seconds (Ray itself retries for a minute, then prints a traceback)."""
-    if address == "auto":
-        return
-    if address.startswith("ray://"):
-        raise UserError(f"--ray-address {address}: Ray Client (ray://) is not supported; run attnbench on a node of the cluster "
-                        "with the head's HOST:PORT (ray start --head prints it)")
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise UserError(f"--ray-address takes HOST:PORT (what `ray start --head` prints, e.g. 10.0.0.1:6379) or 'auto': got {address!r}")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
-            pass
-    except OSError as exc:
-        raise UserError(f"no Ray cluster answers at {address}: {exc.strerror or exc}") from None
 
 
 @contextmanager
@@ -179,7 +161,7 @@ class RaySupervisor(Supervisor):
         ray = self.ray
         address = self.config.ray_address or os.environ.get("RAY_ADDRESS") or None
         if address:
-            _check_address(address)
+            check_address(address)
         kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
         if not address:
             kwargs["include_dashboard"] = False
