@@ -113,7 +113,10 @@ def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path):
     assert ((sampled.latency_ms_ci95_low <= sampled.latency_ms_median) & (sampled.latency_ms_median <= sampled.latency_ms_ci95_high)).all()
     assert set(sampled.stopped_by) <= {"precision", "budget", "min_rounds", "max_rounds"}
     assert set(few.stopped_by) <= {"call_exceeds_budget", "first_call"} and (few.latency_ms_median > 20).all()
-    assert len(sampled[sampled.latency_ms_median < 5]) == len(ok[ok.latency_ms_median < 5]) >= 8  # sdpa's sub-ms rows, always sampled
+    # sdpa's fused calls (sub-ms here, a few ms on a loaded machine) are always sampled: chosen by backend, not by a
+    # latency threshold that another process's load would move.
+    fused = ok[ok.backend.isin(["sdpa", "sdpa-flash"])]
+    assert len(fused) == 8 and (fused.samples >= 6).all() and fused.latency_ms_ci95_low.notna().all()
     # `attnbench run` runs its workers' loop without pytest: pytest-benchmark's files are `pytest suites/`'s
     # (tests/test_pytest_benchmark_contract.py checks that they hold the records' samples).
     assert not list(run_dir.glob("pytest-benchmark-*.json"))
