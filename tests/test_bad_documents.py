@@ -222,3 +222,38 @@ def test_a_variation_is_refused_for_runs_whose_env_cannot_name_the_device(tmp_pa
     path = tmp_path / "stability.json"
     path.write_text(json.dumps(variation_doc()))
     refused(capsys, COMMANDS[command](base, new, tmp_path) + ["--variation", str(path)], [str(path), "env.json", f"'{field}'"])
+
+
+# -- 1 and 2 beyond the CLI: the JSON the harness reads for itself never blocks or overflows --------------------------------
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _deep(path: Path) -> Path:
+    path.write_text('{"telemetry_before": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    return path
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make", [_fifo, _deep, lambda p: (p.mkdir(), p)[1]], ids=["fifo", "deep", "folder"])
+def test_a_runs_own_documents_that_cannot_be_read_are_not_recorded_never_a_hang_or_a_traceback(tmp_path, make):
+    from harness.run.cooldown import idle_temperature_c
+    from harness.run.ray_nodes import read_json
+
+    path = make(tmp_path / "env.json")
+    assert idle_temperature_c(path, 0) is None
+    assert read_json(path) == {}
+
+
+@pytest.mark.parametrize("cell", ["[" * 50_000 + "]" * 50_000, '{"a": ' * 20_000 + "1" + "}" * 20_000])
+def test_a_lengths_cell_nested_past_the_parser_is_one_line(cell):
+    from harness.analysis.serving import lengths
+    from harness.errors import UserError
+    from harness.suite.case_layout import json_lengths
+
+    with pytest.raises(UserError, match="seq_lens_q must be a JSON list of lengths"):
+        json_lengths("seq_lens_q", cell)
+    assert lengths(cell) is None

@@ -42,7 +42,7 @@ def lengths(value: Any) -> tuple[int, ...] | None:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if isinstance(value, (list, tuple, np.ndarray)) and len(value):
         return tuple(int(v) for v in value)

@@ -12,7 +12,6 @@ replace with a fake sequence.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from harness.errors import UserError
+from harness.results.documents import MAX_DOCUMENT_BYTES, parse_json, read_regular
 from harness.run.rundir import ENV
 
 #: `--cooldown auto` (or `--cooldown` alone) waits at most this long between pairs.
@@ -77,9 +77,10 @@ def nvml_index(environ: Mapping[str, str]) -> int | None:
 def idle_temperature_c(env_json: Path, index: int | None) -> float | None:
     """The temperature NVML device `index` had before the sweep, from the run's env.json (None when not recorded)."""
     try:
-        before = json.loads(Path(env_json).read_text()).get("telemetry_before")
-    except (OSError, ValueError):
+        data = parse_json(read_regular(env_json, "env.json", MAX_DOCUMENT_BYTES), env_json)
+    except UserError:  # absent, not a regular file (never block on a FIFO), too large or not JSON: not recorded
         return None
+    before = data.get("telemetry_before") if isinstance(data, dict) else None
     if not isinstance(before, list):
         return None
     for gpu in before:

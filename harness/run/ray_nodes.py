@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
+from harness.results.documents import MAX_DOCUMENT_BYTES, parse_json, read_regular
 from harness.run import protocol
 from harness.run.ray_tasks import no_peaks
 
@@ -90,9 +91,10 @@ def _check_speaks_grpc(sock: socket.socket, address: str, timeout_s: float) -> N
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object the driver wrote (a node's env or peaks), or {} when there is none that reads as one."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = parse_json(read_regular(path, "node document", MAX_DOCUMENT_BYTES), path)
+    except UserError:  # absent, not a regular file, too large or not JSON: the driver writes it anew
         return {}
     return data if isinstance(data, dict) else {}
 

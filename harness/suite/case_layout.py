@@ -130,7 +130,7 @@ def json_lengths(name: str, text: str) -> tuple[int, ...]:
     """A CSV cell's JSON list of lengths as a tuple; UserError naming the field when it is not one."""
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting past the parser's depth is as malformed as any bad JSON
         raise UserError(f"{name} must be a JSON list of lengths, got {text[:60]!r}") from None
     if not isinstance(value, list):
         raise UserError(f"{name} must be a JSON list of lengths, got {text[:60]!r}")
