@@ -31,9 +31,10 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def attnbench(args: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
-    """Run the CLI to its end."""
-    return subprocess.run([sys.executable, "-m", "harness", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=240, **kwargs)
+def attnbench(args: list[str], env: dict[str, str], timeout_s: float = 240, **kwargs) -> subprocess.CompletedProcess:
+    """Run the CLI to its end (at most `timeout_s`)."""
+    return subprocess.run([sys.executable, "-m", "harness", *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                          **kwargs)
 
 
 def attnbench_in_process(args: list[str], env: dict[str, str], monkeypatch) -> int:

@@ -125,9 +125,14 @@ def assert_names_its_node(record: dict) -> None:
 # -- the same rows as a local run --------------------------------------------------------------------------------------
 
 
+#: A local Ray started for one run: ~25 s on a quiet 2-core machine, 240 s and more beside two CPU-bound processes
+#: (Ray's own processes and each case's fresh worker process wait for the CPU): the limit is for a hang, not for load.
+LOCAL_RAY_RUN_S = 900
+
+
 @needs_ray
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(LOCAL_RAY_RUN_S + 120)
 def test_ray_run_has_the_rows_of_a_local_run(tmp_path, capsys, monkeypatch):
     suite = write_suite(tmp_path / "small.toml", ["naive", "sdpa", "t-slow"], [8, 16, 24])
     short = Path(tempfile.mkdtemp(prefix="abray-", dir="/tmp"))
@@ -136,7 +141,8 @@ def test_ray_run_has_the_rows_of_a_local_run(tmp_path, capsys, monkeypatch):
         local = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "local", "--quiet"], env, monkeypatch)
         assert local == 0, capsys.readouterr().err
         # No --ray-address and no RAY_ADDRESS: attnbench starts a local Ray for the run and stops it after.
-        done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "ray", "--executor", "ray", "--quiet"], env)
+        done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "ray", "--executor", "ray", "--quiet"], env,
+                         timeout_s=LOCAL_RAY_RUN_S)
         assert done.returncode == 0, done.stderr
     finally:
         shutil.rmtree(short, ignore_errors=True)
