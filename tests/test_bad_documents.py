@@ -227,18 +227,18 @@ def test_a_variation_is_refused_for_runs_whose_env_cannot_name_the_device(tmp_pa
 # -- 1 and 2 beyond the CLI: the JSON the harness reads for itself never blocks or overflows --------------------------------
 
 
-def _fifo(path: Path) -> Path:
+def _fifo_at(path: Path) -> Path:
     os.mkfifo(path)
     return path
 
 
-def _deep(path: Path) -> Path:
+def _deep_at(path: Path) -> Path:
     path.write_text('{"telemetry_before": ' + "[" * 100_000 + "]" * 100_000 + "}")
     return path
 
 
 @pytest.mark.timeout(20)
-@pytest.mark.parametrize("make", [_fifo, _deep, lambda p: (p.mkdir(), p)[1]], ids=["fifo", "deep", "folder"])
+@pytest.mark.parametrize("make", [_fifo_at, _deep_at, lambda p: (p.mkdir(), p)[1]], ids=["fifo", "deep", "folder"])
 def test_a_runs_own_documents_that_cannot_be_read_are_not_recorded_never_a_hang_or_a_traceback(tmp_path, make):
     from harness.run.cooldown import idle_temperature_c
     from harness.run.ray_nodes import read_json
