@@ -22,9 +22,10 @@ from harness.suite.batch import ragged_cases
 from harness.suite.batch_axes import check_axes
 from harness.suite.cases import MODES, RAGGED_LAYOUTS, Case, canonical_dtype, grid
 from harness.errors import UserError
-from harness.results.documents import MAX_DOCUMENT_BYTES, parse_json, read_regular
 from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
 from harness.suite.budget_fields import budget_from_fields
+from harness.suite.frozen import lengths_folder
+from harness.results.documents import read_regular
 from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases
 
 
@@ -201,35 +202,6 @@ def _as_list(where: str, key: str, value: Any) -> list:
     return values
 
 
-#: How many frozen copies `_lengths_folder` follows back (a repro of a repro of ...) before it calls the chain a loop.
-MAX_SUITE_COPIES = 64
-
-
-def _lengths_folder(path: Path) -> Path:
-    """Where a suite's relative `file:` paths are read from: the suite file's folder, or, for a run folder's frozen copy
-    of a suite, the folder of the suite it was first copied from (the manifest's `suite_arg`, followed back through
-    the frozen copies a chain of repros made), where the lengths files are."""
-    seen: set[Path] = set()
-    while len(seen) < MAX_SUITE_COPIES:
-        seen.add(path.resolve())
-        manifest = path.parent / "manifest.json"
-        if not manifest.is_file():
-            return path.parent
-        try:
-            # Bounded, and nesting past the parser's depth is a UserError (not a RecursionError) like any bad JSON.
-            data = parse_json(read_regular(manifest, "manifest", MAX_DOCUMENT_BYTES), manifest)
-        except UserError as exc:
-            # Refused, not guessed past: which folder the `file:` lengths come from (so which cases run) depends on it.
-            raise UserError(f"{path}: the manifest beside it cannot be read ({exc})") from None
-        if not (isinstance(data, dict) and data.get("suite_copy") == path.name and isinstance(data.get("suite_arg"), str)):
-            return path.parent
-        source = Path(data["suite_arg"])
-        if source.resolve() in seen:
-            raise UserError(f"{path}: its manifest's suite_arg leads back to a suite copy already followed ({source})")
-        path = source
-    raise UserError(f"{path}: more than {MAX_SUITE_COPIES} frozen suite copies in a row; cannot tell where its lengths files are")
-
-
 def _batch_axes(where: str, spec: dict[str, Any], folder: Path) -> dict[str, Any]:
     """A batch grid's axes, validated: descriptions (their `file:` paths read relative to the suite's folder), layouts, page sizes."""
     unknown = set(spec) - _BATCH_KEYS
@@ -309,7 +281,7 @@ def suite_from_toml(path: Path) -> Suite:
     for index, spec in enumerate(grids):
         gwhere = f"{where} grid #{index + 1}"
         if "batch" in spec:
-            axes = _batch_axes(gwhere, spec, _lengths_folder(path))
+            axes = _batch_axes(gwhere, spec, lengths_folder(path))
             size += math.prod(len(v) for k, v in axes.items() if k != "folder")  # an upper bound, as below
             if size > MAX_SUITE_CASES:
                 raise UserError(f"{where}: its grids hold up to {size:,} cases by grid #{index + 1}, more than the {MAX_SUITE_CASES:,} a suite may have")
