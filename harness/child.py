@@ -19,7 +19,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "gpu-check": ("harness.cli.gpu_check", "backend_job"),      # one backend's check cases, for `attnbench gpu-check`
     "profile-ncu": ("harness.cli.profile", "ncu_job"),          # one pair's steps under Nsight Compute, for `profile --ncu`
     "stability": ("harness.cli.stability", "measurement_job"),  # one fresh measurement, for `attnbench stability`
-    "peaks": ("harness.measure.peaks", "main"),                 # the CUDA ceilings into peaks.json, for the run folder
+    "peaks": ("harness.telemetry.peaks", "main"),                 # the CUDA ceilings into peaks.json, for the run folder
     "worker": ("harness.run.worker", "worker_job"),             # the worker loop (claim → execute → append), for `attnbench run`
 }
 

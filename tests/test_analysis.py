@@ -19,7 +19,7 @@ from harness.analysis.compare import compare_frames, parse_threshold
 from harness.errors import UserError
 from harness.run.rundir import write_peaks
 from harness.attention import theory
-from harness.measure.execute import PairRunner, execute
+from harness.execution.execute import PairRunner, execute
 from harness.results.record import Record, Status
 from harness.attention.theory import layer_flops
 from tests.synthetic_runs import PEAKS, frame_of, synthetic_record, winner_records, write_run

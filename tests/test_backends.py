@@ -11,7 +11,7 @@ import torch
 
 from harness.backends.registry import load_registry
 from harness.suite.cases import Case
-from harness.measure.execute import PairRunner, execute
+from harness.execution.execute import PairRunner, execute
 from harness.suite.catalog import load_suite
 from harness.measure.timing import Budget
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from harness.backends.registry import load_registry
-from harness.measure.execute import build_step
-from harness.measure.verdict import check_result
-from harness.measure.shared_inputs import InputsCache
+from harness.execution.execute import build_step
+from harness.execution.verdict import check_result
+from harness.execution.shared_inputs import InputsCache
 from harness.attention.reference import ReferenceCache
 from harness.suite.cases import Case
 

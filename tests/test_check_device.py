@@ -10,7 +10,7 @@ import torch
 from harness.backends.registry import load_registry
 from harness.cli.check import run_cli
 from harness.cli.main import main
-from harness.measure.execute import missing_device, run_pair
+from harness.execution.execute import missing_device, run_pair
 from harness.results.record import Status
 from harness.run.supervisor import _resolve_suite
 from harness.suite.catalog import load_suite

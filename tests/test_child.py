@@ -124,7 +124,7 @@ def test_stability_starts_each_measurement_as_the_stability_job(monkeypatch):
 
 def test_profile_runs_the_profile_ncu_job_under_ncu(monkeypatch):
     from harness.cli import profile
-    from harness.measure import ncu
+    from harness.profiling import ncu
     from harness.run import children
     from harness.suite.cases import parse_case_id
 

@@ -9,7 +9,7 @@ import pytest
 from harness.cli.main import main
 from harness.errors import UserError
 from harness.backends.registry import load_registry
-from harness.measure.execute import PairRunner, Phases
+from harness.execution.execute import PairRunner, Phases
 from harness.run.cooldown import AUTO_MAX_S, Cooldown, idle_temperature_c, nvml_index, parse_cooldown
 from harness.run.worker import Finished, WorkerLoop
 from harness.suite.catalog import load_suite, pair_key

@@ -113,7 +113,7 @@ class _ScalesQueriesInPlace(NaiveBackend):
 
 
 def test_a_backend_that_writes_into_its_inputs_never_agrees():
-    from harness.measure.execute import execute
+    from harness.execution.execute import execute
 
     case = Case(B=1, S_q=32, S_kv=32, H=4, H_kv=4, d_k=16, d_v=16)
     record = execute(case, _ScalesQueriesInPlace())
@@ -124,7 +124,7 @@ def test_a_backend_that_writes_into_its_inputs_never_agrees():
 
 
 def test_a_runner_shares_a_cases_inputs_across_backends_until_one_writes_into_them():
-    from harness.measure.execute import PairRunner, execute
+    from harness.execution.execute import PairRunner, execute
     from harness.measure.timing import Budget
 
     runner = PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.001, min_rounds=1, max_rounds=2))
@@ -161,7 +161,7 @@ class _WrongAfterItsFirstCall(NaiveBackend):
 
 
 def test_the_output_checked_is_the_timed_kernels_not_the_first_calls():
-    from harness.measure.execute import execute
+    from harness.execution.execute import execute
 
     case = Case(B=1, S_q=32, S_kv=32, H=4, H_kv=4, d_k=16, d_v=16)
     record = execute(case, _WrongAfterItsFirstCall())

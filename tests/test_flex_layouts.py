@@ -92,8 +92,8 @@ def test_compiled_flex_runs_a_ragged_batch_on_cpu_with_its_block_mask_as_the_pla
 
 def test_compiled_bwd_leaves_donated_buffer_as_the_process_has_it_after_prepare_and_after_the_step(one_thread):
     from harness.backends.compiled import NaiveCompiledBackend
-    from harness.measure.execute import build_step
-    from harness.measure.shared_inputs import InputsCache
+    from harness.execution.execute import build_step
+    from harness.execution.shared_inputs import InputsCache
     from harness.suite.cases import Case
 
     own = functorch_config.donated_buffer

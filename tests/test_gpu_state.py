@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from harness.backends.registry import load_registry
-from harness.measure import energy, gpu_state
-from harness.measure.energy import EnergyWindow, RaplEnergy, measure_energy, rapl_counter
-from harness.measure.execute import PairRunner, Phases, execute
-from harness.measure.gpu_state import GpuReading, NvmlTelemetry, StateSampler, Telemetry, summarize
+from harness.telemetry import energy, gpu_state
+from harness.telemetry.energy import EnergyWindow, RaplEnergy, measure_energy, rapl_counter
+from harness.execution.execute import PairRunner, Phases, execute
+from harness.telemetry.gpu_state import GpuReading, NvmlTelemetry, StateSampler, Telemetry, summarize
 from harness.measure.timing import Budget
 from harness.results.store import RunWriter, load_run, write_csv
 from harness.suite.cases import Case

@@ -13,9 +13,9 @@ import torch
 
 from harness.backends.registry import load_registry
 from harness.cli.main import main
-from harness.measure.execute import CHECK_ONLY, PairRunner, Phases, run_pair
+from harness.execution.execute import CHECK_ONLY, PairRunner, Phases, run_pair
 from harness.attention.reference import ReferenceCache
-from harness.measure.shared_inputs import InputsCache, KeptInputs
+from harness.execution.shared_inputs import InputsCache, KeptInputs
 from harness.measure.timing import Budget
 from harness.results.record import Status
 from harness.suite.cases import Case

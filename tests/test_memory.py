@@ -35,8 +35,8 @@ def test_nothing_allocated_reads_near_zero():
 
 def test_a_cuda_graph_is_captured_inside_the_peak_memory_window(monkeypatch):
     """A replay allocates nothing: the graph's memory is what its capture puts in the graph pool, so the capture must be metered."""
-    from harness.measure import execute
-    from harness.measure.execute import Phases, run_pair
+    from harness.execution import execute
+    from harness.execution.execute import Phases, run_pair
     from harness.measure.memory import MemoryPeak
     from harness.measure.timing import QUICK_BUDGET
     from harness.results.record import Status

@@ -19,7 +19,7 @@ from harness.suite.inputs import AttentionInputs, make_inputs, visible_mask
 from harness.attention import reference
 from harness.attention.numerics import check_forward, error_against, weights_violations
 from harness.attention.reference import gradient_slices, poisoned_like, query_rows, reference_attention
-from harness.measure.execute import PairRunner, execute
+from harness.execution.execute import PairRunner, execute
 from harness.measure.timing import Budget
 from tests.wrong_backends import LeakedMaskBackend, PartialWriteBackend, ScaleOffBackend, WrongGqaBackend, leak_one
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch._functorch.config as functorch_config
 
-import harness.measure.execute as execute
+import harness.execution.execute as execute
 from harness.backends.compiled import NaiveCompiledBackend
 from harness.backends.sdpa import (
     FUSED_SDP_CHOICE_ARGUMENTS, SdpaBackend, causal_bias_materialize_problem, dispatched_kernel, fused_sdp_choice_problem,

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from harness.backends.registry import load_registry
-from harness.measure.execute import build_step
-from harness.measure.categories import CATEGORIES, categorize, column_name
+from harness.execution.execute import build_step
+from harness.profiling.categories import CATEGORIES, categorize, column_name
 from harness.measure.contention import CpuProbe, contention
-from harness.measure.ncu import NCU_METRICS, ncu_available, ncu_command, parse_ncu_csv
-from harness.measure.profile import RECORD_COLUMNS, STEP_MARKER, KernelStat, ProfileSummary, profile_step
+from harness.profiling.ncu import NCU_METRICS, ncu_available, ncu_command, parse_ncu_csv
+from harness.profiling.profile import RECORD_COLUMNS, STEP_MARKER, KernelStat, ProfileSummary, profile_step
 from harness.measure.timing import Budget, measure
 from harness.suite.cases import parse_case_id
 from harness.suite.inputs import make_inputs
@@ -326,7 +326,7 @@ NCU_HOPPER = (
 
 
 def test_ncu_on_hopper_asks_for_the_wgmma_pipe_and_reads_the_busier_tensor_pipe():
-    from harness.measure.ncu import GMMA_TENSOR_METRIC, HMMA_TENSOR_METRIC, ncu_metrics, ncu_readings
+    from harness.profiling.ncu import GMMA_TENSOR_METRIC, HMMA_TENSOR_METRIC, ncu_metrics, ncu_readings
 
     assert GMMA_TENSOR_METRIC in ncu_metrics((9, 0)) and HMMA_TENSOR_METRIC in ncu_metrics((9, 0))
     assert GMMA_TENSOR_METRIC not in ncu_metrics((8, 0)) and GMMA_TENSOR_METRIC not in ncu_metrics(None)  # ncu refuses unknown metrics
@@ -351,9 +351,9 @@ def test_a_failing_profiler_costs_the_profile_columns_not_the_rows_timing(monkey
     """Issue 18: a profiler that raises (a torch whose events moved) left every `run --profile` row an error, its timing lost."""
     import pandas as pd
 
-    from harness.measure import execute
-    from harness.measure.execute import Phases, run_pair
-    from harness.measure.outcome import to_record
+    from harness.execution import execute
+    from harness.execution.execute import Phases, run_pair
+    from harness.execution.outcome import to_record
     from harness.report.profiling import profiling_section
     from harness.report.writer import Table
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from harness.cli.main import main
-from harness.measure.categories import column_name
+from harness.profiling.categories import column_name
 from tests.cli_runs import write_suite
 from tests.browser import browse, chromium
 
@@ -88,7 +88,7 @@ def test_the_report_shows_the_profiling_section_in_chromium(profiled_run, tmp_pa
 ])
 def test_sdpa_names_the_kernel_the_profiler_sees_it_run(case_id):
     from harness.backends.registry import load_registry
-    from harness.measure.execute import PairRunner, Phases, execute
+    from harness.execution.execute import PairRunner, Phases, execute
     from harness.measure.timing import Budget
     from harness.suite.cases import parse_case_id
 

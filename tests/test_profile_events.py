@@ -22,7 +22,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from harness.measure import timers
-from harness.measure.profile import STEP_MARKER, profile_step, summarize
+from harness.profiling.profile import STEP_MARKER, profile_step, summarize
 from harness.measure.stats import Stats
 from harness.measure.timing import Measurement, Plan
 
@@ -220,7 +220,7 @@ def test_a_real_cpu_profile_without_activity_type_summarizes(monkeypatch, one_th
 
 
 def test_real_events_classify_alike_with_and_without_activity_type(one_thread):
-    from harness.measure.profiler_events import event_kind
+    from harness.profiling.profiler_events import event_kind
     from torch.profiler import ProfilerActivity, profile, record_function
 
     a = torch.randn(8, 32, 32)
@@ -257,8 +257,8 @@ def test_profiled_steps_run_the_setup_before_each_step_and_never_count_it(one_th
 
 def test_the_pair_executor_profiles_with_the_between_sample_setup(monkeypatch):
     from harness.backends.registry import load_registry
-    from harness.measure import execute
-    from harness.measure.execute import Phases, run_pair
+    from harness.execution import execute
+    from harness.execution.execute import Phases, run_pair
     from harness.measure.timing import Budget
     from harness.suite.cases import parse_case_id
 

@@ -14,7 +14,7 @@ import torch
 
 from harness.attention.reference import ragged_rows
 from harness.backends.naive import NaiveBackend
-from harness.measure.execute import CHECK_ONLY, PairRunner, Phases
+from harness.execution.execute import CHECK_ONLY, PairRunner, Phases
 from harness.measure.timing import QUICK_BUDGET
 from harness.results.record import Status
 from harness.suite.batch import ragged_case

@@ -25,7 +25,7 @@ from harness.attention.numerics import check_ragged_forward
 from harness.backends import sdpa_ragged
 from harness.backends.ragged_views import requests
 from harness.backends.registry import load_registry
-from harness.measure.execute import build_step
+from harness.execution.execute import build_step
 from harness.suite.batch import ragged_case
 from harness.suite.ragged import make_ragged_inputs, sequence_mask
 from tests.ragged_fixtures import agrees

@@ -14,7 +14,7 @@ from harness.errors import UserError
 from harness.results.record import COLUMNS, SCHEMA_VERSION, Record
 from harness.results.store import RECORDS, RunWriter, load_run, read_records, write_csv
 from harness.suite.cases import CASE_FIELDS
-from harness.measure.execute import PairRunner, execute
+from harness.execution.execute import PairRunner, execute
 
 CASE = Case(B=1, S_q=64, S_kv=64, H=4, H_kv=2, d_k=32, d_v=32, dtype="fp32", causal=True)
 

@@ -17,7 +17,7 @@ from harness.backends.ragged_views import padded, per_request, request_masks, re
 from harness.backends.registry import load_registry
 from harness.attention.eager import naive_attention
 from harness.errors import UserError
-from harness.measure.execute import PairRunner, Phases, execute
+from harness.execution.execute import PairRunner, Phases, execute
 from harness.measure.timing import Budget
 from harness.results.record import Record, Status
 from harness.results.store import RunWriter, load_run, read_records, write_csv

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UserError
-from harness.measure.outcome import PairOutcome, to_record
+from harness.execution.outcome import PairOutcome, to_record
 from harness.measure.stats import Drift, Stats
 from harness.measure.timing import Measurement, Plan
 from harness.results.record import Status

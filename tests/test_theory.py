@@ -144,7 +144,7 @@ def test_model_crossover_for_the_h200_gqa_rows_of_the_issue():
 # -- batches of requests: costs count each request's real tokens, whatever the layout --------------------------------------
 
 from harness.backends.registry import load_registry  # noqa: E402
-from harness.measure.outcome import case_record  # noqa: E402
+from harness.execution.outcome import case_record  # noqa: E402
 from harness.suite.batch import ragged_case  # noqa: E402
 
 BATCHES = ["2x64 + 8x1@256", "uniform(3,90)", "4x32@256 + 16x4@128", "longtail(2,300)", "6x5@bimodal(7,120,0.5)"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.backends.registry import load_registry
-from harness.measure.execute import PairRunner
+from harness.execution.execute import PairRunner
 from harness.results.store import read_records
 from harness.run import protocol
 from harness.run.rundir import RunFolder

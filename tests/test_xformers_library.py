@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from harness.errors import Unsupported
-from harness.measure.execute import build_step
+from harness.execution.execute import build_step
 from harness.suite.cases import Case
 from harness.suite.inputs import make_inputs, q_lengths, visible_mask
 from harness.suite.ragged import page_rows, sequence_mask

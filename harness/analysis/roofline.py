@@ -1,4 +1,4 @@
-"""Where each record sits under the device's measured ceilings (peaks.json, harness.measure.peaks).
+"""Where each record sits under the device's measured ceilings (peaks.json, harness.telemetry.peaks).
 
     peak FLOP/s   the fastest sample of an n×n·n×n product in the dtype (2·n³ FLOPs); for bf16/fp16 the fp32
                   product's where that ran faster (the work can always be widened: `ceiling_dtype`)

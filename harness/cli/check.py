@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence, TextIO
 
 from harness.backends.base import Backend
 from harness.errors import UserError
-from harness.measure.execute import CHECK_ONLY, PairRunner
+from harness.execution.execute import CHECK_ONLY, PairRunner
 from harness.errors import one_line
 from harness.attention.numerics import Agreement
 from harness.results.record import Status, verdict

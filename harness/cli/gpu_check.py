@@ -74,7 +74,7 @@ def cases_for(family: str, device: str) -> list[Case]:
 def run_backend(name: str, device: str) -> list[Record]:
     """Run a backend's check cases in this process, through one runner (the cases share nothing but its budget)."""
     from harness.backends.registry import load_registry
-    from harness.measure.execute import PairRunner, Phases, execute
+    from harness.execution.execute import PairRunner, Phases, execute
 
     backend = load_registry().get(name)
     # The profiled pass gives each pair's kernel time, the reference the harness's median is held to; no energy
@@ -88,7 +88,7 @@ def measure_box_overhead(device: str) -> FixedOverhead:
     import torch
 
     from harness.measure.cuda_clock import measure_fixed_overhead
-    from harness.measure.profile import profile_step
+    from harness.profiling.profile import profile_step
     from harness.measure.timers import device_clock
 
     clock, flush, _ = device_clock(device)

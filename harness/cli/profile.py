@@ -53,7 +53,7 @@ def profile_folder(out: Path, case: Case, backend: str) -> Path:
 def run_profile(case: Case, backend_name: str, steps: int, out: Path, ncu: bool) -> str:
     """Profile one pair; return the text the command prints (table, trace path, ncu metrics or why not)."""
     from harness.backends.registry import load_registry
-    from harness.measure.execute import Phases, run_pair
+    from harness.execution.execute import Phases, run_pair
     from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET
 
     if not 1 <= steps <= MAX_STEPS:
@@ -76,7 +76,7 @@ def run_profile(case: Case, backend_name: str, steps: int, out: Path, ncu: bool)
 
 def _ncu_lines(case: Case, backend_name: str) -> str:
     """The pair's kernels under ncu (a child process), one line per kernel; or one line saying why not."""
-    from harness.measure.ncu import NCU_READINGS, ncu_available, ncu_command, ncu_readings, parse_ncu_csv
+    from harness.profiling.ncu import NCU_READINGS, ncu_available, ncu_command, ncu_readings, parse_ncu_csv
     from harness.run.children import child_command, run_child
 
     reason = ncu_available() if case.device == "cuda" else "Nsight Compute profiles CUDA kernels: this is a CPU case"
@@ -103,7 +103,7 @@ def ncu_job(argv: Sequence[str]) -> int:
 
     from harness.backends.registry import load_registry
     from harness.child import job_parser
-    from harness.measure.execute import build_step
+    from harness.execution.execute import build_step
     from harness.suite.inputs import make_case_inputs
 
     parser = job_parser("profile-ncu", "one pair's steps under Nsight Compute, for `attnbench profile --ncu`")

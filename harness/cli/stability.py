@@ -140,7 +140,7 @@ def measurement_job(argv: Sequence[str]) -> int:
 
     from harness.backends.registry import load_registry
     from harness.child import job_parser
-    from harness.measure.execute import PairRunner, Phases, execute
+    from harness.execution.execute import PairRunner, Phases, execute
     from harness.measure.timing import QUICK_BUDGET
 
     parser = job_parser("stability", "one measurement for `attnbench stability`")

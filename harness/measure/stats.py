@@ -15,6 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
+from harness.results.vocabulary import DRIFT_FLAG_PCT
+
 #: IQR / median at or above which a measurement is noisy, and suspect (torch.utils.benchmark, pyperf).
 NOISY_IQR = 0.10
 SUSPECT_IQR = 0.25
@@ -122,8 +124,6 @@ def inside(value: float, interval: tuple[float, float]) -> bool:
 
 #: The fewest samples whose first and last thirds each have a 95 % interval of their own: below it, drift cannot be told.
 DRIFT_MIN_SAMPLES = 18
-#: A drift at least this large (in %) flags the row: more than the ±1 % a median is promised to.
-DRIFT_FLAG_PCT = 1.0
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,8 @@ from harness.measure.stats import DRIFT_MIN_SAMPLES, drift, inside, median_inter
 if TYPE_CHECKING:
     from harness.measure.budget import Budget, Clock, Loop
 
-#: What set a measurement's number of samples (`Measurement.stopped_by`; an external loop's is its `Plan.stop`).
-STOP_PRECISION, STOP_BUDGET, STOP_MIN_ROUNDS, STOP_MAX_ROUNDS = "precision", "budget", "min_rounds", "max_rounds"
-#: One call costs more than the whole budget: the row has `Budget.fewest_rounds` samples, fewer than `min_rounds`.
-STOP_CALL_EXCEEDS_BUDGET = "call_exceeds_budget"
-#: The pair's first call cost FIRST_CALL_ONLY_FACTOR times its whole budget (warm-up and samples) or more, and the
-#: budget asks for one sample at the fewest: that call is the row's one sample, with no warm-up call before it.
-STOP_FIRST_CALL = "first_call"
+from harness.results.vocabulary import (STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL, STOP_MAX_ROUNDS,  # noqa: F401 - re-exported
+                                         STOP_MIN_ROUNDS, STOP_PRECISION)
 
 #: How much the samples grow between two looks at them: each look is a chance to stop on a lucky
 #: stretch, so the looks are spaced by a quarter of what is known rather than taken after every sample.

@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from harness.errors import Unsupported
-from harness.measure.profile import profile_step
+from harness.profiling.profile import profile_step
 from harness.measure.cuda_clock import CudaEventClock, L2Flusher
 from harness.measure.stats import Stats
 from harness.measure.timing import Clock, Measurement

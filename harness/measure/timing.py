@@ -23,6 +23,7 @@ from harness.measure.stopping import (STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STO
                                       STOP_PRECISION, StoppingLoop)
 
 from harness.measure.budget import Budget, Clock, Loop  # noqa: F401 - re-exported: the budget's and the clock's types, where callers have read them
+from harness.results.vocabulary import MIN_SAMPLE_TICKS  # noqa: F401 - re-exported
 
 #: The most seconds any one budget field (warm-up, samples, one sample) may ask for: an hour. A pair's whole
 #: budget must also fit inside `run --timeout` (600 s by default); a larger value is a typo, never a plan,
@@ -116,8 +117,6 @@ def clock_resolution(clock: Clock, trials: int = 20) -> float:
 
 #: Sample steps below this are float rounding (event times arrive as float32 milliseconds), not a clock tick.
 GRID_FLOOR_S = 1e-9
-#: A sample shorter than this many ticks may be off by more than 1 % from quantisation alone (pyperf's warning, in spirit).
-MIN_SAMPLE_TICKS = 100
 
 
 def sample_grid(samples: Sequence[float], iterations: int = 1) -> float | None:

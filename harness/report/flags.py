@@ -14,9 +14,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from harness.measure.stats import DRIFT_FLAG_PCT
-from harness.measure.stopping import STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL
-from harness.measure.timing import MIN_SAMPLE_TICKS
+from harness.results.vocabulary import DRIFT_FLAG_PCT, MIN_SAMPLE_TICKS, STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL
 from harness.report.page import esc
 from harness.report.writer import Csv, Section, Table
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from harness.measure.categories import CATEGORIES, column_name
+from harness.results.vocabulary import CATEGORIES, column_name
 from harness.report.figures import MAX_PANELS, Figure, chunks, panels, plain, to_data_uri
 from harness.report.page import esc
 from harness.report.writer import Csv, Section, Table

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pandas as pd
 
 from harness import analysis
-from harness.measure.outcome import PHASE_NAMES
-from harness.measure.timing import STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS, STOP_PRECISION
+from harness.results.vocabulary import PHASE_NAMES
+from harness.results.vocabulary import STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS, STOP_PRECISION
 from harness.report.writer import Csv, Section, Table
 
 #: What each phase is, in words, for the table.

@@ -1,7 +1,7 @@
 """The report's GPU state and energy section: which rows ran on a throttled GPU (distrust them, and why), and energy per call.
 
-The rows carry what the executor read while they ran (harness.measure.gpu_state: clocks, power,
-throttle reasons, the `throttled` verdict) and the energy phase's figures (harness.measure.energy).
+The rows carry what the executor read while they ran (harness.telemetry.gpu_state: clocks, power,
+throttle reasons, the `throttled` verdict) and the energy phase's figures (harness.telemetry.energy).
 This section shows them: the throttled rows with their reasons, energy per call against S per
 backend, and per case the winner by energy beside the winner by time (analysis.winners, by metric).
 A run without telemetry or an energy counter gets one sentence saying why, from the rows themselves.

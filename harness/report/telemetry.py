@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.measure.gpu_state import SLOWDOWN_BITS, throttle_words
+from harness.results.vocabulary import SLOWDOWN_BITS, throttle_words
 from harness.report.page import esc, fmt
 from harness.report.writer import Table, render_table
 

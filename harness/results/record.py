@@ -150,7 +150,7 @@ class Record:
     masked_rows_max_abs: float | None = None
     #: From one profiled pass after the timed samples (`run --profile`), per step: kernels (CUDA) or operators
     #: (CPU), their summed time, the share of the median they leave to launch overhead and gaps, the top one,
-    #: and the time per category (harness.measure.categories).
+    #: and the time per category (harness.profiling.categories).
     profile_kernels_per_step: float | None = None
     profile_kernel_ms_per_step: float | None = None
     profile_gap_share: float | None = None
@@ -172,7 +172,7 @@ class Record:
     time_memory_s: float | None = None
     time_profile_s: float | None = None
     time_pair_s: float | None = None
-    #: -- The machine's state and energy (harness.measure.gpu_state, harness.measure.energy). --
+    #: -- The machine's state and energy (harness.telemetry.gpu_state, harness.telemetry.energy). --
     #: Host seconds of the energy phase (after the check; none where there is no energy counter).
     time_energy_s: float | None = None
     #: NVML readings over the timed samples (start, end, every 20 ms between): SM clock MHz (lowest, median),

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from harness.backends.base import Backend
 from harness.backends.registry import Registry, UnloadedPlugin
-from harness.measure.outcome import case_record
+from harness.execution.outcome import case_record
 from harness.results.record import Status
 from harness.results.store import RunWriter
 from harness.run.repro import RunRows

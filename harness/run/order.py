@@ -4,7 +4,7 @@ A GPU warming up (its SM clock rose from 345 to 1980 MHz over one of our H200 sw
 noise drifts, a cache that fills: each makes a pair's cost depend on when it ran. Run every case's
 backends in one fixed order and the first backend meets the same point of the drift in every case,
 so one backend gains systematically. Cases stay outer: a case's inputs and its float64 reference
-are shared by its backends (measure/shared_inputs.py, attention/reference.py).
+are shared by its backends (execution/shared_inputs.py, attention/reference.py).
 
 The scheme is blocks of Latin squares. Every `k` consecutive cases (k = the number of backends) share
 one seeded permutation of the backends, rotated by a different amount in each case, the rotations

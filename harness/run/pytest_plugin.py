@@ -22,7 +22,7 @@ import pytest
 from harness.backends.registry import Registry, load_registry
 from harness.env import resolve_device
 from harness.errors import UserError
-from harness.measure.execute import PairRunner, Phases
+from harness.execution.execute import PairRunner, Phases
 from harness.measure.timing import Clock, Loop
 from harness.results.record import Record
 from harness.results.store import RunWriter
@@ -40,7 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attnbench-device", default=None, help="move every case to this device (cpu or cuda)")
     group.addoption("--attnbench-no-check", action="store_true", help="skip the agreement check")
     group.addoption("--attnbench-profile", action="store_true", help="one profiled pass per pair after its timed samples")
-    group.addoption("--attnbench-energy", action="store_true", help="the energy phase per pair (harness.measure.energy)")
+    group.addoption("--attnbench-energy", action="store_true", help="the energy phase per pair (harness.telemetry.energy)")
     group.addoption("--attnbench-timer", default="events", choices=("events", "kernels", "graph"), help="what a sample is (harness.measure.timers)")
     group.addoption("--attnbench-traces", default=None, help="with --attnbench-profile: folder for one Chrome trace per pair")
 

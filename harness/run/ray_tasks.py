@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from harness.errors import one_line
-from harness.measure.execute import PairRunner, Phases
+from harness.execution.execute import PairRunner, Phases
 from harness.measure.timing import Budget
 from harness.run.worker import Started, WorkerLoop
 from harness.suite.cases import Case
@@ -100,7 +100,7 @@ def describe_node(device: str, dtypes: list[str], peaks: bool, env: dict[str, st
         import ray
 
         from harness.env import fingerprint, gpu_telemetry
-        from harness.measure import peaks as device_peaks
+        from harness.telemetry import peaks as device_peaks
 
         _use_assigned_cpus(device)
         entry: dict[str, Any] = {

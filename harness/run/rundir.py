@@ -23,7 +23,7 @@ from typing import Any
 
 from harness.env import fingerprint, gpu_telemetry
 from harness.errors import UserError
-from harness.measure import peaks as device_peaks
+from harness.telemetry import peaks as device_peaks
 from harness.measure.timing import Budget
 from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment, Manifest, read_document
 from harness.results.record import Record

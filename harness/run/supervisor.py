@@ -86,7 +86,7 @@ class RunConfig:
     #: One profiled pass per pair after its timed samples, and with `traces` a Chrome trace per pair.
     profile: bool = False
     traces: bool = False
-    #: The energy phase per pair (harness.measure.energy).
+    #: The energy phase per pair (harness.telemetry.energy).
     energy: bool = False
     #: What a row's latency is: events, kernels or graph (harness.measure.timers).
     timer: str = "events"

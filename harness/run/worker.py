@@ -27,9 +27,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from harness.backends.registry import Registry, UnloadedPlugin, load_registry
 from harness.errors import UserError
-from harness.measure.execute import PairRunner, Phases, execute
-from harness.measure.failures import poisons_process
-from harness.measure.outcome import case_record
+from harness.execution.execute import PairRunner, Phases, execute
+from harness.execution.failures import poisons_process
+from harness.execution.outcome import case_record
 from harness.measure.timing import Clock, Loop
 from harness.results.documents import Manifest
 from harness.results.record import Record, Status

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-#: Categories every operator or kernel falls into, in the order tables and record columns list them.
-CATEGORIES = ("matmul", "softmax", "elementwise", "copy/expand", "fused attention", "other")
+from harness.results.vocabulary import CATEGORIES, column_name  # noqa: F401 - re-exported
+
 
 # Exact aten base names (namespace and in-place `_` stripped). Checked before the substring
 # patterns below, because the patterns are for names nobody listed (CUDA kernels, new ops).
@@ -69,6 +69,3 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def column_name(category: str) -> str:
-    """The record column of a category's time per step: `profile_ms_copy_expand` for "copy/expand"."""
-    return "profile_ms_" + re.sub(r"[^0-9a-z]+", "_", category.lower()).strip("_")

@@ -24,6 +24,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from harness.results.vocabulary import SLOWDOWN_BITS, THROTTLE_BITS, throttle_words  # noqa: F401 - re-exported
+
 SAMPLE_PERIOD_S = 0.02
 MAX_READINGS = 500
 #: A lowest SM clock this far below the sustained clock marks the row throttled (clocks move in ~15 MHz steps).
@@ -31,31 +33,6 @@ SUSTAINED_TOLERANCE = 0.03
 #: What a CPU row says instead of GPU state.
 NO_GPU = "no NVIDIA GPU: a CPU row has no GPU clocks, power or throttle reasons to read"
 
-#: nvidia-ml-py's nvmlClocksThrottleReason* (alias nvmlClocksEventReason*) bits, named for a reader.
-THROTTLE_BITS = {
-    0x1: "GPU idle",
-    0x2: "applications clocks setting",
-    0x4: "SW power cap",
-    0x8: "HW slowdown",
-    0x10: "sync boost",
-    0x20: "SW thermal slowdown",
-    0x40: "HW thermal slowdown",
-    0x80: "HW power brake",
-    0x100: "display clock setting",
-    0x200: "board limit",
-    0x400: "reliability",
-}
-#: The bits that mean the GPU gave up performance it had (all but idle and the clock settings someone chose).
-SLOWDOWN_BITS = 0x4 | 0x8 | 0x10 | 0x20 | 0x40 | 0x80 | 0x200 | 0x400
-
-
-def throttle_words(mask: int) -> str:
-    """The names of a mask's bits ("none" for 0), unknown bits in hex."""
-    if mask == 0:
-        return "none"
-    named = [name for bit, name in THROTTLE_BITS.items() if mask & bit]
-    unknown = mask & ~sum(THROTTLE_BITS)
-    return ", ".join(named + ([hex(unknown)] if unknown else []))
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from harness.errors import one_line
-from harness.measure.failures import is_sticky_cuda_error
-from harness.measure import gpu_state
+from harness.execution.failures import is_sticky_cuda_error
+from harness.telemetry import gpu_state
 
 #: A row's `energy_reason` when the run did not ask for the energy phase.
 ENERGY_NOT_ASKED = "not measured: run with --energy (a phase of 0.3-1 s a pair on a GPU, 0.1-0.3 s on a CPU with RAPL)"

@@ -18,9 +18,9 @@ Counting rules, so that nothing is counted twice:
 * Each step follows the between-sample setup its timed samples had (the L2 flush on CUDA), run
   in its own annotation before the step's marker opens: its work is in no step.
 
-Which event is what: `harness.measure.profiler_events` (the same on torch 2.11 and 2.13).
+Which event is what: `harness.profiling.profiler_events` (the same on torch 2.11 and 2.13).
 
-Nsight Compute (`ncu`) is a separate path: `harness.measure.ncu`.
+Nsight Compute (`ncu`) is a separate path: `harness.profiling.ncu`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from harness.measure.categories import CATEGORIES, categorize, column_name
-from harness.measure.kineto_log import quiet_kineto
-from harness.measure.profiler_events import DEVICE_WORK, HOST_OPERATOR, SETUP, STEP, SETUP_MARKER, STEP_MARKER, Windows, event_kind
+from harness.profiling.categories import categorize
+from harness.results.vocabulary import CATEGORIES, column_name
+from harness.profiling.kineto_log import quiet_kineto
+from harness.profiling.profiler_events import DEVICE_WORK, HOST_OPERATOR, SETUP, STEP, SETUP_MARKER, STEP_MARKER, Windows, event_kind
 
 
 #: The record columns `ProfileSummary.record_columns` fills, always all of them, in this order.

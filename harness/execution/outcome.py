@@ -1,6 +1,6 @@
 """What one pair's run gave (`PairOutcome`) and how it becomes the run's `Record` (`case_record`, `to_record`).
 
-The executor (harness.measure.execute) fills an outcome phase by phase; this module is the one place
+The executor (harness.execution.execute) fills an outcome phase by phase; this module is the one place
 that maps an outcome onto a record's columns, so every caller of the executor writes the same row.
 """
 
@@ -11,13 +11,14 @@ from typing import Any
 
 from harness.backends.base import Backend
 from harness.attention import theory
-from harness.measure import gpu_state
-from harness.measure.energy import EnergyResult
+from harness.telemetry import gpu_state
+from harness.telemetry.energy import EnergyResult
 from harness.measure.memory import MemoryPeak
 from harness.attention.numerics import Agreement
-from harness.measure.profile import ProfileSummary
+from harness.profiling.profile import ProfileSummary
 from harness.measure.timing import Measurement
 from harness.results.record import Record, Status
+from harness.results.vocabulary import PHASE_NAMES
 from harness.suite.cases import Case
 
 
@@ -43,8 +44,6 @@ class PairOutcome:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-#: The phases whose seconds a record carries: where a sweep's wall time goes (issue: overhead is a measured number).
-PHASE_NAMES = ("inputs", "prepare", "check", "warmup", "timed", "memory", "energy", "profile")
 
 
 def case_record(case: Case, backend: Backend, run_id: str = "", worker: str = "0") -> Record:

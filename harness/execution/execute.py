@@ -21,18 +21,18 @@ import torch
 
 from harness.backends.base import Backend, Prepared, layout_refusal
 from harness.errors import Unsupported
-from harness.measure import gpu_state
-from harness.measure.energy import ENERGY_NOT_ASKED, EnergyResult, pair_energy
+from harness.telemetry import gpu_state
+from harness.telemetry.energy import ENERGY_NOT_ASKED, EnergyResult, pair_energy
 from harness.measure.memory import PeakMeter, measure_peak
-from harness.measure.profile import profile_step
+from harness.profiling.profile import profile_step
 from harness.attention.numerics import Agreement, weights_violations
-from harness.measure.outcome import PairOutcome, to_record
+from harness.execution.outcome import PairOutcome, to_record
 from harness.attention.reference import ReferenceCache
 from harness.errors import one_line
-from harness.measure.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error
-from harness.measure.shared_inputs import InputsCache, modified_inputs
-from harness.measure.stopping import STOP_FIRST_CALL
-from harness.measure.verdict import TIMED_CALLS, UNTIMED_CALLS, agreement_of, both_calls
+from harness.execution.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error
+from harness.execution.shared_inputs import InputsCache, modified_inputs
+from harness.results.vocabulary import STOP_FIRST_CALL
+from harness.execution.verdict import TIMED_CALLS, UNTIMED_CALLS, agreement_of, both_calls
 from harness.measure.timers import between_sample_setup, device_clock, graph_replay, kernel_measurement, timer_name
 from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, keep_last, measure
 from harness.results.record import Record, Status
