@@ -13,6 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from harness.telemetry import nvml
+
 
 # The oldest torch attnbench is tested with (the H200 box runs 2.11, CI 2.13); pyproject.toml says the same.
 OLDEST_TORCH = (2, 11)
@@ -132,69 +134,13 @@ def _package_version(name: str) -> str | None:
 def gpu_telemetry() -> list[dict[str, Any]] | dict[str, str]:
     """Per-GPU clocks, temperature, power and throttle reasons from NVML (`nvidia-ml-py`), or why not."""
     try:
-        import pynvml
+        session = nvml.NvmlSession.start()
     except ImportError:
         return {"unavailable": "nvidia-ml-py (pynvml) is not installed"}
-    try:
-        pynvml.nvmlInit()
     except Exception as exc:  # no driver, no GPU
         return {"unavailable": f"NVML did not start: {exc}"}
-    gpus = []
-    try:
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-
-            def read(*names, args=()):
-                # By name, first one present: nvidia-ml-py renames functions over releases (clocks
-                # "throttle" reasons became "event" reasons in 12.x), and a missing one is one None.
-                for fn_name in names:
-                    fn = getattr(pynvml, fn_name, None)
-                    if fn is not None:
-                        try:
-                            return fn(handle, *[getattr(pynvml, a, None) for a in args])
-                        except Exception:
-                            return None
-                return None
-
-            name = read("nvmlDeviceGetName")
-            throttle = read("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
-            gpus.append({
-                "index": index,
-                "name": name.decode() if isinstance(name, bytes) else name,
-                "sm_clock_mhz": read("nvmlDeviceGetClockInfo", args=("NVML_CLOCK_SM",)),
-                "mem_clock_mhz": read("nvmlDeviceGetClockInfo", args=("NVML_CLOCK_MEM",)),
-                "max_sm_clock_mhz": read("nvmlDeviceGetMaxClockInfo", args=("NVML_CLOCK_SM",)),
-                "temperature_c": read("nvmlDeviceGetTemperature", args=("NVML_TEMPERATURE_GPU",)),
-                "power_w": (lambda mw: mw / 1000 if mw is not None else None)(read("nvmlDeviceGetPowerUsage")),
-                "power_limit_w": (lambda mw: mw / 1000 if mw is not None else None)(read("nvmlDeviceGetEnforcedPowerLimit")),
-                "throttle_reasons": throttle,
-                "throttle_reasons_hex": hex(throttle) if throttle is not None else None,
-                **application_clocks(read),
-            })
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        for gpu in gpus:
-            gpu["driver"] = driver.decode() if isinstance(driver, bytes) else driver
-    finally:
-        pynvml.nvmlShutdown()
-    return gpus
-
-
-#: What `clocks_locked` can and cannot see, stored beside it.
-CLOCKS_LOCKED_NOTE = ("true when an application clock target differs from its default (nvidia-smi -ac); NVML has no reader "
-                      "for locked GPU clocks (nvidia-smi -lgc), which show only as SM clocks held below the maximum")
-
-
-def application_clocks(read: Any) -> dict[str, Any]:
-    """The application clock targets and defaults (MHz) and whether they were set away from the default, from `read(name, args=...)`."""
-    out: dict[str, Any] = {}
-    for clock in ("SM", "MEM"):
-        for which in ("TARGET", "DEFAULT"):
-            out[f"app_{clock.lower()}_clock_{which.lower()}_mhz"] = read("nvmlDeviceGetClock", args=(f"NVML_CLOCK_{clock}", f"NVML_CLOCK_ID_APP_CLOCK_{which}"))
-    pairs = [(out[f"app_{c}_clock_target_mhz"], out[f"app_{c}_clock_default_mhz"]) for c in ("sm", "mem")]
-    known = [(t, d) for t, d in pairs if t is not None and d is not None]
-    out["clocks_locked"] = any(t != d for t, d in known) if known else None
-    out["clocks_locked_note"] = CLOCKS_LOCKED_NOTE
-    return out
+    with session:  # a snapshot's own session: a worker's open one in this process stays open
+        return nvml.machine_gpus(session)
 
 
 def fingerprint(device: str = "cpu") -> dict[str, Any]:

@@ -8,7 +8,7 @@ For three model presets (Llama-2-7B MHA, Llama-3-8B and Llama-3-70B GQA), in bf1
 """
 
 from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET
-from harness.suite.batch import ragged_cases
+from harness.suite.batch_axes import ragged_cases
 from harness.suite.catalog import Suite
 from harness.suite.presets import get_preset
 from suites.serving_quick import SUITE as QUICK

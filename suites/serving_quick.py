@@ -8,7 +8,7 @@ decodes, chunked prefill, speculative decoding, and a decode step over ragged ca
 """
 
 from harness.measure.timing import QUICK_BUDGET
-from harness.suite.batch import ragged_cases
+from harness.suite.batch_axes import ragged_cases
 from harness.suite.catalog import Suite
 
 HEADS = dict(H=8, H_kv=2, d_k=64, dtype="fp32")

@@ -1,12 +1,12 @@
 """Agreement as pytest tests: one per (case, backend) of the suite given by --attnbench-suite; a disagreement fails.
 
 No timing and no run folder: `pytest suites/test_agreement.py --attnbench-suite quick [--attnbench-backends sdpa]`.
-The same verdict as `attnbench check` (harness.cli.check.check_pair) and as the `agree` column of a benchmark record.
+The same verdict as `attnbench check` (harness.checks.correctness.check_pair) and as the `agree` column of a benchmark record.
 """
 
 import pytest
 
-from harness.cli.check import check_pair
+from harness.checks.correctness import check_pair
 
 
 def test_agreement(attn_check_pair):

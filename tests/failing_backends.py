@@ -20,7 +20,7 @@ from harness.backends.base import Backend, Prepared
 from harness.attention.eager import naive_attention
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask
-from harness.suite.catalog import pair_key
+from harness.results.record import pair_key
 
 #: Weak references to the big tensors the OOM backend held when it raised (tests check they are freed).
 HELD: list[weakref.ref] = []

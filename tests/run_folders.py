@@ -11,22 +11,19 @@ import json
 import os
 from pathlib import Path
 
-from harness.cli.main import main
 from harness.results.store import RunWriter
 from harness.suite.cases import Case
+from tests.cli_runs import write_suite
 from tests.synthetic_runs import PEAKS, synthetic_record
 
-CASES = [Case(B=1, S_q=S, S_kv=S, H=2, H_kv=2, d_k=16, d_v=16) for S in (16, 32)]
+SIZES = (16, 32)
+CASES = [Case(B=1, S_q=S, S_kv=S, H=2, H_kv=2, d_k=16, d_v=16) for S in SIZES]
 BACKENDS = ("naive", "sdpa-math")
-SUITE = 'name = "tiny"\nbackends = ["naive", "sdpa-math"]\n[budget]\nwarmup_s = 0.001\nmeasure_s = 0.01\nmin_rounds = 2\n' \
-        '[[grid]]\nB = 1\nS = [16, 32]\nH = 2\nd_k = 16\n'
 
 
-def write_suite(path: Path) -> Path:
-    """The tiny two-case suite the hand-built runs were "run" from."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(SUITE)
-    return path
+def tiny_suite(path: Path) -> Path:
+    """The tiny two-case suite (CASES × BACKENDS) the hand-built runs were "run" from, written at `path`."""
+    return write_suite(path, list(BACKENDS), list(SIZES), name="tiny")
 
 
 def make_run(path: Path, *, suite: Path | None = None, ms: float = 1.0) -> Path:
@@ -37,7 +34,7 @@ def make_run(path: Path, *, suite: Path | None = None, ms: float = 1.0) -> Path:
         for backend in BACKENDS:
             writer.append(synthetic_record(case, backend, ms * (2.0 if backend == "naive" else 1.0), run_id=path.name))
     if suite is None:
-        write_suite(path / "suite.toml")
+        tiny_suite(path / "suite.toml")
     manifest = {"run_id": path.name, "harness": "attnbench", "run_uuid": "0" * 32, "suite": "tiny",
                 "suite_arg": str(suite or path / "suite.toml"), "suite_copy": None if suite else "suite.toml", "device": "cpu",
                 "backends": list(BACKENDS), "broken": {}, "pairs": [f"{c.id}-{b}" for c in CASES for b in BACKENDS], "check": True}
@@ -65,15 +62,3 @@ def snapshot(root: Path) -> dict[str, str]:
             else:
                 found[key] = "special"
     return found
-
-
-def refused(capsys, argv: list[str], words: list[str]) -> str:
-    """Run the CLI in process: exit 2, one line on stderr naming the problem (each of `words`), no traceback."""
-    code = main(argv)
-    captured = capsys.readouterr()
-    err = captured.err
-    assert code == 2, (code, captured.out[-500:], err[-2000:])
-    assert err.count("\n") == 1 and err.startswith("attnbench: error: ") and "Traceback" not in err, err
-    for word in words:
-        assert word in err, (word, err)
-    return err

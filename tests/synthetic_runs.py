@@ -19,7 +19,7 @@ def synthetic_record(case: Case, backend: str, ms: float, *, status: str = "ok",
     """A record shaped like the executor's, with a chosen median latency (p20/p80 and the 95 % interval of the median at ±spread)."""
     attention_flops, nbytes = theory.flops(case), theory.min_bytes(case)
     record = Record(
-        case_id=case.id, **case.fields(), attention_kind=case.attention_kind, backend=backend, family=family, status=Status(status),
+        case=case, backend=backend, family=family, status=Status(status),
         run_id=run_id, reason=None if status == "ok" else "synthetic failure", flops=flops if flops is not None else attention_flops,
         bytes=nbytes, kv_cache_bytes=theory.kv_cache_bytes(case), arithmetic_intensity=attention_flops / nbytes,
     )

@@ -369,11 +369,11 @@ def test_compare_judges_by_the_intervals_not_the_p20_p80_ranges(tmp_path):
 
 
 def test_compare_widens_by_the_variation_stability_wrote(tmp_path, capsys, monkeypatch):
-    from harness.cli.stability import StabilityResult
+    from harness.checks.stability import StabilityResult
 
     base, new = _compared(tmp_path, [(1.0, 1.06)])
     measured = StabilityResult(CASE_256.replace(device="cpu"), "sdpa", (1.0e-3, 1.03e-3, 0.97e-3, 1.02e-3, 0.98e-3))  # CV 2.5 %
-    monkeypatch.setattr("harness.cli.stability.run_stability", lambda *a, **k: measured)
+    monkeypatch.setattr("harness.checks.stability.run_stability", lambda *a, **k: measured)
     monkeypatch.setattr("harness.env.fingerprint", lambda device: {"device_type": device, "device_name": "synthetic CPU"})
     variation = tmp_path / "var" / "stability.json"
     assert main(["stability", CASE_256.id, "--backend", "sdpa", "--device", "cpu", "--out", str(variation)]) == 0
@@ -404,7 +404,7 @@ def test_a_bad_variation_file_is_one_line_and_stability_never_writes_into_a_run(
         assert main(["compare", str(base), str(new), "--out", str(tmp_path / "c.csv"), "--variation", str(path)]) == 2
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "--variation" in err
-    monkeypatch.setattr("harness.cli.stability.run_stability", lambda *a, **k: pytest.fail("measured before refusing the output path"))
+    monkeypatch.setattr("harness.checks.stability.run_stability", lambda *a, **k: pytest.fail("measured before refusing the output path"))
     assert main(["stability", CASE_256.id, "--device", "cpu", "--out", str(base / "stability.json")]) == 2
     assert "inside the run folder" in capsys.readouterr().err
 

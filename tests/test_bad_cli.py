@@ -3,8 +3,6 @@
 import json
 import os
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,7 @@ import torch
 
 from harness.cli.main import main
 from harness.run.rundir import MANIFEST
-from tests.cli_runs import write_suite
+from tests.cli_runs import assert_one_line_error, attnbench, refused, write_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,14 +24,6 @@ def finished_run(tmp_path_factory):
     return out / "done"
 
 
-def _one_line_error(capsys, code: int, *words: str) -> None:
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.startswith("attnbench: error: ") and "Traceback" not in err, err
-    for word in words:
-        assert word in err, err
-
-
 @pytest.mark.parametrize("extra, words", [
     (["--suite", "quick"], ["--suite/--model cannot change it"]),
     (["--force"], ["--force"]),
@@ -41,7 +31,7 @@ def _one_line_error(capsys, code: int, *words: str) -> None:
     (["--only", "x", "--no-check"], ["--only", "--no-check"]),
 ], ids=["suite", "force", "backends", "only-and-no-check"])
 def test_resume_refuses_options_that_would_be_ignored(finished_run, capsys, extra, words):
-    _one_line_error(capsys, main(["run", "--resume", str(finished_run), "--quiet", *extra]), *words)
+    refused(capsys, ["run", "--resume", str(finished_run), "--quiet", *extra], words)
 
 
 def test_resume_refuses_a_folder_whose_rows_come_from_another_run(finished_run, tmp_path, capsys):
@@ -52,7 +42,7 @@ def test_resume_refuses_a_folder_whose_rows_come_from_another_run(finished_run, 
     manifest = json.loads((mixed / MANIFEST).read_text())
     manifest["run_id"] = "mixed"
     (mixed / MANIFEST).write_text(json.dumps(manifest))
-    _one_line_error(capsys, main(["run", "--resume", str(mixed), "--quiet"]), "not pairs of run mixed", "mixes runs")
+    refused(capsys, ["run", "--resume", str(mixed), "--quiet"], ["not pairs of run mixed", "mixes runs"])
 
 
 def test_a_finished_run_leaves_no_claims_pending_list_or_current_files(finished_run):
@@ -70,13 +60,13 @@ def test_a_finished_run_leaves_no_claims_pending_list_or_current_files(finished_
 def test_bad_paths_and_values_are_one_line(finished_run, tmp_path, capsys, argv, words):
     suite = write_suite(tmp_path / "s.toml", ["naive"], [8])
     argv = [a.format(run=finished_run, tmp=tmp_path, suite=suite) for a in argv]
-    _one_line_error(capsys, main(argv), *words)
+    refused(capsys, argv, words)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 @pytest.mark.parametrize("argv", [["check", "--device", "cuda"], ["stability", "B1-Sq8-Skv8-H2-Hkv2-dk16-fp32", "--device", "cuda"]])
 def test_cuda_without_a_gpu_is_one_line(capsys, argv):
-    _one_line_error(capsys, main(argv), "torch sees no CUDA device")
+    refused(capsys, argv, ["torch sees no CUDA device"])
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -88,12 +78,12 @@ def test_cuda_without_a_gpu_is_one_line(capsys, argv):
     (["profile", "B1-Sq8-Skv8-H2-Hkv2-dk16-fp32", "--ncu-child"], ["unrecognized arguments: --ncu-child"]),
 ], ids=["unknown-option", "stray-argument", "old-child-flag", "empty-backends", "backend-twice", "profile-old-child-flag"])
 def test_gpu_check_and_profile_usage_errors_are_one_line_like_every_other_command(capsys, argv, words):
-    _one_line_error(capsys, main(argv), *words)
+    refused(capsys, argv, words)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_gpu_check_without_a_gpu_is_one_line(capsys):
-    _one_line_error(capsys, main(["gpu-check"]), "no CUDA device is present", "gpu-check has nothing to check")
+    refused(capsys, ["gpu-check"], ["no CUDA device is present", "gpu-check has nothing to check"])
 
 
 def _file_size_limit(limit_bytes: int):
@@ -105,11 +95,10 @@ def _file_size_limit(limit_bytes: int):
 def test_a_full_disk_stops_the_run_in_one_line_and_leaves_it_resumable(tmp_path, capsys):
     suite = write_suite(tmp_path / "many.toml", ["naive", "sdpa"], [8, 16, 32, 64, 128, 256])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "harness", "run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"]
+    command = ["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"]
     # 12 KiB per file: manifest, env and peaks fit, the records file fills up after a few rows (as ulimit -f does).
-    cut = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, preexec_fn=_file_size_limit(12 * 1024))
-    assert cut.returncode == 2, cut.stderr
-    assert cut.stderr.count("\n") == 1 and "Traceback" not in cut.stderr and "--resume" in cut.stderr
+    cut = attnbench(command, env, timeout_s=300, preexec_fn=_file_size_limit(12 * 1024))
+    assert_one_line_error(cut, "--resume")
     run = tmp_path / "r"
     kept = [json.loads(line) for line in (run / "records.jsonl").read_bytes().split(b"\n")[:-1]]
     assert 0 < len(kept) < 12

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from harness.analysis.difference import Variation
-from harness.cli.stability import coefficient_of_variation
-from tests.run_folders import CASES, make_run, refused
+from harness.checks.stability import coefficient_of_variation
+from tests.cli_runs import attnbench_in_process, refused
+from tests.run_folders import CASES, make_run
 
 MEDIANS = (1.0, 1.03, 0.97, 1.02, 0.98)
 #: What each command needs besides `--variation FILE`, given the run folders `runs(tmp_path)` makes.
@@ -45,14 +46,8 @@ def test_a_good_variation_document_is_taken_by_every_command(tmp_path, capsys):
     path = tmp_path / "stability.json"
     path.write_text(json.dumps(variation_doc()))
     for command in COMMANDS.values():
-        assert main_status(command(base, new, tmp_path) + ["--variation", str(path)]) == 0, capsys.readouterr().err
-
-
-def main_status(argv: list[str]) -> int:
-    """The CLI's exit status, in process."""
-    from harness.cli.main import main
-
-    return main(argv)
+        ran = attnbench_in_process(command(base, new, tmp_path) + ["--variation", str(path)], capsys)
+        assert ran.code == 0, ran.err
 
 
 # -- 1. not a regular file, or too large: refused before (or without) waiting on it ------------------------------------
@@ -138,7 +133,7 @@ def test_a_variation_nested_past_the_parser_is_one_line(tmp_path, capsys, comman
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("text", [c[1] for c in DEEP], ids=[c[0] for c in DEEP])
 def test_a_stability_out_target_nested_past_the_parser_is_one_line(tmp_path, capsys, monkeypatch, text):
-    monkeypatch.setattr("harness.cli.stability.run_stability", lambda *a, **k: pytest.fail("measured before refusing --out"))
+    monkeypatch.setattr("harness.checks.stability.run_stability", lambda *a, **k: pytest.fail("measured before refusing --out"))
     path = tmp_path / "stability.json"
     path.write_text(text)
     argv = ["stability", CASES[0].id, "--backend", "sdpa-math", "--device", "cpu", "--out", str(path)]

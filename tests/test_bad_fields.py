@@ -21,7 +21,8 @@ from harness.results.documents import TIMERS
 from harness.results.documents import Manifest
 from harness.results.store import RECORDS, read_records
 from harness.suite.catalog import load_suite
-from tests.run_folders import make_run, refused
+from tests.cli_runs import refused
+from tests.run_folders import make_run
 
 # -- 4: batch-grid axes a batch makes meaningless or contradicts ------------------------------------------------------
 
@@ -97,7 +98,7 @@ def test_a_manifest_timer_run_would_refuse_is_refused_on_read(tmp_path, capsys, 
     _set_manifest(run, timer=timer)
     refused(capsys, ["report", str(run), "--out", str(tmp_path / "reports")], ["manifest.json", "'timer'", repr(timer), "events, kernels, graph"])
     # Every choice of `run --timer` reads back.
-    assert all(Manifest.from_dict({"run_id": "r1", "timer": t}, "manifest.json").timer == t for t in TIMERS)
+    assert all(Manifest.from_dict({"run_id": "r1", "timer": t}, "manifest.json").options.timer == t for t in TIMERS)
 
 
 @pytest.mark.parametrize("entry", ["read_records", "report"])

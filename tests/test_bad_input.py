@@ -23,16 +23,9 @@ from harness.results.store import RECORDS, load_run, read_records, validate_run_
 from harness.suite.cases import MAX_PADDED_B, Case, case_from_fields, grid, parse_case_id
 from harness.suite.catalog import SLUG_MAX, load_suite, suite_slug
 from harness.suite.inputs import kv_lengths, q_lengths, visible_key_rows, visible_pairs
+from tests.cli_runs import refused
 
 GRID = "[[grid]]\nB = 1\nS = 8\nH = 2\nd_k = 16\n"
-
-
-def one_line_error(capsys, argv: list[str]) -> str:
-    """Run the CLI; assert exit 2 and a single stderr line without a traceback; return that line."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("attnbench: error: ") and "Traceback" not in err, err
-    return err
 
 
 # -- suite files -----------------------------------------------------------------------------------------------------
@@ -57,7 +50,8 @@ SUITE_FILES = [
 ]
 
 
-def _write_suite(tmp_path: Path, content: bytes | None) -> Path:
+def _bad_suite_file(tmp_path: Path, content: bytes | None) -> Path:
+    """x.toml holding `content` as it is (often not TOML at all), or a folder named x.toml (None)."""
     path = tmp_path / "x.toml"
     if content is None:
         path.mkdir()
@@ -68,7 +62,7 @@ def _write_suite(tmp_path: Path, content: bytes | None) -> Path:
 
 @pytest.mark.parametrize("content, words", [c[1:] for c in SUITE_FILES], ids=[c[0] for c in SUITE_FILES])
 def test_bad_suite_file_is_a_user_error_naming_the_file_and_field(tmp_path, content, words):
-    path = _write_suite(tmp_path, content)
+    path = _bad_suite_file(tmp_path, content)
     with pytest.raises(UserError) as caught:
         load_suite(str(path))
     message = str(caught.value)
@@ -79,9 +73,9 @@ def test_bad_suite_file_is_a_user_error_naming_the_file_and_field(tmp_path, cont
 
 @pytest.mark.parametrize("content, words", [c[1:] for c in SUITE_FILES], ids=[c[0] for c in SUITE_FILES])
 def test_bad_suite_file_through_the_cli_is_one_line_and_exit_2(tmp_path, capsys, content, words):
-    path = _write_suite(tmp_path, content)
+    path = _bad_suite_file(tmp_path, content)
     out = tmp_path / "out"
-    err = one_line_error(capsys, ["run", "--suite", str(path), "--out", str(out), "--device", "cpu", "--quiet"])
+    err = refused(capsys, ["run", "--suite", str(path), "--out", str(out), "--device", "cpu", "--quiet"])
     assert words[0] in err
     assert not out.exists()  # refused before a run folder was made
 
@@ -150,7 +144,7 @@ def test_longest_run_id_is_accepted():
 def test_long_run_id_through_the_cli_is_one_line_and_exit_2(tmp_path, capsys):
     path = tmp_path / "ok.toml"
     path.write_text('backends = ["naive"]\n' + GRID)
-    err = one_line_error(capsys, ["run", "--suite", str(path), "--out", str(tmp_path / "out"), "--run-id", "r" * 300, "--device", "cpu", "--quiet"])
+    err = refused(capsys, ["run", "--suite", str(path), "--out", str(tmp_path / "out"), "--run-id", "r" * 300, "--device", "cpu", "--quiet"])
     assert "300 bytes" in err
 
 
@@ -395,7 +389,7 @@ def test_bad_run_in_compare_is_one_line_naming_file_row_and_column(tmp_path, cap
     with pytest.raises(UserError) as caught:
         compare_runs(base, new_dir)
     assert "\n" not in str(caught.value)
-    err = one_line_error(capsys, ["compare", str(base), str(new_dir), "--out", str(tmp_path / "cmp.csv")])
+    err = refused(capsys, ["compare", str(base), str(new_dir), "--out", str(tmp_path / "cmp.csv")])
     for word in words:
         assert word in err, err
     assert str(new_dir) in err

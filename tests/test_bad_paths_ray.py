@@ -22,19 +22,11 @@ import pytest
 
 from harness.cli.main import main
 from harness.results.store import read_records
-from tests.cli_runs import TINY_BUDGET
+from tests.cli_runs import assert_one_line_error, attnbench_in_process, refused, write_suite
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None and not os.environ.get("CI"), reason="ray is not installed")
-ERROR = "attnbench: error: "
 #: Spelled out, not imported: the file must load (and its tests fail one by one) on an attnbench without the bound.
 CONNECT_TIMEOUT_ENV = "ATTNBENCH_RAY_CONNECT_TIMEOUT_S"
-
-
-def _one_error_line(capsys) -> str:
-    """The CLI's stderr, checked to be exactly one `attnbench: error:` line and no traceback."""
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(ERROR) and "Traceback" not in err, err
-    return err
 
 
 # -- 3: a Ray address that answers, but not as Ray ---------------------------------------------------------------------
@@ -124,12 +116,11 @@ def test_an_address_that_is_no_ray_is_one_line_in_seconds(tmp_path, capsys, monk
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_USE_TLS", raising=False)
     monkeypatch.setenv(CONNECT_TIMEOUT_ENV, "1.5")
-    suite = tmp_path / "one.toml"
-    suite.write_text(f'name = "one"\nbackends = ["naive"]\n{TINY_BUDGET}[[grid]]\nB = 1\nS = [8]\nH = 2\nd_k = 16\n')
+    suite = write_suite(tmp_path / "one.toml", ["naive"], [8])
     with _server(handle) as address:
-        code = main(["run", "--suite", str(suite), "--out", str(tmp_path), "--executor", "ray", "--ray-address", address, "--quiet"])
-    assert code == 2
-    err = _one_error_line(capsys)
+        ran = attnbench_in_process(["run", "--suite", suite, "--out", tmp_path, "--executor", "ray", "--ray-address", address, "--quiet"],
+                                   capsys)
+    err = assert_one_line_error(ran)
     assert address in err and reason in err, err
     assert not (tmp_path / "one").exists()
 
@@ -142,10 +133,9 @@ def test_a_bad_connect_bound_is_one_line(tmp_path, capsys, monkeypatch, value):
     assert ray_nodes.CONNECT_TIMEOUT_S == 30.0 and ray_nodes.CONNECT_TIMEOUT_ENV == CONNECT_TIMEOUT_ENV  # the documented default
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv(CONNECT_TIMEOUT_ENV, value)
-    suite = tmp_path / "one.toml"
-    suite.write_text(f'name = "one"\nbackends = ["naive"]\n{TINY_BUDGET}[[grid]]\nB = 1\nS = [8]\nH = 2\nd_k = 16\n')
-    assert main(["run", "--suite", str(suite), "--out", str(tmp_path), "--executor", "ray", "--ray-address", "127.0.0.1:9", "--quiet"]) == 2
-    assert f"{CONNECT_TIMEOUT_ENV}={value!r}: expected a positive number of seconds" in _one_error_line(capsys)
+    suite = write_suite(tmp_path / "one.toml", ["naive"], [8])
+    refused(capsys, ["run", "--suite", suite, "--out", tmp_path, "--executor", "ray", "--ray-address", "127.0.0.1:9", "--quiet"],
+            [f"{CONNECT_TIMEOUT_ENV}={value!r}: expected a positive number of seconds"])
 
 
 # -- 5: a repro of a repro of a row whose lengths come from a user's file -----------------------------------------------
@@ -154,10 +144,8 @@ def _batch_suite(folder: Path, batch: str, files: dict[str, str]) -> Path:
     for name, text in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
-    suite = folder / "mine.toml"
-    suite.write_text(f'name = "mine"\nbackends = ["naive"]\n{TINY_BUDGET}[[grid]]\nbatch = [{batch!r}]\nlayout = ["packed"]\n'
-                     "H = [2]\nd_k = [16]\n".replace("'", '"'))
-    return suite
+    grid = [f"batch = [{batch!r}]".replace("'", '"'), 'layout = ["packed"]', "H = [2]", "d_k = [16]"]
+    return write_suite(folder / "mine.toml", ["naive"], grid=grid)
 
 
 def _only_row(run_dir: Path) -> dict:
@@ -247,8 +235,7 @@ def test_a_lengths_file_that_cannot_be_read_says_what_it_is(tmp_path, capsys, mo
     suite = _batch_suite(tmp_path, f"4xfile:{name}", {})
     if kind in ("eacces", "eperm"):
         monkeypatch.setattr(os, "stat", _guarded(errno.EACCES if kind == "eacces" else errno.EPERM))
-    assert main(["run", "--suite", str(suite), "--out", str(tmp_path / "runs"), "--device", "cpu", "--quiet"]) == 2
-    err = _one_error_line(capsys)
+    err = refused(capsys, ["run", "--suite", str(suite), "--out", str(tmp_path / "runs"), "--device", "cpu", "--quiet"])
     assert says in err, err
     if "does not exist" not in says:
         assert "does not exist" not in err, err

@@ -68,7 +68,7 @@ def test_case_round_trips_through_record_fields():
 
 # -- batches of requests (layout, page size, per-request lengths) --------------------------------------------------------
 
-from harness.suite.batch import ragged_case  # noqa: E402
+from harness.suite.batch_axes import ragged_case  # noqa: E402
 from harness.suite.cases import parse_case_id  # noqa: E402
 
 

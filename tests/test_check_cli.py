@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
+from tests.cli_runs import attnbench, attnbench_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 WRONG = "tests.wrong_backends:add_all"
@@ -57,9 +58,9 @@ def wrong(monkeypatch):
 
 
 def check(capsys, *args: str) -> tuple[int, str]:
-    code = main(["check", *args])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
+    """`attnbench check ARGS` in process: its exit status and all it printed (stdout, then stderr)."""
+    code, out, err = attnbench_in_process(["check", *args], capsys)
+    return code, out + err
 
 
 def failed_cases(output: str, backend: str) -> set[str]:
@@ -159,10 +160,7 @@ def _env() -> dict[str, str]:
 
 def test_the_installed_command_exits_1_and_names_the_case(tiny):
     """The real process: exit status 1 and the failing case on stdout."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "check", "--suite", tiny, "--backends", "naive,wrong-gqa", "--only", "Hkv2-dk16-fp32-causal"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120,
-    )
+    proc = attnbench(["check", "--suite", tiny, "--backends", "naive,wrong-gqa", "--only", "Hkv2-dk16-fp32-causal"], _env(), timeout_s=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED B2-Sq16-Skv16-H4-Hkv2-dk16-fp32-causal [wrong-gqa]" in proc.stdout
     assert "[naive]" not in "\n".join(line for line in proc.stdout.splitlines() if line.startswith("FAILED"))

@@ -12,17 +12,20 @@ import pytest
 import torch
 
 from harness import child
+from harness.process import jobs
 from harness.errors import UserError
 from harness.run import rundir
-from harness.run.children import ChildResult, child_command, run_child
+from harness.process.children import ChildResult, child_command, run_child
+from tests.cli_runs import Ran, assert_one_line_error
 
 CASE_ID = "B1-Sq16-Skv16-H2-Hkv2-dk16-fp32"
+CHILD_ERROR = "attnbench child: error: "
 
 
 def test_every_job_in_the_table_is_a_function_of_its_own_argv():
-    assert {"gpu-check", "profile-ncu", "stability", "peaks"} <= set(child.JOBS)
-    for job in child.JOBS:
-        function = child.job_function(job)
+    assert {"gpu-check", "profile-ncu", "stability", "peaks"} <= set(jobs.JOBS)
+    for job in jobs.JOBS:
+        function = jobs.job_function(job)
         assert list(inspect.signature(function).parameters) == ["argv"], job
 
 
@@ -42,18 +45,12 @@ def test_a_childs_command_is_harness_child_with_this_interpreter_and_an_unknown_
     (["profile-ncu", CASE_ID], ["--backend"]),
 ], ids=["no-job", "unknown-job", "unknown-option", "bad-device", "stability-without-device", "gpu-check-bad-device", "ncu-without-backend"])
 def test_a_usage_error_of_a_child_is_one_line_and_exit_2(capsys, argv, words):
-    assert child.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("attnbench child: error: ") and "Traceback" not in err, err
-    for word in words:
-        assert word in err, err
+    assert_one_line_error(Ran(child.main(argv), *capsys.readouterr()), *words, prefix=CHILD_ERROR)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_the_gpu_check_job_refuses_in_one_line_without_cuda(capsys):
-    assert child.main(["gpu-check", "naive"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no CUDA device is present" in err, err
+    assert_one_line_error(Ran(child.main(["gpu-check", "naive"]), *capsys.readouterr()), "no CUDA device is present", prefix=CHILD_ERROR)
 
 
 def test_the_stability_job_measures_in_a_fresh_process():
@@ -92,7 +89,7 @@ def test_the_cuda_peaks_are_measured_by_the_peaks_job_as_the_run_folder_builds_i
 
 
 def test_gpu_check_starts_each_backend_as_the_gpu_check_job(monkeypatch):
-    from harness.cli import gpu_check
+    from harness.checks import gpu as gpu_check
 
     started = []
 
@@ -107,7 +104,7 @@ def test_gpu_check_starts_each_backend_as_the_gpu_check_job(monkeypatch):
 
 
 def test_stability_starts_each_measurement_as_the_stability_job(monkeypatch):
-    from harness.cli import stability
+    from harness.checks import stability
     from harness.suite.cases import parse_case_id
 
     started = []
@@ -123,9 +120,8 @@ def test_stability_starts_each_measurement_as_the_stability_job(monkeypatch):
 
 
 def test_profile_runs_the_profile_ncu_job_under_ncu(monkeypatch):
-    from harness.cli import profile
-    from harness.profiling import ncu
-    from harness.run import children
+    from harness.process import children
+    from harness.profiling import ncu, session
     from harness.suite.cases import parse_case_id
 
     started = []
@@ -138,7 +134,7 @@ def test_profile_runs_the_profile_ncu_job_under_ncu(monkeypatch):
     monkeypatch.setattr(ncu, "current_capability", lambda: (9, 0))
     monkeypatch.setattr(children, "run_child", capture)
     case = parse_case_id(CASE_ID, "cpu").replace(device="cuda", mode="bwd")
-    assert profile._ncu_lines(case, "sdpa") == "ncu: failed (exit 1: captured)"
+    assert session.ncu_kernels(case, "sdpa").why_not == "failed (exit 1: captured)"
     (command,) = started
     assert command[0] == "ncu" and "--profile-from-start" in command
     expected = child_command("profile-ncu", case.id, "--backend", "sdpa")

@@ -1,41 +1,19 @@
 """The command line as a user meets it: listings, one-line errors with exit code 2, and a real run."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from harness.cli.main import main
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def attnbench(*args, cwd=REPO):
-    """Run `python -m harness ARGS` in a fresh process, as a user would."""
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
+from tests.cli_runs import assert_one_line_error, attnbench, attnbench_in_process, write_suite
 
 
 def test_backends_json_lists_availability():
-    result = attnbench("backends", "--json")
+    result = attnbench(["backends", "--json"], timeout_s=600)
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows["naive"]["available"] is True and rows["naive"]["reason"] is None
     assert {"name", "available", "reason"} <= set(rows["sdpa-cudnn"])
-
-
-def attnbench_in_process(capsys, *args) -> tuple[int, str]:
-    """`main(ARGS)` in this process: its exit status and stderr (the process-level path is test_existing_run_folder_is_not_overwritten's)."""
-    code = main([str(a) for a in args])
-    return code, capsys.readouterr().err
-
-
-def write_suite(tmp_path, grid_lines):
-    path = tmp_path / "bad.toml"
-    path.write_text('name = "bad"\n[[grid]]\n' + "\n".join(grid_lines) + "\n")
-    return path
 
 
 GOOD = ["B = [1]", "S = [64]", "H = [8]", "d_k = [32]"]
@@ -53,11 +31,8 @@ GOOD = ["B = [1]", "S = [64]", "H = [8]", "d_k = [32]"]
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(args, message, tmp_path, capsys):
-    code, err = attnbench_in_process(capsys, *args, "--out", tmp_path) if args[0] == "run" else attnbench_in_process(capsys, *args)
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], err
-    assert "Traceback" not in err
+    # In process (the process-level path is test_existing_run_folder_is_not_overwritten's).
+    assert_one_line_error(attnbench_in_process([*args, "--out", tmp_path] if args[0] == "run" else args, capsys), message)
 
 
 @pytest.mark.parametrize(
@@ -70,28 +45,25 @@ def test_bad_arguments_give_one_line_and_exit_2(args, message, tmp_path, capsys)
     ],
 )
 def test_bad_suite_files_name_the_field(grid, message, tmp_path, capsys):
-    code, err = attnbench_in_process(capsys, "run", "--suite", write_suite(tmp_path, grid), "--out", tmp_path / "out")
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], err
+    suite = write_suite(tmp_path / "bad.toml", grid=grid, budget="")
+    assert_one_line_error(attnbench_in_process(["run", "--suite", suite, "--out", tmp_path / "out"], capsys), message)
 
 
 def test_existing_run_folder_is_not_overwritten(tmp_path):
-    suite = write_suite(tmp_path, GOOD)
-    first = attnbench("run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive")
+    suite = write_suite(tmp_path / "bad.toml", grid=GOOD, budget="")
+    first = attnbench(["run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive"], timeout_s=600)
     assert first.returncode == 0, first.stderr
     before = (tmp_path / "r" / "records.jsonl").read_bytes()
-    second = attnbench("run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive")
+    second = attnbench(["run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive"], timeout_s=600)
     # The real process: exit 2 and one line, no traceback (the other usage errors are checked in-process above).
-    lines = second.stderr.strip().splitlines()
-    assert second.returncode == 2 and len(lines) == 1 and "--force" in lines[0] and "Traceback" not in second.stderr, second.stderr
+    assert_one_line_error(second, "--force")
     assert (tmp_path / "r" / "records.jsonl").read_bytes() == before
 
 
 def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path):
     """`attnbench run --suite quick` restricted to a few pairs: folder, files, a row per pair."""
-    result = attnbench("run", "--suite", "quick", "--out", tmp_path, "--run-id", "q",
-                       "--only", "B1-Sq128-Skv128-H8-Hkv2-dk64", "--backends", "naive,sdpa,sdpa-flash,sdpa-cudnn")
+    result = attnbench(["run", "--suite", "quick", "--out", tmp_path, "--run-id", "q",
+                        "--only", "B1-Sq128-Skv128-H8-Hkv2-dk64", "--backends", "naive,sdpa,sdpa-flash,sdpa-cudnn"], timeout_s=600)
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "q"
     assert f"results: {run_dir}" in result.stdout

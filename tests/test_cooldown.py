@@ -12,7 +12,8 @@ from harness.backends.registry import load_registry
 from harness.execution.execute import PairRunner, Phases
 from harness.run.cooldown import AUTO_MAX_S, Cooldown, idle_temperature_c, nvml_index, parse_cooldown
 from harness.run.worker import Finished, WorkerLoop
-from harness.suite.catalog import load_suite, pair_key
+from harness.results.record import pair_key
+from harness.suite.catalog import load_suite
 from tests.cli_runs import write_suite
 
 
@@ -89,5 +90,5 @@ def test_the_worker_waits_before_each_pair_and_records_the_wait(tmp_path):
         # The wait is over before the pair is announced: a cool-down never counts against the pair's --timeout.
         seen.append((type(event).__name__, gpu.now))
         if isinstance(event, Finished):
-            seen[-1] += (event.record.S_q, event.record.cooldown_s)
+            seen[-1] += (event.record.case.S_q, event.record.cooldown_s)
     assert seen == [("Started", 3.0), ("Finished", 3.0, 8, 3.0), ("Started", 3.0), ("Finished", 3.0, 16, 0.0)]

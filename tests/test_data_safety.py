@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from harness.cli.main import main
-from tests.run_folders import make_run, refused, snapshot, write_suite
+from tests.cli_runs import refused
+from tests.run_folders import make_run, snapshot, tiny_suite
 
 
 def _run_args(tmp: Path, run_id: str, suite: Path | None = None) -> list[str]:
-    suite = suite or write_suite(tmp / "suites" / "tiny.toml")
+    suite = suite or tiny_suite(tmp / "suites" / "tiny.toml")
     return ["run", "--suite", str(suite), "--out", str(tmp / "out"), "--run-id", run_id, "--force", "--quiet"]
 
 
@@ -191,6 +192,6 @@ def test_force_replaces_a_runs_own_folder_and_keeps_only_its_locks(tmp_path, cap
 
 
 def test_an_empty_run_id_is_refused_not_replaced_by_the_default(tmp_path, capsys):
-    suite = write_suite(tmp_path / "tiny.toml")
+    suite = tiny_suite(tmp_path / "tiny.toml")
     refused(capsys, ["run", "--suite", str(suite), "--out", str(tmp_path / "out"), "--run-id", "", "--quiet"], ["invalid run id ''"])
     assert not (tmp_path / "out").exists()

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.run_folders import make_run, refused
+from tests.cli_runs import refused
+from tests.run_folders import make_run
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

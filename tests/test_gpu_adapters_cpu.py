@@ -147,7 +147,8 @@ def test_flash_attn2_is_unavailable_when_flash_attn_is_only_fa4s_namespace(monke
 
 
 def test_gpu_check_holds_single_kernel_pairs_to_their_kernel_time():
-    from harness.cli.gpu_check import Row, format_table
+    from harness.checks.gpu import Row
+    from harness.cli.gpu_check import format_table
     from harness.results.record import Status
 
     h200 = {"overhead_ms": 0.004}  # the fixed overhead a sample carries between events there

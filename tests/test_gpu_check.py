@@ -7,9 +7,10 @@ seconds each backend's child took; flex reached last with 82 s left, and timed o
 
 import pytest
 
-from harness.cli import gpu_check as gc
+from harness.checks import gpu as gc
+from harness.cli.gpu_check import format_table
 from harness.cli.main import main
-from harness.cli.gpu_check_plan import MIN_CHILD_S, estimate_s, plan_schedule
+from harness.checks.gpu_plan import MIN_CHILD_S, estimate_s, plan_schedule
 from harness.measure.cuda_clock import CudaEventClock, FixedOverhead, measure_fixed_overhead
 from harness.results.record import Status
 from tests.gpu_timeline import Timeline
@@ -45,13 +46,13 @@ def test_a_residual_within_the_overheads_own_interval_is_not_called_off():
 def test_a_pair_without_a_measured_overhead_is_not_passed_and_the_table_says_why():
     row = pair(16.5 * US, 12.7 * US, None)
     assert row.failed
-    assert "timer not judged on c: its child measured no fixed overhead" in gc.format_table([row])
+    assert "timer not judged on c: its child measured no fixed overhead" in format_table([row])
 
 
 def test_the_table_shows_the_overhead_corrected_ratio_and_names_the_overhead_of_an_off_pair():
     healthy = pair(16.5 * US, 12.7 * US, 4.0, name="sdpa")
     off = pair(16.5 * US, 12.7 * US, 0.5, name="sdpa-cudnn")
-    table = gc.format_table([healthy, off]).splitlines()
+    table = format_table([healthy, off]).splitlines()
     assert table[0].split()[-3:] == ["ratio", "net", "note"]
     assert table[1].split()[8:10] == ["1.299", "0.984"]  # (16.5 − 4.0) / 12.7
     assert table[2].split()[9] == "1.260" and "after the 0.5 µs fixed overhead (more than 3% off)" in table[2]
@@ -61,7 +62,7 @@ def test_a_childs_rows_carry_the_overhead_it_printed():
     from harness.results.record import Record
 
     case = gc.check_cases("cuda")[6]
-    record = Record(case_id=case.id, **case.fields(), backend="sdpa", latency_ms_median=0.0165)
+    record = Record(case=case, backend="sdpa", latency_ms_median=0.0165)
     overhead = FixedOverhead(between_s=5.1e-6, kernel_s=1.0e-6, spread_s=0.2e-6, samples=40)
     (row,) = gc.rows_of("sdpa", [record.to_dict(), {"fixed_overhead": overhead.to_dict()}])
     assert row.case == case.id and row.ms == 0.0165

@@ -10,10 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from harness.backends.registry import load_registry
-from harness.telemetry import energy, gpu_state
+from harness.telemetry import energy, gpu_state, nvml
 from harness.telemetry.energy import EnergyWindow, RaplEnergy, measure_energy, rapl_counter
 from harness.execution.execute import PairRunner, Phases, execute
+from harness.execution.resources import PairResources
 from harness.telemetry.gpu_state import GpuReading, NvmlTelemetry, StateSampler, Telemetry, summarize
+from harness.telemetry.session import TelemetrySession
 from harness.measure.timing import Budget
 from harness.results.store import RunWriter, load_run, write_csv
 from harness.suite.cases import Case
@@ -76,7 +78,7 @@ def test_a_clock_within_the_tolerance_of_the_sustained_one_is_not_throttling():
 
 
 def test_a_cpu_row_has_no_state_and_says_why():
-    state = StateSampler(gpu_state.telemetry_for("cpu")).stop()
+    state = StateSampler(gpu_state.open_telemetry("cpu")).stop()
     assert state.throttled is None and state.unavailable == gpu_state.NO_GPU
 
 
@@ -100,13 +102,13 @@ def test_nvml_telemetry_calls_pynvml_by_its_names_and_converts_milliwatts():
 
 def test_the_nvml_device_is_the_cuda_devices_uuid_not_its_index():
     nv = SimpleNamespace(nvmlDeviceGetHandleByUUID=lambda uuid: f"by-uuid {uuid}", nvmlDeviceGetHandleByIndex=lambda i: f"by-index {i}")
-    assert gpu_state.nvml_handle(nv, "0b4a-77", 0) == "by-uuid GPU-0b4a-77"
-    assert gpu_state.nvml_handle(nv, None, 0) == "by-index 0"
-    assert gpu_state.nvml_handle(nv, None, 1, visible=["2", "5"]) == "by-index 5"  # CUDA's device 1 is the machine's GPU 5
-    assert gpu_state.nvml_handle(nv, None, 0, visible=["GPU-aa11"]) == "by-uuid GPU-aa11"
+    assert nvml.nvml_handle(nv, "0b4a-77", 0) == "by-uuid GPU-0b4a-77"
+    assert nvml.nvml_handle(nv, None, 0) == "by-index 0"
+    assert nvml.nvml_handle(nv, None, 1, visible=["2", "5"]) == "by-index 5"  # CUDA's device 1 is the machine's GPU 5
+    assert nvml.nvml_handle(nv, None, 0, visible=["GPU-aa11"]) == "by-uuid GPU-aa11"
     nobody = SimpleNamespace(nvmlDeviceGetHandleByUUID=lambda uuid: (_ for _ in ()).throw(RuntimeError("not found")))
     with pytest.raises(LookupError, match="cannot tell which NVML device"):
-        gpu_state.nvml_handle(nobody, None, 0, visible=["MIG-x"])
+        nvml.nvml_handle(nobody, None, 0, visible=["MIG-x"])
 
 
 # -- energy per call -------------------------------------------------------------------------------
@@ -177,7 +179,8 @@ def test_rapl_sums_packages_not_their_subzones_and_undoes_a_wrap_around(tmp_path
 def test_no_rapl_means_no_energy_phase_and_the_reason(tmp_path):
     assert rapl_counter(tmp_path / "absent") == (None, "no RAPL energy counters on this machine")
     calls = []
-    result = energy.pair_energy(lambda: calls.append(1), "cpu", 1e-3) if energy.counter_for("cpu")[0] is None else None
+    found = TelemetrySession().energy_counter("cpu")
+    result = energy.pair_energy(lambda: calls.append(1), "cpu", 1e-3, found) if found[0] is None else None
     if result is not None:  # this machine has no readable RAPL: not one call is made
         assert calls == [] and result.reason and result.mj_per_call is None
 
@@ -187,13 +190,17 @@ CASE = Case(B=1, S_q=64, S_kv=64, H=2, H_kv=2, d_k=16, d_v=16)
 TINY = Budget(warmup_s=0.01, measure_s=0.05, min_rounds=6, max_rounds=50, precision=0.0)
 
 
+def _faked(gpu: FakeGpu) -> PairResources:
+    """A runner's resources whose telemetry, on any device, is the fake GPU."""
+    return PairResources(TelemetrySession(open_gpu=lambda device: Telemetry(gpu)))
+
+
 def test_a_cpu_pair_timed_with_fake_gpu_telemetry_carries_its_state_and_energy_to_the_jsonl_and_csv(tmp_path, monkeypatch):
     began = time.perf_counter()
     fake = FakeGpu(sm=[H200_MAX_MHZ, 1500], reasons=[0x0, 0x40],
                    energy_mj=lambda: int((time.perf_counter() - began) / 0.01) * 1000.0)  # 100 W in 10 ms steps
-    monkeypatch.setattr(gpu_state, "telemetry_for", lambda device: Telemetry(fake))
     monkeypatch.setattr(energy, "CPU_WINDOW", EnergyWindow(min_s=0.1, max_s=3.0))  # room for 5 batches on a loaded 2-core machine
-    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY, phases=Phases(energy=True)))
+    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY, phases=Phases(energy=True), resources=_faked(fake)))
     assert record.status.value == "ok" and record.throttled is True and record.gpu_state_readings >= 2
     assert record.gpu_sm_clock_mhz_min == 1500 and record.gpu_throttle_reasons == 0x40
     assert "HW thermal slowdown" in record.throttle_reason and "1500 MHz" in record.throttle_reason
@@ -211,9 +218,9 @@ def test_a_cpu_pair_timed_with_fake_gpu_telemetry_carries_its_state_and_energy_t
 
 
 def test_a_plain_cpu_pair_says_why_it_has_no_gpu_state_and_spends_nothing_on_energy_without_a_counter(monkeypatch):
-    monkeypatch.setattr(energy, "_this_machines_rapl", lambda: (None, "no RAPL energy counters on this machine"))
     monkeypatch.setattr(energy, "measure_energy", lambda *a, **k: pytest.fail("an energy phase ran without a counter"))
-    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY, phases=Phases(energy=True)))
+    no_rapl = PairResources(TelemetrySession(open_rapl=lambda: (None, "no RAPL energy counters on this machine")))
+    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY, phases=Phases(energy=True), resources=no_rapl))
     assert record.gpu_state_reason == gpu_state.NO_GPU and record.throttled is None and record.gpu_sm_clock_mhz_min is None
     assert record.energy_reason == "no RAPL energy counters on this machine" and record.energy_mj_per_call is None
     assert record.energy_calls is None and record.time_energy_s is not None
@@ -222,9 +229,8 @@ def test_a_plain_cpu_pair_says_why_it_has_no_gpu_state_and_spends_nothing_on_ene
 def test_without_energy_asked_no_energy_phase_runs_and_the_row_says_how_to_get_one(monkeypatch):
     """On a GPU the phase costs 0.3-1 s a pair, several times the timed samples: `default` would take far longer, so it is asked for."""
     fake = FakeGpu(sm=[H200_MAX_MHZ], reasons=[0x0], energy_mj=lambda: pytest.fail("the energy counter was read without --energy"))
-    monkeypatch.setattr(gpu_state, "telemetry_for", lambda device: Telemetry(fake))
     monkeypatch.setattr(energy, "measure_energy", lambda *a, **k: pytest.fail("an energy phase ran without --energy"))
-    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY))
+    record = execute(CASE, load_registry().get("naive"), PairRunner(budget=TINY, resources=_faked(fake)))
     assert record.status.value == "ok" and record.gpu_state_readings >= 2  # the state is read all the same
     assert record.energy_reason == energy.ENERGY_NOT_ASKED and "--energy" in record.energy_reason
     assert record.energy_mj_per_call is None and record.time_energy_s is None
@@ -243,7 +249,7 @@ def test_energy_travels_from_the_command_line_to_the_workers_and_ray_tasks(tmp_p
 
 
 def test_env_records_whether_application_clocks_were_set_away_from_their_default():
-    from harness.env import CLOCKS_LOCKED_NOTE, application_clocks
+    from harness.telemetry.nvml import CLOCKS_LOCKED_NOTE, application_clocks
 
     def reader(clocks):
         return lambda name, args=(): clocks.get(args) if name == "nvmlDeviceGetClock" else None

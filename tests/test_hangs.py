@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.run_folders import make_run, refused, write_suite
+from tests.cli_runs import refused
+from tests.run_folders import make_run, tiny_suite
 
 CASE_ID = "B1-Sq16-Skv16-H2-Hkv2-dk16-fp32"
 
@@ -67,7 +68,7 @@ def suite_file_a_fifo(tmp: Path) -> list[str]:
 
 def _flag(name: str, argv: list[str]):
     def setup(tmp: Path) -> list[str]:
-        return [a.replace("SUITE", str(write_suite(tmp / "tiny.toml"))).replace("OUT", str(tmp / "out")) for a in argv]
+        return [a.replace("SUITE", str(tiny_suite(tmp / "tiny.toml"))).replace("OUT", str(tmp / "out")) for a in argv]
     setup.__name__ = name
     return setup
 

@@ -1,9 +1,10 @@
 """The harness's modules import one another without a circle.
 
-Built from the source's syntax, not by importing: an edge is an `import` or `from … import` of a
-harness module in a module's top level (class bodies and `if`/`try` blocks included, since they run
-at import time; `if TYPE_CHECKING:` too, since a circle there is one a reader must still untangle).
-Imports inside functions are deferred on purpose (Ray, an optional extra) and are not edges.
+Built from the source's syntax, not by importing: an edge is any `import` or `from … import` of a
+harness module anywhere in a module: its top level, class bodies, `if`/`try` blocks, `if TYPE_CHECKING:`
+and function bodies alike. A function-level import only defers a circle to the first call; a reader
+must still untangle it, so it counts. (Deferred imports of optional extras such as Ray name no harness
+module and are no edges.)
 """
 
 from __future__ import annotations
@@ -26,26 +27,16 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """The import statements that run when the module is imported: everything outside function bodies."""
-    found: list[ast.Import | ast.ImportFrom] = []
-    pending: list[ast.AST] = list(tree.body)
-    while pending:
-        node = pending.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found.append(node)
-            continue
-        pending.extend(ast.iter_child_nodes(node))
-    return found
+def every_import(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module, wherever it stands (function bodies included)."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
-    """The harness modules `name` imports at its top level (`from pkg import mod` counts as importing `pkg.mod`)."""
+    """The harness modules `name` imports anywhere (`from pkg import mod` counts as importing `pkg.mod`)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets: set[str] = set()
-    for node in top_level_imports(ast.parse(path.read_text(), str(path))):
+    for node in every_import(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             candidates = [alias.name for alias in node.names]
         else:
@@ -65,7 +56,7 @@ def imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Every harness module and the harness modules it imports at its top level."""
+    """Every harness module and the harness modules it imports, function-level imports included."""
     paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     modules = set(paths)
     return {name: imported_modules(name, path, modules) for name, path in sorted(paths.items())}
@@ -103,12 +94,37 @@ def test_the_cycle_finder_sees_a_circle_and_a_clean_graph():
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_function_level_imports_are_not_edges_and_class_level_ones_are():
-    source = ("import harness.a\nclass K:\n    from harness import b\n"
-              "def f():\n    import harness.c\nif True:\n    from harness.d import thing\n")
-    tree = ast.parse(source)
-    names = sorted(n.module if isinstance(n, ast.ImportFrom) else n.names[0].name for n in top_level_imports(tree))
-    assert names == ["harness", "harness.a", "harness.d"]  # `from harness import b` names module harness, alias b
+def test_imports_inside_functions_and_classes_are_edges_too(tmp_path, monkeypatch):
+    """A circle through a function-level import is still a circle: the walk reads every import statement."""
+    package = tmp_path / "harness"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("class K:\n    from harness.sub import b\n")
+    (package / "sub" / "b.py").write_text("def f():\n    import harness.a\n")
+    paths = {module_name_under(tmp_path, p): p for p in package.rglob("*.py")}
+    graph = {name: imported_modules(name, path, set(paths)) for name, path in paths.items()}
+    assert graph["harness.a"] == {"harness.sub.b"} and graph["harness.sub.b"] == {"harness.a"}
+    assert find_cycle(graph) == ["harness.a", "harness.sub.b", "harness.a"]
+
+
+def module_name_under(root: Path, path: Path) -> str:
+    """`module_name` for a package under another root (a test's own tree)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+#: What reads rows never learns a column's meaning from what measures them: their words live with the record schema.
+_READERS = ("harness.analysis", "harness.report")
+_MEASURING = ("harness.measure", "harness.execution", "harness.telemetry", "harness.profiling")
+
+
+def test_the_readers_of_records_import_nothing_from_the_code_that_measures():
+    graph = import_graph()
+    reaching = sorted(f"{name} -> {target}" for name, targets in graph.items() if name.startswith(_READERS)
+                      for target in targets if target.startswith(_MEASURING))
+    assert any(name.startswith("harness.report") for name in graph)  # the graph is read, not empty
+    assert reaching == []
 
 
 def test_no_harness_module_imports_itself_back_through_others():
@@ -145,3 +161,53 @@ def test_test_modules_share_helpers_through_helper_modules_only():
             importing[path.name] = test_modules
     assert len(list(tests.glob("test_*.py"))) > 10  # the folder is read, not empty
     assert importing == {}
+
+
+#: The most lines a harness module may have: past it a module holds more than one job (issue: one home for each fact).
+MAX_MODULE_LINES = 350
+
+
+def test_every_harness_module_is_at_most_350_lines():
+    sizes = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 50  # the package is read, not empty
+    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
+
+
+#: Where process-wide state may be set: a process's entry points (a command, a child job, a Ray task, the pytest
+#: session, the point the process turns Ray driver), each by (module, function).
+_PROCESS_ENTRY_POINTS = {
+    ("harness.cli.check", "run_cli"), ("harness.run.worker", "main"), ("harness.run.pytest_plugin", "pytest_collection_finish"),
+    ("harness.run.ray_tasks", "_freeze_once"), ("harness.run.ray_tasks", "_gc_freeze"), ("harness.run.ray_tasks", "_task_environment"),
+    ("harness.run.ray_executor", "become_driver"),
+}
+
+
+def _process_wide_calls(tree: ast.Module) -> list[tuple[str, int]]:
+    """(enclosing function, line) of each `gc.freeze()` call and each write to the environment (`os.environ[...] =`,
+    `.update`, `.pop`, `.setdefault`, `os.putenv`) in a module; '' for the module's top level."""
+    found: list[tuple[str, int]] = []
+
+    def walk(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+                owner = ast.unparse(child.func.value)
+                if (owner, child.func.attr) in {("gc", "freeze"), ("os", "putenv")} or (
+                        child.func.attr in ("update", "pop", "setdefault") and owner in ("os.environ", "environ")):
+                    found.append((function, child.lineno))
+            if isinstance(child, ast.Assign) and any(isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ" for t in child.targets):
+                found.append((function, child.lineno))
+            walk(child, name)
+
+    walk(tree, "")
+    return found
+
+
+def test_process_wide_state_is_set_only_at_process_entry_points():
+    """A library function that freezes the collector or edits the environment changes every caller's process (a test's too)."""
+    placed = {(module_name(p), function): line for p in PACKAGE.rglob("*.py")
+              for function, line in _process_wide_calls(ast.parse(p.read_text()))}
+    assert ("harness.run.worker", "main") in placed  # the walk finds them
+    assert sorted(k for k in placed if k not in _PROCESS_ENTRY_POINTS) == []
+    planted = ast.parse("import gc, os\ndef helper():\n    gc.freeze()\n    os.environ['X'] = '1'\n")
+    assert _process_wide_calls(planted) == [("helper", 3), ("helper", 4)]

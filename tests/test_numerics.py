@@ -14,7 +14,7 @@ from harness.backends.naive import NaiveBackend
 from harness.attention.eager import naive_attention
 from harness.backends.registry import load_registry
 from harness.suite.cases import Case
-from harness.cli.check import check_pair
+from harness.checks.correctness import check_pair
 from harness.suite.inputs import AttentionInputs, make_inputs, visible_mask
 from harness.attention import reference
 from harness.attention.numerics import check_forward, error_against, weights_violations
@@ -270,7 +270,7 @@ def test_bf16_cannot_resolve_one_percent_so_the_check_grid_pairs_it_with_fp32():
     """In bf16 eager itself is about as far from float64 as a 1 % scale error (numerics' docstring): the
     principled fix is the dtype the check includes, not a tighter bf16 bound. Every bf16 shape of the
     default check grid has an fp32 twin, and checking bf16 alone warns."""
-    from harness.cli.check import default_cases, resolution_warning
+    from harness.checks.correctness import default_cases, resolution_warning
 
     cases = default_cases()
     shapes = {c.replace(dtype="fp32") for c in cases if c.dtype == "fp32"}

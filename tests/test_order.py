@@ -10,7 +10,8 @@ import pytest
 from harness.cli.main import main
 from harness.run.order import backend_orders, fair_pairs, positions_in_case
 from harness.suite.cases import grid
-from harness.suite.catalog import Suite, pair_key
+from harness.results.record import pair_key
+from harness.suite.catalog import Suite
 from tests.cli_runs import write_suite
 
 BACKENDS = ["a", "b", "c", "d"]

@@ -143,7 +143,7 @@ def test_cuda_pairs_are_unsupported_with_the_reason_when_sleep_is_missing(monkey
         CudaEventClock()
     _one_line_naming(str(refused.value), "torch.cuda._sleep", torch.__version__)
     # Through run_pair, with the pair's clock the CUDA one (the CPU case's tensors are all this machine has).
-    monkeypatch.setattr(execute, "device_clock", lambda device: device_clock("cuda"))
+    monkeypatch.setattr(execute, "device_clock", lambda device, flush: device_clock("cuda", flush))
     outcome = execute.run_pair(SQUARE, SdpaBackend(), budget=TINY)
     assert outcome.status is Status.UNSUPPORTED
     _one_line_naming(outcome.reason, "torch.cuda._sleep", torch.__version__)

@@ -263,7 +263,7 @@ def test_the_pair_executor_profiles_with_the_between_sample_setup(monkeypatch):
     from harness.suite.cases import parse_case_id
 
     calls = []
-    monkeypatch.setattr(execute, "between_sample_setup", lambda device: lambda: calls.append(device))
+    monkeypatch.setattr(execute, "between_sample_setup", lambda device, flush: lambda: calls.append(device))
     case = parse_case_id("B1-Sq32-Skv32-H2-Hkv2-dk16-fp32")
     phases = Phases(check=False, time=False, memory=False, profile=True, profile_steps=3)
     outcome = run_pair(case, load_registry(plugins=False).get("naive"), phases, budget=Budget(warmup_s=0.0, measure_s=0.001))
@@ -279,16 +279,15 @@ def event_measurement(n: int) -> Measurement:
     return Measurement(stats=Stats.from_samples([1e-3] * n, 1), plan=plan, clock_resolution_s=1e-9)
 
 
-def test_kernel_timer_flushes_before_each_profiled_call_and_bounds_the_steps(monkeypatch, one_thread):
+def test_kernel_timer_flushes_before_each_profiled_call_and_bounds_the_steps(one_thread):
     a = torch.randn(4, 16, 16)
     order = []
-    monkeypatch.setattr(timers, "between_sample_setup", lambda device: lambda: order.append("setup"))
 
     def step():
         order.append("step")
         return a @ a
 
-    measured = timers.kernel_measurement(event_measurement(1000), step, "cpu")
+    measured = timers.kernel_measurement(event_measurement(1000), step, "cpu", setup=lambda: order.append("setup"))
     profiled = timers.KERNEL_TIMER_MAX_STEPS
     assert measured.stats.n == profiled < 1000  # the count profiled is the row's `samples`
     assert order == ["setup", "step"] * (order.count("step"))

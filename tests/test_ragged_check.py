@@ -17,7 +17,7 @@ from harness.backends.naive import NaiveBackend
 from harness.execution.execute import CHECK_ONLY, PairRunner, Phases
 from harness.measure.timing import QUICK_BUDGET
 from harness.results.record import Status
-from harness.suite.batch import ragged_case
+from harness.suite.batch_axes import ragged_case
 from tests import wrong_ragged_backends as wr
 
 #: Long prefills around decodes: large enough that the reference samples rows (over MAX_REFERENCE_SCORES).

@@ -26,7 +26,7 @@ from harness.backends import sdpa_ragged
 from harness.backends.ragged_views import requests
 from harness.backends.registry import load_registry
 from harness.execution.execute import build_step
-from harness.suite.batch import ragged_case
+from harness.suite.batch_axes import ragged_case
 from harness.suite.ragged import make_ragged_inputs, sequence_mask
 from tests.ragged_fixtures import agrees
 

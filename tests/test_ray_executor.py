@@ -138,8 +138,9 @@ def test_ray_run_has_the_rows_of_a_local_run(tmp_path, capsys, monkeypatch):
     short = Path(tempfile.mkdtemp(prefix="abray-", dir="/tmp"))
     try:
         env = ray_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0", RAY_TMPDIR=str(short))
-        local = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "local", "--quiet"], env, monkeypatch)
-        assert local == 0, capsys.readouterr().err
+        local = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "local", "--quiet"], capsys,
+                                     env=env, monkeypatch=monkeypatch)
+        assert local.code == 0, local.err
         # No --ray-address and no RAY_ADDRESS: attnbench starts a local Ray for the run and stops it after.
         done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "ray", "--executor", "ray", "--quiet"], env,
                          timeout_s=LOCAL_RAY_RUN_S)
@@ -297,8 +298,8 @@ def test_a_run_resumes_from_either_executor(tmp_path, ray_cluster, capsys, monke
     suite = write_suite(tmp_path / "four.toml", ["t-slow"], [8, 16, 24, 40])
     env = ray_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0")
     run_dir = tmp_path / "r"
-    assert attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], env, monkeypatch) == 0, \
-        capsys.readouterr().err
+    ran = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], capsys, env=env, monkeypatch=monkeypatch)
+    assert ran.code == 0, ran.err
     full = keys(rows(run_dir))
 
     # Begun locally, finished on Ray: only the pairs without a row run.

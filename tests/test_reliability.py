@@ -87,9 +87,9 @@ def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsy
     whole_dir = tmp_path / "whole"
     whole_dir.mkdir()
     env = cli_env(whole_dir, ATTNBENCH_TEST_PREPARE_S="0.2", ATTNBENCH_TEST_RENDEZVOUS="2")
-    code = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "whole", "--workers", "2", "--quiet"],
-                                env, monkeypatch)
-    assert code == 0, capsys.readouterr().err
+    ran = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "whole", "--workers", "2", "--quiet"],
+                               capsys, env=env, monkeypatch=monkeypatch)
+    assert ran.code == 0, ran.err
     whole = rows(tmp_path / "whole")
     assert len(whole) == 6 and len(set(keys(whole))) == 6
     assert {r["status"] for r in whole} == {"ok"}
@@ -139,8 +139,8 @@ def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsy
 def test_resume_drops_only_a_truncated_last_line_and_refuses_a_corrupt_file(tmp_path, capsys, monkeypatch):
     suite = write_suite(tmp_path / "three.toml", ["t-slow"], [8, 16, 24])
     env = cli_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0")
-    code = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], env, monkeypatch)
-    assert code == 0, capsys.readouterr().err
+    ran = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], capsys, env=env, monkeypatch=monkeypatch)
+    assert ran.code == 0, ran.err
     run_dir = tmp_path / "r"
     full = rows(run_dir)
     raw = (run_dir / "records.jsonl").read_bytes()
@@ -356,7 +356,7 @@ def test_bad_case_ids_say_what_is_wrong(bad, message):
 
 
 def test_coefficient_of_variation_is_the_sample_stdev_over_the_mean():
-    from harness.cli.stability import StabilityResult, coefficient_of_variation
+    from harness.checks.stability import StabilityResult, coefficient_of_variation
 
     assert coefficient_of_variation([1.0, 1.0, 1.0]) == 0.0
     assert coefficient_of_variation([9.0, 11.0]) == pytest.approx(2 ** 0.5 / 10)  # stdev √2 (n−1), mean 10

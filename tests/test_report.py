@@ -231,3 +231,18 @@ def test_importing_and_drawing_the_report_leaves_matplotlibs_backend_and_rcparam
     env = {**os.environ, "MPLBACKEND": "svg", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_report_reads_rows_without_importing_torch(tmp_path):
+    """Reading rows needs no tensor library: `attnbench report` of a run that recorded its backends' capabilities leaves
+    torch unimported (seconds of a report's CPU time; a run without them loads the registry, and torch with it)."""
+    records = _records()
+    declared = {b: {"computes_attention": True, "attention_core": True, "materializes_scores": b == "naive", "baseline": b == "naive",
+                    "returns_weights": False} for b in {r.backend for r in records}}
+    run = write_run(tmp_path / "results" / "synthetic", records, peaks=PEAKS, capabilities=declared)
+    script = ("import sys; from harness.cli.main import main; "
+              f"code = main(['report', {str(run)!r}, '--out', {str(tmp_path / 'reports')!r}]); "
+              "print(code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stdout

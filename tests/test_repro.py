@@ -19,7 +19,7 @@ from harness.run.order import select_keys
 from harness.run.repro import repro_command
 from harness.suite.cases import grid
 from harness.suite.catalog import Suite
-from tests.cli_runs import PLUGIN, TINY_BUDGET
+from tests.cli_runs import PLUGIN, attnbench, refused, write_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,26 +34,18 @@ def test_case_is_exact_where_only_is_a_substring():
 
 
 def test_an_unknown_case_is_one_line(tmp_path, capsys):
-    assert main(["run", "--suite", "quick", "--out", str(tmp_path), "--case", "B1-nosuch"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "'B1-nosuch' is not a case of suite 'quick'" in err
+    refused(capsys, ["run", "--suite", "quick", "--out", str(tmp_path), "--case", "B1-nosuch"], ["'B1-nosuch' is not a case of suite 'quick'"])
 
 
 def test_repro_names_everything_that_changes_what_a_pair_records():
     manifest = {"device": "cuda", "timer": "kernels", "check": False, "profile": True, "traces": True, "energy": True,
                 "python": "/opt/my venv/bin/python"}
-    words = shlex.split(repro_command(manifest, "/runs/my run/suite.toml", "B1-Sq8", "sdpa-cudnn"))
+    words = shlex.split(repro_command(manifest, "/runs/my run", "B1-Sq8", "sdpa-cudnn"))
     assert words[:4] == ["/opt/my venv/bin/python", "-m", "harness", "run"]  # the run's own interpreter, not whatever `python` is
     options = dict(zip(words[4::2], words[5::2]))
-    assert options["--suite"] == "/runs/my run/suite.toml" and options["--case"] == "B1-Sq8" and options["--backends"] == "sdpa-cudnn"
+    assert options["--suite"] == "/runs/my run" and options["--case"] == "B1-Sq8" and options["--backends"] == "sdpa-cudnn"
     assert options["--device"] == "cuda" and options["--timer"] == "kernels"
     assert {"--no-check", "--profile", "--traces", "--energy"} <= set(words)
-
-
-def _suite_file(path: Path) -> Path:
-    # Two cases, two backends that run, one with no CPU kernel (a worker's row) and one that kills its worker (the supervisor's row).
-    path.write_text(f'name = "{path.stem}"\nbackends = ["naive", "sdpa-math", "sdpa-cudnn", "t-segv"]\n{TINY_BUDGET}[[grid]]\nB = 1\nS = [8, 16]\nH = 2\nd_k = 16\n')
-    return path
 
 
 @pytest.mark.slow
@@ -61,14 +53,15 @@ def _suite_file(path: Path) -> Path:
 def test_a_rows_repro_command_rerecords_that_pair_alone_from_a_fresh_shell(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(ENV_VAR, PLUGIN)
     monkeypatch.setenv("ATTNBENCH_TEST_FAIL_S", "16")
-    suite = _suite_file(tmp_path / "tiny.toml")
+    # Two cases, two backends that run, one with no CPU kernel (a worker's row) and one that kills its worker (the supervisor's row).
+    suite = write_suite(tmp_path / "tiny.toml", ["naive", "sdpa-math", "sdpa-cudnn", "t-segv"], [8, 16])
     assert main(["run", "--suite", str(suite), "--out", str(tmp_path / "first"), "--run-id", "r", "--quiet"]) == 0
     rows = read_records(tmp_path / "first" / "r" / "records.jsonl").records
     assert len(rows) == 8 and all(r.get("repro") for r in rows)
     assert {r["status"] for r in rows if r["backend"] == "sdpa-cudnn"} == {"unsupported"}
     assert {(r["S_q"], r["status"]) for r in rows if r["backend"] == "t-segv"} == {(8, "ok"), (16, "crashed")}
-    frozen = str((tmp_path / "first" / "r" / "suite.toml").resolve())
-    assert all(shlex.split(r["repro"])[shlex.split(r["repro"]).index("--suite") + 1] == frozen for r in rows)
+    folder = str((tmp_path / "first" / "r").resolve())  # the row's own run folder: its manifest holds the pair's case
+    assert all(shlex.split(r["repro"])[shlex.split(r["repro"]).index("--suite") + 1] == folder for r in rows)
     chosen = next(r for r in rows if r["backend"] == "sdpa-math")
     # A fresh shell: nothing of this process's environment but a system PATH (no venv on it: the command names its
     # interpreter) and PYTHONPATH (the checkout, which `-m harness` finds from the checkout's root).
@@ -89,3 +82,37 @@ def test_a_rows_repro_command_rerecords_that_pair_alone_from_a_fresh_shell(tmp_p
     command_start = f"<pre><code>{html_text.escape(shlex.quote(sys.executable))} -m harness run --suite"
     assert html.count(command_start) == 2 + 3  # the two winners, then the three failures
     assert "--backends t-segv" in html and "t-segv (crashed)" in html
+
+
+_BUILTIN = """from harness.measure.timing import Budget
+from harness.suite.cases import grid
+from harness.suite.catalog import Suite
+
+SUITE = Suite("edited", "a built-in suite a test edits", tuple(grid(B=[1], S=[{seq}], H=[2], d_k=[16])), ("naive",),
+              Budget(warmup_s=0.0, measure_s=0.01, min_rounds=1, max_rounds=2))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_repro_rerecords_its_pair_after_the_builtin_suite_it_came_from_changed(tmp_path):
+    """The pair is rebuilt from the row's own case (its run folder's manifest), not from the suite's code of today."""
+    package = tmp_path / "packages" / "suites"  # a `suites` package of built-in suites, ahead of the checkout's on the path
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "edited.py").write_text(_BUILTIN.format(seq=8))
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": f"{package.parent}{os.pathsep}{ROOT}"}
+    first = attnbench(["run", "--suite", "edited", "--device", "cpu", "--out", tmp_path / "runs", "--run-id", "r", "--quiet"], env,
+                      timeout_s=200, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (row,) = read_records(tmp_path / "runs" / "r").records
+    assert row["S_q"] == 8 and row["status"] == "ok"
+    (package / "edited.py").write_text(_BUILTIN.format(seq=32))  # a release changed the suite: its case is S=32 now
+    again = tmp_path / "again"
+    again.mkdir()
+    done = subprocess.run(["sh", "-c", row["repro"]], cwd=again, env=env, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr
+    (new_dir,) = list((again / "results").iterdir())
+    (new,) = read_records(new_dir).records
+    assert (new["case_id"], new["backend"], new["S_q"], new["status"]) == (row["case_id"], "naive", 8, "ok")
+    assert json.loads((new_dir / "manifest.json").read_text())["budget"] == json.loads((tmp_path / "runs" / "r" / "manifest.json").read_text())["budget"]

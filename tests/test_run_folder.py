@@ -12,13 +12,14 @@ from harness.measure.timing import Budget
 from harness.results import store
 from harness.results.documents import ENV, Manifest
 from harness.results.record import Record
+from harness.results.run_options import RunOptions
 from harness.run import manifest_pairs, rundir
-from harness.run.progress import LineCounter
+from harness.run.progress import RecordsTail
 from harness.run.manifest_pairs import pair_manifest
 from harness.run.rundir import MANIFEST, RunFolder, write_env
 from harness.suite.cases import Case
-from tests.run_folders import CASES, make_run, refused
-from tests.cli_runs import write_suite
+from tests.run_folders import CASES, make_run
+from tests.cli_runs import refused, write_suite
 
 
 def test_force_refuses_to_delete_a_folder_no_run_wrote(tmp_path, capsys):
@@ -58,7 +59,8 @@ def _created(tmp_path, cases, backends=("naive", "sdpa"), budget=None):
     """A run folder created as `attnbench run` creates one, from these pairs."""
     pairs = [(case, b) for case in cases for b in backends]
     manifest = {"run_id": "r", "suite": "gone", "suite_arg": "no_such_builtin_suite", "device": "cpu", "backends": list(backends),
-                **pair_manifest(pairs, budget or Budget(warmup_s=0.003, measure_s=0.04, min_rounds=7, precision=0.02))}
+                **pair_manifest(pairs),
+                **RunOptions(budget=budget or Budget(warmup_s=0.003, measure_s=0.04, min_rounds=7, precision=0.02)).to_manifest()}
     folder = RunFolder.create(tmp_path / "r", manifest, force=False, suite_file=None)
     folder.unlock()
     return pairs
@@ -128,7 +130,7 @@ def test_recorded_with_repair_reads_the_records_file_once_and_builds_each_record
 
 def test_the_line_count_reads_only_what_was_appended_and_waits_for_a_whole_last_line(tmp_path):
     path = tmp_path / "records.jsonl"
-    counter = LineCounter(path)
+    counter = RecordsTail(path)
     assert counter.count() == 0  # no file yet
     path.write_bytes(b'{"a": 1}\n{"b": 2}\n')
     assert counter.count() == 2
@@ -142,6 +144,32 @@ def test_the_line_count_reads_only_what_was_appended_and_waits_for_a_whole_last_
     assert counter.count() == 4 and counter.offset == path.stat().st_size
     path.write_bytes(b'{"a": 1}\n')  # cut back (a repaired or replaced file): counted again from the start
     assert counter.count() == 1
+
+
+
+def test_the_supervisor_learns_which_pairs_have_rows_from_the_appended_bytes_only(tmp_path, monkeypatch):
+    """A worker's end asks which pairs have a row: the tail adds the keys of new whole lines, never re-reading the file."""
+    run = make_run(tmp_path / "r")
+    lines = (run / "records.jsonl").read_bytes().splitlines(keepends=True)
+    (run / "records.jsonl").write_bytes(b"".join(lines[:2]))
+    folder = RunFolder(run, Manifest(run_id="r"))
+    built = []
+    real_build = Record.from_dict.__func__
+    monkeypatch.setattr(Record, "from_dict", classmethod(lambda cls, *a, **k: built.append(1) or real_build(cls, *a, **k)))
+    first = set(folder.recorded_keys())
+    assert len(first) == 2 and len(built) == 2
+    with open(run / "records.jsonl", "ab") as f:
+        f.write(lines[2] + lines[3][:10])  # one more whole row, and one being written
+    assert len(folder.recorded_keys()) == 3 and len(built) == 3  # only the new whole line was read and built
+    with open(run / "records.jsonl", "ab") as f:
+        f.write(lines[3][10:])
+    assert folder.recorded_keys() == {r.pair_key for r in folder.recorded()} and len(built) == 4 + 4
+
+
+def test_a_read_builds_each_distinct_case_once_and_every_row_holds_it(tmp_path):
+    run = make_run(tmp_path / "r")
+    records = store.read_records(run).typed()
+    assert len(records) == 4 and len({id(r.case) for r in records}) == len({r.case for r in records}) == len(CASES)
 
 
 # -- env.json: one writer ------------------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ from harness.execution.execute import PairRunner, Phases, execute
 from harness.measure.timing import Budget
 from harness.results.record import Record, Status
 from harness.results.store import RunWriter, load_run, read_records, write_csv
-from harness.suite.batch import canonical_batch, parse_batch, ragged_case, read_lengths_file
+from harness.suite.batch import canonical_batch, parse_batch, read_lengths_file
+from harness.suite.batch_axes import ragged_case
+from harness.suite.cases import Case
 from harness.suite.catalog import load_suite
 from harness.suite.ragged import RaggedInputs, gather_pages, make_ragged_inputs, page_rows
 
@@ -280,7 +282,7 @@ def test_cpu_backends_serve_every_layout_and_agree(backend, layout):
 def test_records_carry_the_batch_and_csv_writes_the_lengths_as_json_lists(tmp_path):
     case = ragged("2x24 + 6x1@80", "paged", page_size=16)
     record = execute(case, load_registry().get("naive"), PairRunner(budget=TINY))
-    assert (record.layout, record.page_size, record.length_dist) == ("paged", 16, "2x24 + 6x1@80")
+    assert (record.case.layout, record.case.page_size, record.case.length_dist) == ("paged", 16, "2x24 + 6x1@80")
     assert (record.tokens_q, record.tokens_kv) == (54, 528)
     RunWriter(tmp_path).append(record)
     line = json.loads((tmp_path / "records.jsonl").read_text())
@@ -291,9 +293,7 @@ def test_records_carry_the_batch_and_csv_writes_the_lengths_as_json_lists(tmp_pa
 
 
 def test_a_record_written_before_layouts_existed_reads_as_dense(tmp_path):
-    old = {k: v for k, v in Record(case_id="B1-Sq4-Skv4-H2-Hkv2-dk8-fp32", B=1, S_q=4, S_kv=4, H=2, H_kv=2, d_k=8, d_v=8, dtype="fp32",
-                                   device="cpu", causal=False, mode="fwd", window=None, padding=False, mla=False, seed=0,
-                                   backend="naive").to_dict().items()
+    old = {k: v for k, v in Record(case=Case(B=1, S_q=4, S_kv=4, H=2, H_kv=2, d_k=8, d_v=8), backend="naive").to_dict().items()
            if k not in ("layout", "page_size", "length_dist", "seq_lens_q", "seq_lens_kv", "tokens_q", "tokens_kv", "plan_ms")}
     (tmp_path / "records.jsonl").write_text(json.dumps(old) + "\n")
     assert read_records(tmp_path).records[0]["layout"] == "dense"

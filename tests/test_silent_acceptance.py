@@ -16,25 +16,10 @@ import pytest
 from harness.cli.main import main
 from harness.run.protocol import machine_memory_bytes
 from harness.suite.cases import Case
+from tests.cli_runs import attnbench_in_process, refused
 from tests.synthetic_runs import PEAKS, synthetic_record, write_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of one in-process command."""
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def refused(capsys, *args: str, naming: str) -> str:
-    """Assert the command exits 2 with one stderr line that names `naming`; return that line."""
-    code, _, err = cli(capsys, *args)
-    assert code == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert naming in err, err
-    return err
 
 
 def _records(backends=("naive", "sdpa-math")) -> list:
@@ -79,10 +64,10 @@ BAD_LATENCIES = [
 def test_impossible_latencies_are_refused_at_read_by_report_compare_and_recommend(tmp_path, capsys, edit, naming):
     good = _run(tmp_path, "good")
     bad = _edited(_run(tmp_path, "bad"), edit)
-    refused(capsys, "report", str(bad), "--out", str(tmp_path / "reports"), naming=naming)
-    refused(capsys, "compare", str(good), str(bad), "--out", str(tmp_path / "c.csv"), naming=naming)
-    refused(capsys, "compare", str(bad), str(good), "--out", str(tmp_path / "c.csv"), naming=naming)
-    refused(capsys, "recommend", str(bad), *RECOMMEND, naming=naming)
+    refused(capsys, ["report", str(bad), "--out", str(tmp_path / "reports")], [naming])
+    refused(capsys, ["compare", str(good), str(bad), "--out", str(tmp_path / "c.csv")], [naming])
+    refused(capsys, ["compare", str(bad), str(good), "--out", str(tmp_path / "c.csv")], [naming])
+    refused(capsys, ["recommend", str(bad), *RECOMMEND], [naming])
 
 
 #: Backend names that mean something to matplotlib's mathtext.
@@ -91,7 +76,7 @@ MATHTEXT_NAMES = ["my$x^2$_{bad}", "cost$\\frac{1$", "a$^$b", "$_$", "two$$dolla
 
 def test_a_report_draws_backend_names_that_look_like_mathtext(tmp_path, capsys):
     run = _run(tmp_path, "mathtext", _records(backends=tuple(MATHTEXT_NAMES)))
-    code, out, err = cli(capsys, "report", str(run), "--out", str(tmp_path / "reports"))
+    code, out, err = attnbench_in_process(["report", str(run), "--out", str(tmp_path / "reports")], capsys)
     assert code == 0, err
     html = Path(out.strip().splitlines()[-1].removeprefix("report: ")).read_text()
     assert html.count("data:image/png;base64,") >= 3  # the latency, memory and agreement figures were drawn
@@ -100,7 +85,7 @@ def test_a_report_draws_backend_names_that_look_like_mathtext(tmp_path, capsys):
 def test_run_ids_that_look_like_mathtext_are_drawn_too(tmp_path, capsys):
     # Two runs: each run's measured peak is then labelled with its run id in the throughput figure.
     runs = [str(_run(tmp_path, name)) for name in ("run$\\frac{$", "b$^$")]
-    code, _, err = cli(capsys, "report", *runs, "--out", str(tmp_path / "reports"))
+    code, _, err = attnbench_in_process(["report", *runs, "--out", str(tmp_path / "reports")], capsys)
     assert code == 0, err
 
 
@@ -121,12 +106,12 @@ BAD_PLUGINS = [
 @pytest.mark.parametrize("spec, listed, reason", BAD_PLUGINS, ids=[row[0].split(":")[1] for row in BAD_PLUGINS])
 def test_a_plugin_with_a_field_of_the_wrong_type_is_listed_unavailable(monkeypatch, capsys, spec, listed, reason):
     monkeypatch.setenv("ATTNBENCH_BACKENDS", f"tests.bad_plugins:Fine,{spec}")
-    code, out, err = cli(capsys, "backends", "--json")
+    code, out, err = attnbench_in_process(["backends", "--json"], capsys)
     assert code == 0 and "Traceback" not in err, err
     rows = {row["name"]: row for row in json.loads(out)}
     assert rows["plugin-ok"]["available"] is True
     assert rows[listed]["available"] is False and reason in rows[listed]["reason"], rows[listed]
-    code, out, err = cli(capsys, "backends")
+    code, out, err = attnbench_in_process(["backends"], capsys)
     assert code == 0 and "Traceback" not in err, err
     assert any(line.startswith(listed) and "unavailable" in line and reason in line for line in out.splitlines()), out
 
@@ -135,7 +120,8 @@ def test_a_run_records_a_plugin_with_a_bad_version_as_unsupported_with_the_reaso
     monkeypatch.setenv("ATTNBENCH_BACKENDS", "tests.bad_plugins:VersionIsBytes")
     suite = tmp_path / "one.toml"
     suite.write_text('name = "one"\nbackends = ["plugin-version-bytes"]\n[[grid]]\nB = [1]\nS = [16]\nH = [2]\nH_kv = [2]\nd_k = [8]\ndtype = ["fp32"]\n')
-    code, out, err = cli(capsys, "run", "--suite", str(suite), "--out", str(tmp_path / "results"), "--run-id", "r", "--quiet")
+    code, out, err = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path / "results"), "--run-id", "r", "--quiet"],
+                                          capsys)
     assert code == 0, err
     row = json.loads((tmp_path / "results" / "r" / "records.jsonl").read_text().splitlines()[0])
     assert row["status"] == "unsupported" and "version() returned b'1.0'" in row["reason"]
@@ -147,7 +133,7 @@ def test_a_run_records_a_plugin_with_a_bad_version_as_unsupported_with_the_reaso
 def test_a_plugin_that_exits_at_import_is_listed_unavailable(monkeypatch, capsys, code):
     monkeypatch.setenv("ATTNBENCH_BACKENDS", "tests.bad_plugins:Fine,tests.plugin_exits_at_import:add")
     monkeypatch.setenv("ATTNBENCH_TEST_EXIT", code)
-    rc, out, err = cli(capsys, "backends")
+    rc, out, err = attnbench_in_process(["backends"], capsys)
     assert rc == 0, err
     line = next(line for line in out.splitlines() if line.startswith("tests.plugin_exits_at_import:add"))
     assert "unavailable" in line and "SystemExit" in line
@@ -157,7 +143,7 @@ def test_a_plugin_that_exits_at_import_is_listed_unavailable(monkeypatch, capsys
 @pytest.mark.parametrize("hook", ["exits_when_called", "exits_with_text"])
 def test_a_plugin_hook_that_exits_is_listed_unavailable(monkeypatch, capsys, hook):
     monkeypatch.setenv("ATTNBENCH_BACKENDS", f"tests.bad_plugins:{hook}")
-    rc, out, err = cli(capsys, "backends")
+    rc, out, err = attnbench_in_process(["backends"], capsys)
     assert rc == 0 and f"tests.bad_plugins:{hook}" in out and "SystemExit" in out, out + err
 
 
@@ -171,14 +157,14 @@ def test_a_budget_beyond_the_ceiling_is_refused_naming_the_field(tmp_path, capsy
     suite = tmp_path / "huge.toml"
     suite.write_text(f'name = "huge"\n[budget]\n{field} = {value}\n[[grid]]\nB = [1]\nS = [16]\nH = [2]\nH_kv = [2]\nd_k = [8]\ndtype = ["fp32"]\n')
     # --timeout bounds what accepting the budget would cost: every pair a timeout row, and exit 0.
-    refused(capsys, "run", "--suite", str(suite), "--out", str(tmp_path / "results"), "--timeout", "3", "--quiet", naming=field)
-    refused(capsys, "check", "--suite", str(suite), naming=field)
+    refused(capsys, ["run", "--suite", str(suite), "--out", str(tmp_path / "results"), "--timeout", "3", "--quiet"], [field])
+    refused(capsys, ["check", "--suite", str(suite)], [field])
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
 @pytest.mark.parametrize("value", ["1e308", "3600.5", "1e6", "inf", "nan", "0", "-1"])
 def test_stability_names_measure_s_when_it_is_out_of_range(capsys, value):
-    refused(capsys, "stability", "B1-Sq64-Skv64-H2-Hkv2-dk16-fp32", "--backend", "naive", "--measure-s", value, naming="--measure-s")
+    refused(capsys, ["stability", "B1-Sq64-Skv64-H2-Hkv2-dk16-fp32", "--backend", "naive", "--measure-s", value], ["--measure-s"])
 
 
 def _memory_limits() -> list[str]:
@@ -188,7 +174,7 @@ def _memory_limits() -> list[str]:
 
 @pytest.mark.parametrize("limit", _memory_limits())
 def test_a_memory_limit_beyond_the_machine_is_refused(tmp_path, capsys, limit):
-    refused(capsys, "run", "--suite", "quick", "--out", str(tmp_path / "results"), "--memory-limit", limit, naming="--memory-limit")
+    refused(capsys, ["run", "--suite", "quick", "--out", str(tmp_path / "results"), "--memory-limit", limit], ["--memory-limit"])
     assert not (tmp_path / "results").exists()
 
 
@@ -211,12 +197,12 @@ BAD_LISTS = [
 def test_a_suite_file_naming_a_backend_twice_is_refused(tmp_path, capsys, backends):
     suite = tmp_path / "twice.toml"
     suite.write_text(f'name = "twice"\nbackends = {backends}\n[[grid]]\nB = [1]\nS = [16]\nH = [2]\nH_kv = [2]\nd_k = [8]\ndtype = ["fp32"]\n')
-    refused(capsys, "run", "--suite", str(suite), "--out", str(tmp_path / "results"), "--timeout", "30", "--quiet", naming="more than once")
+    refused(capsys, ["run", "--suite", str(suite), "--out", str(tmp_path / "results"), "--timeout", "30", "--quiet"], ["more than once"])
 
 
 @pytest.mark.parametrize("args, naming", BAD_LISTS, ids=[" ".join(a[1:]) for a, _ in BAD_LISTS])
 def test_a_repeated_or_unknown_item_of_a_list_option_is_refused(tmp_path, capsys, args, naming):
-    refused(capsys, *args, naming=naming)
+    refused(capsys, args, [naming])
 
 
 #: Edits that make a row's case_id contradict its own fields.
@@ -235,9 +221,9 @@ CONTRADICTIONS = [
 def test_a_row_whose_case_id_contradicts_its_fields_is_refused(tmp_path, capsys, edit):
     good = _run(tmp_path, "good")
     bad = _edited(_run(tmp_path, "bad"), lambda i, r: edit(r) if i == 2 else r)
-    refused(capsys, "report", str(bad), "--out", str(tmp_path / "reports"), naming="records.jsonl:2")
-    refused(capsys, "compare", str(good), str(bad), "--out", str(tmp_path / "c.csv"), naming="case_id")
-    refused(capsys, "recommend", str(bad), *RECOMMEND, naming="case_id")
+    refused(capsys, ["report", str(bad), "--out", str(tmp_path / "reports")], ["records.jsonl:2"])
+    refused(capsys, ["compare", str(good), str(bad), "--out", str(tmp_path / "c.csv")], ["case_id"])
+    refused(capsys, ["recommend", str(bad), *RECOMMEND], ["case_id"])
 
 
 @pytest.mark.slow

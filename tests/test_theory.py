@@ -1,6 +1,7 @@
 """FLOP and byte formulas against hand-computed values, including causal with S_q ≠ S_kv, padding, windows and MLA."""
 
 import numpy as np
+import torch
 import pytest
 
 from harness.attention import theory
@@ -145,7 +146,7 @@ def test_model_crossover_for_the_h200_gqa_rows_of_the_issue():
 
 from harness.backends.registry import load_registry  # noqa: E402
 from harness.execution.outcome import case_record  # noqa: E402
-from harness.suite.batch import ragged_case  # noqa: E402
+from harness.suite.batch_axes import ragged_case  # noqa: E402
 
 BATCHES = ["2x64 + 8x1@256", "uniform(3,90)", "4x32@256 + 16x4@128", "longtail(2,300)", "6x5@bimodal(7,120,0.5)"]
 
@@ -191,3 +192,10 @@ def test_ragged_bytes_count_real_tokens_and_a_paged_row_its_block_table():
         paged = packed.replace(layout="paged", page_size=size)
         assert theory.min_bytes(paged) == kv + q_and_o + 4 * pages  # one int32 block-table entry per page read
     assert theory.kv_cache_bytes(packed) == kv
+
+
+def test_the_torch_free_element_sizes_are_torchs():
+    from harness.suite.case_values import DTYPE_BYTES, DTYPES
+
+    assert set(DTYPE_BYTES) == set(DTYPES)
+    assert {name: getattr(torch, DTYPES[name]).itemsize for name in DTYPES} == DTYPE_BYTES

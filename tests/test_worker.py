@@ -17,7 +17,8 @@ from harness.results.store import read_records
 from harness.run import protocol
 from harness.run.rundir import RunFolder
 from harness.run.worker import Finished, Started, WorkerLoop, folder_loop, main
-from harness.suite.catalog import load_suite, pair_key
+from harness.results.record import pair_key
+from harness.suite.catalog import load_suite
 from tests.cli_runs import write_suite
 
 
@@ -91,7 +92,7 @@ def test_a_pair_that_poisons_the_process_ends_the_loop_with_its_row_written(tmp_
     folder = make_folder(tmp_path, ["naive"], [8, 16])
     loop = folder_loop(folder, "w", folder.pairs(), registry=load_registry())
     # A sticky CUDA error cannot be raised on a CPU: the first pair's row says it, as the executor writes it.
-    monkeypatch.setattr(worker_module, "poisons_process", lambda record: record.S_q == 8)
+    monkeypatch.setattr(worker_module, "poisons_process", lambda record: record.case.S_q == 8)
     said: list[str] = []
     code = worker_module.serve(folder, loop, worker_module.pending_pairs(folder, folder.pairs()), said.append)
     assert code == protocol.EXIT_STICKY and "exiting for a restart" in said[0]

@@ -72,13 +72,13 @@ def memory_model(materializes_scores: bool, B: int, H: int, S_q: int, S_kv: int,
 
 def memory_vs_model(frame: pd.DataFrame) -> pd.DataFrame:
     """Measured peak beside the analytic one, with their ratio, for every measured attention row (fwd)."""
-    from harness.suite.inputs import torch_dtype
+    from harness.suite.case_values import DTYPE_BYTES, canonical_dtype
 
     rows = ok_rows(frame)
     rows = rows[is_core(rows) & (rows["mode"] == "fwd")]
     out = []
     for _, r in rows.iterrows():
-        model, name = memory_model(bool(r["materializes_scores"]), int(r["B"]), int(r["H"]), int(r["S_q"]), int(r["S_kv"]), int(r["d_v"]), torch_dtype(str(r["dtype"])).itemsize)
+        model, name = memory_model(bool(r["materializes_scores"]), int(r["B"]), int(r["H"]), int(r["S_q"]), int(r["S_kv"]), int(r["d_v"]), DTYPE_BYTES[canonical_dtype(str(r["dtype"]))])
         peak = num(r["peak_mem_bytes"])
         out.append({
             "case_id": r["case_id"], "case": r.get("case", r["case_id"]), "backend": r["backend"], "S": int(r["S"]), "group": describe_group(r),

@@ -14,6 +14,7 @@ what it declared (`Backend.capabilities`), as the run's manifest recorded it, ne
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +26,15 @@ import pandas as pd
 from harness.errors import UserError
 from harness.analysis import roofline
 from harness.results.documents import ENV, MANIFEST, Environment, Manifest, read_optional
+from harness.suite.cases import CASE_FIELDS, Case
 
-#: Case fields held fixed when something is plotted or fitted against S (S_q and S_kv vary); a device model is never mixed.
-GROUP_FIELDS = ("B", "H", "H_kv", "d_k", "d_v", "dtype", "device", "device_model", "causal", "mode", "window", "padding", "q_len")
+#: The case fields that vary along a curve against S, and a batch's per-request lengths (lists; `length_dist` names them).
+_ALONG_S = ("S_q", "S_kv", "seq_lens_q", "seq_lens_kv")
+#: Case fields held fixed when something is plotted or fitted against S: every field of the Case but those, so a field
+#: added to the Case never mixes its values in one curve; a device model is never mixed; q_len tells decoding from square.
+GROUP_FIELDS = (*(name for name in CASE_FIELDS if name not in _ALONG_S), "device_model", "q_len")
+#: The fields a group's label leaves out when they have their default value (a CPU row, seed 0, a dense batch).
+_CASE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Case) if f.default is not dataclasses.MISSING}
 #: What names one analysed case: the case as recorded, on one device model (two GPU generations answer two questions).
 CASE_KEY = ("case_id", "device_model")
 MIN_FIT_POINTS = 3
@@ -120,13 +127,13 @@ def case_labels(frame: pd.DataFrame) -> pd.Series:
 
 def declared_capabilities(backends: Iterable[str], manifests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, bool]]:
     """Each backend's capabilities: as a run's manifest recorded them, else as the installed registry declares them."""
-    from harness.backends.registry import load_registry
-
     found: dict[str, dict[str, bool]] = {}
     for manifest in manifests:
         found.update(manifest.get("capabilities") or {})
     missing = [b for b in backends if b not in found]
     if missing:
+        from harness.backends.registry import load_registry  # torch, and every plugin: only for a run that did not record them
+
         registry = load_registry()
         for name in missing:
             if name in registry:
@@ -139,7 +146,7 @@ def declared_capabilities(backends: Iterable[str], manifests: Iterable[Mapping[s
 
 def derive_columns(frame: pd.DataFrame, capabilities: Mapping[str, Mapping[str, bool]]) -> pd.DataFrame:
     """Add `S` (= S_kv), `q_len` ('=S' for square cases, else S_q), `D` (= H·d_k), typed flags and each row's backend capabilities."""
-    from harness.backends.base import Backend, CAPABILITIES
+    from harness.backends.capabilities import CAPABILITY_DEFAULTS
 
     frame = frame.copy()
     for name in ("B", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v"):
@@ -151,8 +158,7 @@ def derive_columns(frame: pd.DataFrame, capabilities: Mapping[str, Mapping[str, 
     for name in ("causal", "padding"):
         frame[name] = frame[name].fillna(False).astype(bool)
     frame["agree_ok"] = frame["agree"].map(lambda a: a is True)
-    for name in CAPABILITIES:  # undeclared (an unknown backend): the base class's defaults
-        default = bool(getattr(Backend, name))
+    for name, default in CAPABILITY_DEFAULTS.items():  # undeclared (an unknown backend): the defaults every Backend starts from
         frame[name] = frame["backend"].map(lambda b, n=name, d=default: bool(capabilities.get(b, {}).get(n, d)))
     for name in ("latency_ms_median", "latency_ms_p20", "latency_ms_p80", "tflops", "gbps", "arithmetic_intensity", "peak_mem_bytes", "max_abs_err", "err_bound"):
         frame[name] = pd.to_numeric(frame[name], errors="coerce")
@@ -225,6 +231,12 @@ def describe_group(key: Mapping[str, Any]) -> str:
         parts.append("pad")
     if key.get("mode") not in (None, "fwd"):
         parts.append(str(key["mode"]))
+    named = {"B", "H", "H_kv", "d_k", "d_v", "q_len", "dtype", "causal", "window", "padding", "mode", "device", "device_model"}
+    for name in GROUP_FIELDS:  # any other field, by its name, where it is not the Case's default
+        value = key.get(name)
+        if name in named or value is None or value != value or value == _CASE_DEFAULTS.get(name, None) or value is False:
+            continue
+        parts.append(name if value is True else f"{name}={value}")
     return " ".join(parts)
 
 

@@ -33,8 +33,9 @@ from harness.analysis.winners import winners
 DENSE = "dense"
 #: The layouts of a ragged batch, in the order the report shows them.
 LAYOUTS = ("padded", "packed", "paged")
-#: Case fields that a padded and a packed row of one batch may not share, or that the lengths already fix.
-_NOT_BATCH_FIELDS = ("B", "padding", "q_len")
+#: Case fields that a padded and a packed row of one batch may not share, that the lengths already fix (the batch's
+#: description), or that the serving tables show in columns of their own (the layout and its page size).
+_NOT_BATCH_FIELDS = ("B", "padding", "q_len", "layout", "page_size", "length_dist")
 
 
 def lengths(value: Any) -> tuple[int, ...] | None:

@@ -15,7 +15,7 @@ reference, so a softmax scale off by 1 % (an error near 2e-2) fails by four orde
 In bf16, eager itself rounds every score and weight to 8 significant bits and lands ~1e-2 from the
 reference, which is the size of that same 1 % scale error: no bound that honest bf16 kernels pass
 can reliably reject it. Bugs that do not depend on the dtype (scale, mask, head grouping) must
-therefore be checked on fp32 cases too; `harness.cli.check` does so by default (see `CHECK_CASES`).
+therefore be checked on fp32 cases too; `harness.checks.correctness` does so by default (see `CHECK_CASES`).
 
 The reference is written here, independently of every backend (including the naive one): K/V
 heads are picked per (batch, K/V head) slice, so query heads g·h … g·h+g−1 read K/V head h.

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from harness.suite.cases import Case
-from harness.suite.inputs import torch_dtype
+from harness.suite.case_values import DTYPE_BYTES
 
 #: Backward costs 2.5× the forward (two matmuls become five); forward+backward 3.5×.
 MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -118,8 +118,8 @@ def mask_counts(case: Case, chunk: int = LENGTH_CHUNK) -> MaskCounts:
 
 
 def element_size(case: Case) -> int:
-    """Bytes per element of the case's dtype."""
-    return torch_dtype(case).itemsize
+    """Bytes per element of the case's dtype (without importing torch: the report's cost model runs without it)."""
+    return DTYPE_BYTES[case.dtype]
 
 
 def forward_flops(case: Case) -> int:

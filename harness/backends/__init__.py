@@ -1,6 +1,22 @@
-"""Attention backends behind one interface, and the registry that lists them."""
+"""Attention backends behind one interface, and the registry that lists them.
 
-from harness.backends.base import Backend, Prepared, expand_kv
-from harness.backends.registry import ENTRY_POINT_GROUP, BackendInfo, Registry, load_registry, register
+The names below are imported on first use (PEP 562), so that reading a submodule that needs no torch
+(`harness.backends.capabilities`, what the analysis reads) does not import torch through this package.
+"""
 
-__all__ = ["Backend", "BackendInfo", "ENTRY_POINT_GROUP", "Prepared", "Registry", "expand_kv", "load_registry", "register"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Each public name and the submodule that defines it.
+_EXPORTS = {"Backend": "base", "Prepared": "base", "expand_kv": "base", "ENTRY_POINT_GROUP": "registry", "BackendInfo": "registry",
+            "Registry": "registry", "load_registry": "registry", "register": "registry"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """`harness.backends.Backend` and the rest of `__all__`, from their submodules when first asked for."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'harness.backends' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"harness.backends.{_EXPORTS[name]}"), name)

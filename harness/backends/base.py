@@ -7,6 +7,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from harness.backends.capabilities import CAPABILITIES, CAPABILITY_DEFAULTS  # noqa: F401 - CAPABILITIES: its old home
+
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs
 
@@ -67,17 +69,17 @@ class Backend:
     #: False for a backend that times part of the layer other than attention (the projections):
     #: there is no attention output to check, so the runner records `agree` None with a note,
     #: and takes the row's FLOPs and bytes from `costs` instead of the attention formulas.
-    computes_attention: ClassVar[bool] = True
+    computes_attention: ClassVar[bool] = CAPABILITY_DEFAULTS["computes_attention"]
     #: False for a backend that times something other than the case's attention core (the whole
     #: layer, MLA's latent form, the projections): never ranked against the cores, never a crossover curve.
-    attention_core: ClassVar[bool] = True
+    attention_core: ClassVar[bool] = CAPABILITY_DEFAULTS["attention_core"]
     #: True when one call materialises the `[B, H, S_q, S_kv]` scores and weights (the memory model
     #: is then 2·B·H·S_q·S_kv elements instead of the output).
-    materializes_scores: ClassVar[bool] = False
+    materializes_scores: ClassVar[bool] = CAPABILITY_DEFAULTS["materializes_scores"]
     #: True for the backend that speed-ups are quoted against by default.
-    baseline: ClassVar[bool] = False
+    baseline: ClassVar[bool] = CAPABILITY_DEFAULTS["baseline"]
     #: True when `weights(case, inputs)` returns (output, attention weights) for `attnbench check`.
-    returns_weights: ClassVar[bool] = False
+    returns_weights: ClassVar[bool] = CAPABILITY_DEFAULTS["returns_weights"]
     #: The batch layouts (harness.suite.ragged) `prepare` accepts: "dense" (today's rectangle), "padded"
     #: (a ragged batch padded to its longest sequence and masked), "packed" (tokens concatenated with
     #: cumulative offsets) and "paged" (the KV cache in scattered fixed-size pages behind a block table).
@@ -132,10 +134,6 @@ def layout_refusal(backend: Backend, case: Case) -> str | None:
     if case.layout != "dense" and case.mode != "fwd":
         return f"the {case.mode} pass of a {case.layout} batch is not measured yet: ragged batches are forward only"
     return None
-
-
-#: The capability attributes a backend declares (and a run's manifest records per backend).
-CAPABILITIES = ("computes_attention", "attention_core", "materializes_scores", "baseline", "returns_weights")
 
 
 def expand_kv(t: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -7,13 +7,6 @@ import argparse
 from harness.errors import UserError
 
 
-class UsageParser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 like every other user mistake."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(message)
-
-
 def comma_list(text: str) -> list[str]:
     """A comma-separated list of names, none empty and none given twice."""
     items = [t.strip() for t in text.split(",") if t.strip()]

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from harness.cli.arguments import UsageParser, comma_list, dtype_list, gpu_list, memory_limit, mode_list, non_negative_int
+from harness.cli.arguments import comma_list, dtype_list, gpu_list, memory_limit, mode_list, non_negative_int
 from harness.errors import UserError
+from harness.process.usage import UsageParser, exit_status
 from harness.results.record import NOT_FAILURES, Status
+from harness.results.run_options import TIMERS, RunOptions
 
-EXIT_USAGE = 2
 #: Worker processes per CPU core `run --workers` allows: beyond a few, workers only disturb each other's timings.
 MAX_WORKERS_PER_CPU = 4
 
@@ -48,7 +49,8 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 def cmd_stability(args: argparse.Namespace) -> int:
     """Measure one case in several fresh processes and print the spread of their medians."""
-    from harness.cli.stability import case_from_args, check_variation_out, run_stability, write_variation
+    from harness.checks.stability import run_stability
+    from harness.cli.stability import case_from_args, check_variation_out, write_variation
     from harness.env import resolve_device
 
     from harness.measure.timing import MAX_BUDGET_S
@@ -66,8 +68,6 @@ def cmd_stability(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a suite (or resume a run) under the supervisor of the chosen executor and print where the results are."""
-    from harness.run.cooldown import parse_cooldown
-    from harness.run.order import DEFAULT_ORDER_SEED
     from harness.run.executors import supervisor_for
     from harness.run.supervisor import RunConfig
 
@@ -79,8 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError("--seq goes with --model")
     if args.resume is None and args.suite is None:
         raise UserError("give --suite NAME or --model PRESET (or --resume RUN_DIR)")
-    if args.traces and not args.profile:
-        raise UserError("--traces goes with --profile")
+    options = RunOptions.from_flags(RunOptions.flag_values(args))  # refuses --traces without --profile, a bad --cooldown
     if args.run_id is not None:
         from harness.results.store import validate_run_id
 
@@ -92,21 +91,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         # A resumed run is the run its manifest describes: these would silently be ignored.
         fixed = {"--suite/--model": args.suite, "--backends": args.backends, "--force": args.force or None, "--run-id": args.run_id,
-                 "--device": args.device, "--only": args.only, "--no-check": args.no_check or None,
-                 "--profile": args.profile or None, "--traces": args.traces or None, "--timer": args.timer, "--energy": args.energy or None,
-                 "--case": args.case, "--order-seed": args.order_seed, "--cooldown": args.cooldown}
-        clash = [flag for flag, value in fixed.items() if value is not None]
+                 "--device": args.device, "--only": args.only, "--case": args.case}
+        clash = [flag for flag, value in fixed.items() if value is not None] + RunOptions.given_flags(args)
         if clash:
             raise UserError(f"--resume finishes the run as its manifest describes it; {', '.join(clash)} cannot change it (start a new run instead)")
     config = RunConfig(
         suite=args.suite or "", device=args.device, backends=args.backends, out=Path(args.out), run_id=args.run_id,
         workers=args.workers, gpus=gpu_list(args.gpus), force=args.force,
-        resume=Path(args.resume) if args.resume else None, check=not args.no_check,
+        resume=Path(args.resume) if args.resume else None, options=options,
         case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
-        memory_limit=memory_limit(args.memory_limit), profile=args.profile, traces=args.traces, energy=args.energy,
-        timer=args.timer or "events", executor=args.executor, ray_address=args.ray_address,
-        cases=args.case or [], order_seed=DEFAULT_ORDER_SEED if args.order_seed is None else args.order_seed,
-        cooldown_s=parse_cooldown(args.cooldown),
+        memory_limit=memory_limit(args.memory_limit), executor=args.executor, ray_address=args.ray_address,
+        cases=args.case or [],
     )
     summary = supervisor_for(config).run()
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
@@ -142,9 +137,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_gpu_check(args: argparse.Namespace) -> int:
     """Every backend on gpu-check's small grid, each in a child process; exit 1 when a pair fails or disagrees."""
-    from harness.cli.gpu_check import run_gpu_check
+    from harness.cli.gpu_check import run_cli
 
-    return run_gpu_check(args.cpu, args.backends)
+    return run_cli(args.cpu, args.backends)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--energy", action="store_true",
                    help="energy per call: after each pair's check, calls back to back on NVML's energy counter (GPU) or RAPL (CPU) "
                         "for 0.3-1 s (GPU) or 0.1-0.3 s a pair; without a counter the rows say why")
-    p.add_argument("--timer", choices=("events", "kernels", "graph"),
+    p.add_argument("--timer", choices=TIMERS,
                    help="what a row's latency is: events (default: device time between CUDA events; perf_counter on CPU), "
                         "kernels (torch.profiler's kernel time per call), graph (CUDA-graph replay, forward only); named in the row's timer column")
     p.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -236,17 +231,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def exit_status(command: Callable[[], int], prog: str = "attnbench") -> int:
-    """Run a command's body: its exit status, or 2 with one line for a user mistake (130 on Ctrl-C)."""
-    try:
-        return command()
-    except UserError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `attnbench` console script and of `python -m harness`."""
     parser = build_parser()
@@ -255,8 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def command() -> int:
         from harness.env import require_supported_torch
 
-        require_supported_torch()
         args = parser.parse_args(argv)
+        if getattr(args, "measures", True):  # report, compare and recommend read rows: they need no torch (seconds of import)
+            require_supported_torch()
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
 

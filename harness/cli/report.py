@@ -118,7 +118,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="reports", help="parent folder of report folders (default: reports)")
     p.add_argument("--baseline", default=None, help="backend the speedups are against (default: the one that declares itself the baseline, sdpa-math)")
     add_variation_argument(p)
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=cmd_report, measures=False)
 
     p = sub.add_parser("compare", help="compare two runs per (case, backend); --fail-above 5%% gates on slowdowns")
     p.add_argument("base", metavar="BASE", help="the reference run folder")
@@ -127,7 +127,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="CSV to write (default: reports/compare-BASE-vs-NEW.csv)")
     p.add_argument("--force", action="store_true", help="compare even when the runs measured different devices")
     add_variation_argument(p)
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=cmd_compare, measures=False)
 
     p = sub.add_parser("recommend", help="the fastest agreeing backend for a shape, from a run's measured rows")
     p.add_argument("run", metavar="RUN", help="run folder")
@@ -142,7 +142,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", help="only rows of this serving batch, as the run recorded it: a mixed batch ('2x2048 + 32x1@1024') or a "
                                    "length distribution ('uniform(64,512)')")
     add_variation_argument(p)
-    p.set_defaults(func=cmd_recommend)
+    p.set_defaults(func=cmd_recommend, measures=False)
 
 
 def add_variation_argument(parser: argparse.ArgumentParser) -> None:

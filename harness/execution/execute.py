@@ -27,6 +27,7 @@ from harness.measure.memory import PeakMeter, measure_peak
 from harness.profiling.profile import profile_step
 from harness.attention.numerics import Agreement, weights_violations
 from harness.execution.outcome import PairOutcome, to_record
+from harness.execution.resources import PairResources
 from harness.attention.reference import ReferenceCache
 from harness.errors import one_line
 from harness.execution.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error
@@ -36,6 +37,7 @@ from harness.execution.verdict import TIMED_CALLS, UNTIMED_CALLS, agreement_of, 
 from harness.measure.timers import between_sample_setup, device_clock, graph_replay, kernel_measurement, timer_name
 from harness.measure.timing import QUICK_BUDGET, Budget, Clock, Loop, keep_last, measure
 from harness.results.record import Record, Status
+from harness.results.run_options import RunOptions
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, make_inputs
 
@@ -63,6 +65,12 @@ class Phases:
     #: Profiled steps, and the folder a Chrome trace of each pair goes to (None: no trace file).
     profile_steps: int = 5
     traces: Path | None = None
+
+    @classmethod
+    def of_run(cls, options: RunOptions, traces: Path | None = None) -> "Phases":
+        """The phases every pair of a run with `options` runs (the traces into the folder `traces`, and only with profile)."""
+        return cls(check=options.check, timer=options.timer, energy=options.energy, profile=options.profile,
+                   traces=traces if options.profile and options.traces else None)
 
 
 #: What `attnbench check` runs: agreement alone, untimed.
@@ -98,11 +106,13 @@ class PairRunner:
     references: ReferenceCache | None = field(default_factory=ReferenceCache)
     loop_factory: Callable[[Clock], Loop] | None = None
     inputs: InputsCache | None = field(default_factory=InputsCache)
+    #: NVML, the RAPL counter and the L2 flush buffer, opened once for this runner's pairs (its owner may close() them).
+    resources: PairResources = field(default_factory=PairResources)
 
     def run(self, case: Case, backend: Backend) -> PairOutcome:
         """Run one pair with this runner's phases, budget and caches."""
         return run_pair(case, backend, self.phases, budget=self.budget, references=self.references, loop_factory=self.loop_factory,
-                        inputs=self.inputs)
+                        inputs=self.inputs, resources=self.resources)
 
 
 def build_step(case: Case, prepared: Prepared, inputs: AttentionInputs) -> Callable[[], Any]:
@@ -161,8 +171,12 @@ def missing_device(case: Case) -> str | None:
 
 def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget: Budget = QUICK_BUDGET,
              references: ReferenceCache | None = None, loop_factory: Callable[[Clock], Loop] | None = None,
-             inputs: InputsCache | None = None) -> PairOutcome:
+             inputs: InputsCache | None = None, resources: PairResources | None = None) -> PairOutcome:
     """Run one pair's phases and return its outcome; never raises for a backend's failure."""
+    if resources is None:
+        with PairResources() as own:  # a pair run on its own holds what it opens for its length
+            return run_pair(case, backend, phases, budget=budget, references=references, loop_factory=loop_factory,
+                            inputs=inputs, resources=own)
     try:
         # The layout first: a backend whose `supports` does not ask its base class must never be handed a batch it cannot read.
         reason = missing_device(case) or backend.available() or layout_refusal(backend, case) or backend.supports(case)
@@ -174,7 +188,8 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     try:
-        outcome = _run_phases(case, backend, phases, budget, references, loop_factory, _Stopwatch(seconds), inputs or InputsCache())
+        outcome = _run_phases(case, backend, phases, budget, references, loop_factory, _Stopwatch(seconds), inputs or InputsCache(),
+                              resources)
     except Unsupported as exc:
         outcome = PairOutcome(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure becomes data
@@ -191,13 +206,13 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
 
 
 def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Budget, loop_factory: Callable[[Clock], Loop] | None,
-                 watch: _Stopwatch, outcome: PairOutcome) -> tuple[Any, Callable[[], Any]]:
+                 watch: _Stopwatch, outcome: PairOutcome, resources: PairResources) -> tuple[Any, Callable[[], Any]]:
     """Warm-up and timed samples (peak memory read over them) into `outcome`.
 
     Returns the last timed call's result and the step that was timed (with --timer graph the replay,
     which the profile pass then runs too).
     """
-    clock, setup, events_name = device_clock(case.device)
+    clock, setup, events_name = device_clock(case.device, resources.flush)
     outcome.timer = timer_name(phases.timer, case.device, events_name)
     loop = loop_factory(clock) if loop_factory else None
     # The peak of one call, read over warm-up and samples (calls run one after another and free
@@ -212,7 +227,7 @@ def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Bu
             # Captured inside the window: a replay allocates nothing, its memory is the graph pool the capture fills.
             step = graph_replay(step, case)
     timed, held = keep_last(step)
-    sampler = gpu_state.StateSampler(gpu_state.telemetry_for(case.device))  # reads the GPU while the timed rounds run, not the warm-up
+    sampler = gpu_state.StateSampler(resources.telemetry.telemetry(case.device))  # reads the GPU while the timed rounds run, not the warm-up
     with watch("warmup"):
         outcome.measurement = measure(timed, clock, budget, setup=setup, loop=loop, around=sampler.around)
     outcome.state = sampler.summary
@@ -224,11 +239,12 @@ def _time_phases(case: Case, step: Callable[[], Any], phases: Phases, budget: Bu
     watch.seconds["warmup"] -= watch.seconds["timed"]
     if phases.timer == "kernels":
         with watch("timed"):
-            outcome.measurement = kernel_measurement(outcome.measurement, step, case.device)
+            outcome.measurement = kernel_measurement(outcome.measurement, step, case.device, setup)
     return held[0], step
 
 
-def _profile_phase(case: Case, backend: Backend, step: Callable[[], Any], phases: Phases, outcome: PairOutcome) -> None:
+def _profile_phase(case: Case, backend: Backend, step: Callable[[], Any], phases: Phases, outcome: PairOutcome,
+                   resources: PairResources) -> None:
     """Profile a few steps into `outcome.profile`; a profiler that fails costs the profile columns, not the row's timing.
 
     The profile is diagnosis run after the measurement: its failure (a torch whose profiler moved, a
@@ -238,7 +254,7 @@ def _profile_phase(case: Case, backend: Backend, step: Callable[[], Any], phases
     trace = phases.traces / f"{case.id}-{backend.name}.trace.json.gz" if phases.traces is not None else None
     try:
         outcome.profile = profile_step(step, case.device, steps=phases.profile_steps, trace_path=trace,
-                                       setup=between_sample_setup(case.device))  # flushed as the timed samples were
+                                       setup=between_sample_setup(case.device, resources.flush))  # flushed as the timed samples were
     except Exception as exc:  # noqa: BLE001 - the profile is diagnosis; the measured row stands without it
         if is_sticky_cuda_error(exc):
             raise
@@ -253,7 +269,7 @@ def _weights_problems(case: Case, backend: Backend) -> list[str]:
 
 
 def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, references: ReferenceCache | None,
-                loop_factory: Callable[[Clock], Loop] | None, watch: _Stopwatch, cache: InputsCache) -> PairOutcome:
+                loop_factory: Callable[[Clock], Loop] | None, watch: _Stopwatch, cache: InputsCache, resources: PairResources) -> PairOutcome:
     with watch("inputs"):
         inputs, kept = cache.get(case)
     outcome = PairOutcome(Status.OK)
@@ -267,7 +283,7 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
         if phases.time:
             # The pair's first call is the warm-up's; the output checked is the last timed call's, and
             # with --timer graph what is timed, checked and profiled is the replay.
-            result, step = _time_phases(case, step, phases, budget, loop_factory, watch, outcome)
+            result, step = _time_phases(case, step, phases, budget, loop_factory, watch, outcome, resources)
             if phases.check and backend.computes_attention and outcome.measurement.stopped_by != STOP_FIRST_CALL:
                 # Then one more call, untimed, outside the memory window, judged with it: two calls in a row, so a
                 # backend wrong on alternate calls shows in one (a row whose one call was its sample was judged whole).
@@ -295,12 +311,13 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
                 agreement = both_calls(first, agreement, calls)
         if phases.time and phases.energy:
             with watch("energy"):
-                outcome.energy = pair_energy(step, case.device, outcome.measurement.stats.median)
+                outcome.energy = pair_energy(step, case.device, outcome.measurement.stats.median,
+                                             resources.telemetry.energy_counter(case.device))
         elif phases.time:
             outcome.energy = EnergyResult(reason=ENERGY_NOT_ASKED)
         if phases.profile:
             with watch("profile"):
-                _profile_phase(case, backend, step, phases, outcome)
+                _profile_phase(case, backend, step, phases, outcome, resources)
     if phases.weights and backend.returns_weights and case.mode == "fwd" and not case.ragged:
         problems = _weights_problems(case, backend)
         if problems:
@@ -312,5 +329,7 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
 
 def execute(case: Case, backend: Backend, runner: PairRunner | None = None, run_id: str = "", worker: str = "0") -> Record:
     """Run one pair through `runner` (default: every phase, the quick budget) and return its record."""
-    runner = runner or PairRunner()
+    if runner is None:
+        with PairResources() as own:  # a runner made for one pair gives back what it opened
+            return to_record(case, backend, PairRunner(resources=own).run(case, backend), run_id, worker)
     return to_record(case, backend, runner.run(case, backend), run_id, worker)

@@ -55,7 +55,7 @@ def case_record(case: Case, backend: Backend, run_id: str = "", worker: str = "0
     flops, nbytes = backend.costs(case) or (theory.flops(case), theory.min_bytes(case))
     counts = theory.mask_counts(case)
     return Record(
-        case_id=case.id, **case.fields(), attention_kind=case.attention_kind, backend=backend.name, family=backend.family,
+        case=case, backend=backend.name, family=backend.family,
         tokens_q=counts.q_rows, tokens_kv=counts.kv_tokens,
         backend_version=version, flops=flops, bytes=nbytes, kv_cache_bytes=theory.kv_cache_bytes(case),
         arithmetic_intensity=flops / nbytes, run_id=run_id, worker=worker,

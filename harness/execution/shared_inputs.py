@@ -10,7 +10,8 @@ import torch
 
 from harness.attention.numerics import Agreement
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, make_case_inputs
+from harness.suite.inputs import AttentionInputs
+from harness.suite.ragged import make_case_inputs
 
 #: Elements compared per step when a host copy is checked against a device tensor: bounds the device memory the
 #: comparison borrows (64 Mi bytes of bf16 per chunk) instead of copying a whole input of a large case back at once.

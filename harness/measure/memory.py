@@ -8,7 +8,6 @@ the allocator every other process gets.
 from __future__ import annotations
 
 import ctypes
-import functools
 import gc
 import os
 from dataclasses import dataclass
@@ -38,20 +37,23 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in {_STATUS}")
 
 
-@functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL | None:
+def load_libc() -> ctypes.CDLL | None:
+    """glibc, loaded for whoever holds the handle (None where there is none: musl, macOS)."""
     try:
         return ctypes.CDLL("libc.so.6")
     except OSError:
         return None
 
 
-@functools.lru_cache(maxsize=1)
 def cpu_peak_supported() -> str | None:
     """None if the process' peak RSS can be reset and read here, and free heap pages handed back first, else why not."""
+    return cpu_peak_problem(load_libc())
+
+
+def cpu_peak_problem(libc: ctypes.CDLL | None) -> str | None:
+    """Why peak RSS cannot be measured with the glibc handle `libc` (None: there is none), or None when it can."""
     if not os.path.exists(_CLEAR_REFS):
         return "peak RSS needs Linux's /proc/self/clear_refs"
-    libc = _libc()
     if libc is None or not hasattr(libc, "malloc_trim"):
         return "peak RSS needs glibc's malloc_trim (free heap pages would hide the call's allocations)"
     try:
@@ -63,7 +65,7 @@ def cpu_peak_supported() -> str | None:
     return None
 
 
-def release_free_heap_pages() -> None:
+def release_free_heap_pages(libc: ctypes.CDLL | None) -> None:
     """Hand the pages of free heap memory back to the OS (glibc `malloc_trim(0)`), changing no allocator setting.
 
     The high-water mark only sees pages that become resident. Earlier calls leave freed blocks in
@@ -72,7 +74,6 @@ def release_free_heap_pages() -> None:
     measured call reuses them unseen: a worker's first pairs read 0. `malloc_trim(0)` releases every
     whole free page in every arena (MADV_DONTNEED), so what the call touches is counted again.
     """
-    libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(ctypes.c_size_t(0))
 
@@ -91,6 +92,8 @@ class PeakMeter:
         self._cuda = self.device.startswith("cuda")
         self._reason: str | None = None
         self._base: tuple[int, int] = (0, 0)
+        # The meter holds its own glibc handle for its life: dlopen of the loaded libc is cheap, and nothing outlives the meter.
+        self._libc = None if self._cuda else load_libc()
 
     def start(self) -> None:
         """Collect garbage, reset the peak counters and note the baseline."""
@@ -103,10 +106,10 @@ class PeakMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = (torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device))
             return
-        self._reason = cpu_peak_supported()
+        self._reason = cpu_peak_problem(self._libc)
         if self._reason:
             return
-        release_free_heap_pages()
+        release_free_heap_pages(self._libc)
         self._base = (_status_kib("VmRSS") * 1024, 0)
         with open(_CLEAR_REFS, "w") as f:
             f.write("5")  # resets VmHWM to the current RSS

@@ -14,7 +14,6 @@ kernel time per call, or the replay of a captured CUDA graph.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from typing import Callable
 
@@ -35,34 +34,51 @@ KERNEL_TIMER_MAX_STEPS = 200
 GRAPH_WARMUP_CALLS = 3
 
 
-@functools.lru_cache(maxsize=1)
-def _cuda_flusher() -> L2Flusher:
-    """The worker's one L2 flush buffer (hundreds of MB), made once, with cuBLAS's workspaces.
+class FlushBuffer:
+    """The one L2 flush buffer (hundreds of MB) of whoever runs a process's pairs: made on first use, freed by close().
 
     A pair's first call runs inside its peak-memory window; what a process allocates once for good
-    (the flush buffer, the workspace cuBLAS keeps per handle after its first matmul) is made here,
-    before any window opens, so it is never charged to whichever pair happened to come first.
+    (the flush buffer, the workspace cuBLAS keeps per handle after its first matmul) is made on the
+    first `flusher()`, before any window opens, so it is never charged to whichever pair happened to come first.
     """
-    import torch
 
-    flusher = L2Flusher()
-    for dtype in (torch.float32, torch.bfloat16):
-        square = torch.ones(64, 64, device="cuda", dtype=dtype)
-        product = square @ square
-        del square, product
-    torch.cuda.synchronize()
-    return flusher
+    def __init__(self) -> None:
+        self._flusher: L2Flusher | None = None
+
+    def flusher(self) -> L2Flusher:
+        """The buffer's flush, made (with cuBLAS's workspaces) on the first call."""
+        if self._flusher is None:
+            import torch
+
+            flusher = L2Flusher()
+            for dtype in (torch.float32, torch.bfloat16):
+                square = torch.ones(64, 64, device="cuda", dtype=dtype)
+                product = square @ square
+                del square, product
+            torch.cuda.synchronize()
+            self._flusher = flusher
+        return self._flusher
+
+    def close(self) -> None:
+        """Drop the buffer (the caching allocator keeps its memory for the next one); the next use makes a new one."""
+        self._flusher = None
+
+    def __enter__(self) -> FlushBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def between_sample_setup(device: str) -> Callable[[], None] | None:
-    """What runs before every timed sample and every profiled step: the L2 flush on CUDA, nothing on the CPU."""
-    return _cuda_flusher() if device.startswith("cuda") else None
+def between_sample_setup(device: str, flush: FlushBuffer) -> Callable[[], None] | None:
+    """What runs before every timed sample and every profiled step: `flush`'s L2 flush on CUDA, nothing on the CPU."""
+    return flush.flusher() if device.startswith("cuda") else None
 
 
-def device_clock(device: str) -> tuple[Clock, Callable[[], None] | None, str]:
-    """The clock, the between-sample setup (L2 flush on CUDA) and the timer's name for a device."""
+def device_clock(device: str, flush: FlushBuffer | None = None) -> tuple[Clock, Callable[[], None] | None, str]:
+    """The clock, the between-sample setup (L2 flush on CUDA, `flush`'s or else a buffer of its own) and the timer's name for a device."""
     if device.startswith("cuda"):
-        return CudaEventClock(), between_sample_setup(device), "cuda-event"
+        return CudaEventClock(), between_sample_setup(device, flush or FlushBuffer()), "cuda-event"
     return time.perf_counter, None, "perf_counter"
 
 
@@ -96,14 +112,15 @@ def graph_replay(step: Callable[[], object], case: Case) -> Callable[[], object]
     return replay
 
 
-def kernel_measurement(measured: Measurement, step: Callable[[], object], device: str) -> Measurement:
+def kernel_measurement(measured: Measurement, step: Callable[[], object], device: str,
+                       setup: Callable[[], None] | None) -> Measurement:
     """The event measurement with its samples replaced by the profiler's per-call kernel (or operator) times.
 
-    Each profiled call follows the flush the event samples had, so both timers see the same cold L2.
+    Each profiled call follows `setup`, the flush the event samples had, so both timers see the same cold L2.
     No allocations are recorded: the row's peak is measured around the event samples (PeakMeter).
     """
     steps = min(max(measured.stats.n, KERNEL_TIMER_MIN_STEPS), KERNEL_TIMER_MAX_STEPS)
-    summary = profile_step(step, device, steps=steps, setup=between_sample_setup(device), memory=False)
+    summary = profile_step(step, device, steps=steps, setup=setup, memory=False)
     samples = summary.step_kernel_time_s
     if not samples or not all(s > 0 for s in samples):
         raise Unsupported("--timer kernels: the profiler recorded no kernel time for this step")

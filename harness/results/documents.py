@@ -10,14 +10,17 @@ writer's or the Ray executor's additions pass through to `to_dict()` untouched.
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from harness.errors import UserError
+# The field checks live apart, in harness.results.field_checks, so that the run options check theirs the same way.
+from harness.results.field_checks import (Check, _boolean, _count, _device, _number, _object, _plain_name, _positive, _scalar,
+                                    _string, fields_of, list_of, object_of, optional)
+from harness.results.run_options import TIMERS, RunOptions  # noqa: F401 - TIMERS re-exported: run --timer's choices
 
 MANIFEST = "manifest.json"
 ENV = "env.json"
@@ -78,74 +81,6 @@ def parse_json(raw: bytes, where: Path | str) -> Any:
         raise UserError(f"{where}: not valid JSON (nested too deep)") from None
 
 
-# -- field checks: each returns the value or raises naming the file and the field ------------------------------------
-
-#: A field check: (value, file, field name) → the value, or UserError naming the file and the field.
-Check = Callable[[Any, str, str], Any]
-
-
-def _fail(where: str, name: str, value: Any, expected: str) -> UserError:
-    shown = repr(value)
-    return UserError(f"{where}: field {name!r} has value {shown if len(shown) <= 60 else shown[:57] + '...'}, expected {expected}")
-
-
-def _accepting(test: Callable[[Any], bool], expected: str) -> Check:
-    """The check that lets through the values `test` accepts, and names `expected` for the others."""
-    def check(value: Any, where: str, name: str) -> Any:
-        if not test(value):
-            raise _fail(where, name, value, expected)
-        return value
-    return check
-
-
-def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
-_string = _accepting(lambda v: isinstance(v, str), "a string")
-_boolean = _accepting(lambda v: isinstance(v, bool), "true or false")
-_count = _accepting(lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= 0, "a non-negative integer")
-_number = _accepting(_is_number, "a finite number")
-_positive = _accepting(lambda v: _is_number(v) and v > 0, "a positive number")
-_scalar = _accepting(lambda v: isinstance(v, (str, int, float, bool)), "a string or a number")
-_object = _accepting(lambda v: isinstance(v, dict), "an object")
-# A suite copy is joined to the folder's path: a name with a '/' or '..' could point at any file.
-_plain_name = _accepting(lambda v: isinstance(v, str) and v not in ("", ".", "..") and "/" not in v and "\0" not in v,
-                         "a file name inside the run folder")
-_device = _accepting(lambda v: v in ("cpu", "cuda"), "'cpu' or 'cuda'")
-
-
-def optional(check: Check) -> Check:
-    """`check`, or null."""
-    return lambda value, where, name: None if value is None else check(value, where, name)
-
-
-def list_of(check: Check) -> Check:
-    """A list whose every item passes `check` (the item named by its index)."""
-    def checked(value: Any, where: str, name: str) -> list:
-        if not isinstance(value, list):
-            raise _fail(where, name, value, "a list")
-        return [check(item, where, f"{name}[{i}]") for i, item in enumerate(value)]
-    return checked
-
-
-def object_of(check: Check) -> Check:
-    """An object whose every value passes `check` (the value named by its key)."""
-    def checked(value: Any, where: str, name: str) -> dict:
-        return {key: check(item, where, f"{name}.{key}") for key, item in _object(value, where, name).items()}
-    return checked
-
-
-def fields_of(**checks: Check) -> Check:
-    """An object whose named fields, where present, pass their checks; other fields are kept unchecked."""
-    def checked(value: Any, where: str, name: str) -> dict:
-        value = _object(value, where, name)
-        return {key: checks[key](item, where, f"{name}.{key}") if key in checks else item for key, item in value.items()}
-    return checked
-
-
-
-
 # -- the documents ----------------------------------------------------------------------------------------------------
 
 D = TypeVar("D", bound="Document")
@@ -194,11 +129,8 @@ _CAPABILITIES = object_of(object_of(_boolean))
 _ATTEMPT = fields_of(started_utc=_string, wall_s=_number)
 
 
-#: `run --timer`'s choices, defined here (torch-free) for the manifest's check and harness.measure.timers alike.
-TIMERS = ("events", "kernels", "graph")
 #: The most fresh processes `attnbench stability` starts, and so the most medians a variation document holds.
 MAX_VARIATION_PROCESSES = 1_000
-_TIMER = _accepting(lambda v: isinstance(v, str) and v in TIMERS, f"one of {', '.join(TIMERS)} (run --timer)")
 
 
 @dataclass
@@ -214,13 +146,9 @@ class Manifest(Document):
     broken: dict[str, str] = field(default_factory=dict)
     capabilities: dict[str, dict[str, bool]] = field(default_factory=dict)
     pairs: list[str] = field(default_factory=list)
-    check: bool = True
-    profile: bool = False
-    traces: bool = False
-    timer: str = "events"
-    #: The energy phase per pair (`run --energy`), and the cool-down before each pair on CUDA (`run --cooldown`, seconds).
-    energy: bool = False
-    cooldown_s: float | None = None
+    #: What shapes the pairs' measurement (check, timer, energy, profile, traces, cool-down, order seed, budget), read
+    #: from the keys RunOptions stores them under; those keys stay in `extra`, written back as they were.
+    options: RunOptions = field(default_factory=RunOptions)
     created_utc: str | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
     #: `attnbench` in every manifest written since it was added, and a random id given at creation.
@@ -229,28 +157,31 @@ class Manifest(Document):
     #: Every pair as data, in the order of `pairs`: its case's fields (`Case.fields()`) and its backend. A folder
     #: made before they were recorded has none, and its pairs are rebuilt from its suite (harness.run.rundir).
     pair_specs: list[dict[str, Any]] | None = None
-    #: The `Budget` the pairs are measured under (its fields by name), and what measured them.
-    budget: dict[str, Any] | None = None
+    #: What measured them.
     harness_version: str | None = None
     harness_commit: str | None = None
     harness_dirty: bool | None = None
-    #: The pairs' order (run/order.py) and the interpreter that ran the run.
-    order: dict[str, Any] | None = None
+    #: The interpreter that ran the run.
     python: str | None = None
 
     CHECKS = {
         "run_id": _string, "suite": optional(_string), "suite_arg": optional(_string), "suite_copy": optional(_plain_name),
         "device": optional(_device), "backends": list_of(_string), "broken": object_of(_string), "capabilities": _CAPABILITIES,
-        "pairs": list_of(_string), "check": _boolean, "profile": _boolean, "traces": _boolean, "timer": _TIMER,
-        "energy": _boolean, "cooldown_s": optional(_positive),
-        "created_utc": optional(_string), "attempts": list_of(_ATTEMPT), "harness": optional(_string), "run_uuid": optional(_string),
-        "pair_specs": optional(list_of(fields_of(case=_object, backend=_string))), "budget": optional(_object),
+        "pairs": list_of(_string), "created_utc": optional(_string), "attempts": list_of(_ATTEMPT), "harness": optional(_string), "run_uuid": optional(_string),
+        "pair_specs": optional(list_of(fields_of(case=_object, backend=_string))),
         "harness_version": optional(_string), "harness_commit": optional(_string), "harness_dirty": optional(_boolean),
-        "order": optional(_object), "python": optional(_string),
+        "python": optional(_string),
     }
     REQUIRED = ("run_id",)
     #: What a run needs from its manifest to be resumed (or replaced by --force): every manifest a run ever wrote has them.
     RUN_FIELDS = ("suite_arg", "device", "backends", "pairs")
+
+    @classmethod
+    def from_dict(cls, data: Any, where: Path | str) -> "Manifest":
+        """As `Document.from_dict`, with the run options read (and checked, naming `where` and the key) into `options`."""
+        manifest = super().from_dict(data, where)
+        manifest.options = RunOptions.from_manifest(data, where)
+        return manifest
 
     def run_problem(self) -> str | None:
         """Why this manifest cannot be a run's (another tool's, or a run's without what resuming needs), or None."""

@@ -1,4 +1,4 @@
-"""The record of one (case, backend) pair: a typed row, one status vocabulary, and the schema derived from them.
+"""The record of one (case, backend) pair: a typed row holding its Case, and the schema derived from them.
 
 Everything that writes a row (the pair executor, the supervisor's failure rows) builds a `Record`;
 everything that reads one (gpu-check, stability, the analysis) goes through `Record.from_dict`, which
@@ -8,34 +8,19 @@ checks each field's type, so a reader never guesses whether `agree` is a bool, a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass, field
-from enum import Enum
-import types
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
 from harness.errors import UserError
+from harness.results.column_types import admitted, typed
 from harness.results.record_checks import LATENCY_FIELDS, check_latencies, check_ranges  # noqa: F401 (LATENCY_FIELDS: its old home)
-from harness.suite.cases import CASE_FIELDS, case_from_fields
+from harness.results.vocabulary import Status
+from harness.suite.cases import CASE_FIELDS, Case, case_from_fields
 
 SCHEMA_VERSION = 1
-
-
-class Status(str, Enum):
-    """How a pair ended: the only status words a record, `attnbench check` or `gpu-check` uses."""
-
-    OK = "ok"
-    UNSUPPORTED = "unsupported"
-    OOM = "oom"
-    ERROR = "error"
-    CRASHED = "crashed"
-    TIMEOUT = "timeout"
-    #: Not run at all (gpu-check's budget was spent before this backend's turn).
-    SKIPPED = "skipped"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: Statuses that are not a failure of the backend: it ran, or it said honestly that it cannot.
@@ -51,42 +36,20 @@ def verdict(status: Status, agree: bool | None) -> str:
 
 @dataclass
 class Record:
-    """One row of `records.jsonl`: the case's fields, the backend, the outcome and every measured number.
+    """One row of `records.jsonl`: the pair's Case, its backend, the outcome and every measured number.
 
-    Field order is the CSV's column order. None means "not measured" (a pair that did not run, or a
+    The case is held whole (as torch.utils.benchmark's `Measurement` holds its `TaskSpec`); it is flattened into
+    columns only where a record is written or read (`to_dict`, `from_dict`, the CSV and the DataFrame).
+    After the case's columns, field order is the CSV's column order. None means "not measured" (a pair that did not run, or a
     phase that was switched off); numbers are stored at full precision, only reports round.
     """
 
-    case_id: str
-    B: int
-    S_q: int
-    S_kv: int
-    H: int
-    H_kv: int
-    d_k: int
-    d_v: int
-    dtype: str
-    device: str
-    causal: bool
-    mode: str
-    window: int | None
-    padding: bool
-    mla: bool
-    seed: int
-    #: The batch's layout and, for a batch of requests, its page size, the description its lengths were drawn from
-    #: and the lengths (harness.suite.cases.Case). Keyword-only so that they sit with the case's other fields, in
-    #: its order, while `backend` stays required.
-    layout: str = field(default="dense", kw_only=True)
-    page_size: int | None = field(default=None, kw_only=True)
-    seq_lens_q: list[int] | None = field(default=None, kw_only=True)
-    seq_lens_kv: list[int] | None = field(default=None, kw_only=True)
-    length_dist: str | None = field(default=None, kw_only=True)
+    #: The problem the pair measured, whole: its flat columns (case_id, the fields, attention_kind) exist only in files and frames.
+    case: Case
     backend: str
     #: The real query and KV tokens of the case (a dense case's too): what its FLOPs and bytes count.
     tokens_q: int | None = None
     tokens_kv: int | None = None
-    #: MHA, GQA or MQA (derived from H and H_kv; empty in a record written without it).
-    attention_kind: str = ""
     family: str = ""
     backend_version: str | None = None
     status: Status = Status.OK
@@ -227,13 +190,19 @@ class Record:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def case_id(self) -> str:
+        """The case's id (`Case.id`)."""
+        return self.case.id
+
+    @property
     def pair_key(self) -> str:
-        """`<case id>-<backend>`: the pair's identity in a run."""
-        return f"{self.case_id}-{self.backend}"
+        """`<case id>-<backend>`: the pair's identity in a run (`pair_key`)."""
+        return pair_key(self.case, self.backend)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of this record (NaN and infinities as null; raw samples only when there are some)."""
-        out = {name: _clean(getattr(self, name)) for name in COLUMNS}
+        out = case_columns(self.case)
+        out.update((name, _clean(getattr(self, name))) for name in _OWN_COLUMNS)
         if self.sample_ms is not None:
             out["sample_ms"] = [_clean(v) for v in self.sample_ms]
         out.update({k: _clean(v) for k, v in self.extra.items() if k not in out})
@@ -245,25 +214,51 @@ class Record:
         missing = [name for name in _REQUIRED if name not in data]
         if missing:
             raise UserError(f"{where}: field {missing[0]!r} is missing")
-        values = {}
-        for name, value in data.items():
-            if name in _OPTIONS:
-                values[name] = _typed(name, value, where)
-        record = cls(**values, extra={k: v for k, v in data.items() if k not in _OPTIONS})
+        case = _case_of(data, where)
+        values = {name: _typed(name, value, where) for name, value in data.items() if name in _OPTIONS}
+        record = cls(case=case, **values, extra={k: v for k, v in data.items() if k not in _OPTIONS and k not in CASE_COLUMNS})
         check_latencies(record, where)
         check_ranges(record, where)
-        _check_case_id(record, where)
         return record
 
 
-def _check_case_id(record: Record, where: str) -> None:
-    """UserError when `case_id` is not the id the row's own case fields give (one of them was edited, or the row is corrupt)."""
+def pair_key(case: Case, backend: str) -> str:
+    """`<case id>-<backend>`: the one spelling of a pair's identity, in a manifest, a claim, a record and a repro."""
+    return f"{case.id}-{backend}"
+
+
+def case_columns(case: Case) -> dict[str, Any]:
+    """A case as the flat columns a record is written with: its id, its fields (lengths as lists) and its kind of attention."""
+    return {"case_id": case.id, **{name: _clean(value) for name, value in case.fields().items()}, "attention_kind": case.attention_kind}
+
+
+def _case_of(data: dict[str, Any], where: str) -> Case:
+    """The Case a row's case columns make, each column type-checked; UserError when they make none or contradict its id."""
+    values = tuple(_typed(name, data.get(name), where) if name in data else _ABSENT for name in CASE_FIELDS)
+    case = _case_from_values(tuple(tuple(v) if isinstance(v, list) else v for v in values))
+    if isinstance(case, str):
+        raise UserError(f"{where}: not a valid case ({case})")
+    if case.id != data["case_id"]:
+        raise UserError(f"{where}: case_id {data['case_id']!r} contradicts the row's own fields, which make {case.id!r}")
+    kind = data.get("attention_kind")
+    if kind not in (None, "", case.attention_kind):
+        raise UserError(f"{where}: attention_kind {kind!r} contradicts the row's own fields, which make {case.attention_kind!r}")
+    return case
+
+
+#: A case column the row does not carry (the field's default applies), told apart from a null.
+_ABSENT = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def _case_from_values(values: tuple[Any, ...]) -> Case | str:
+    """The Case of these typed case-column values (CASE_FIELDS order), or why they make none.
+
+    Cached: a run's rows repeat each case once per backend, and a Case is frozen, so its rows may share it."""
     try:
-        rebuilt = case_from_fields({name: getattr(record, name) for name in CASE_FIELDS}).id
+        return case_from_fields({name: value for name, value in zip(CASE_FIELDS, values) if value is not _ABSENT})
     except UserError as exc:
-        raise UserError(f"{where}: the case fields do not make a case: {exc}") from None
-    if rebuilt != record.case_id:
-        raise UserError(f"{where}: case_id {record.case_id!r} contradicts the row's own fields, which make {rebuilt!r}")
+        return str(exc)
 
 
 def _clean(value: Any) -> Any:
@@ -277,60 +272,25 @@ def _clean(value: Any) -> Any:
     return value
 
 
-_HINTS = get_type_hints(Record)
-#: Fields every stored record has (the pair's identity); everything else may be null.
-_REQUIRED = tuple(f.name for f in dataclasses.fields(Record) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+_HINTS = {**{name: hint for name, hint in get_type_hints(Case).items()}, **get_type_hints(Record)}
+#: Columns every stored record has (the pair's identity: its case's id and required fields, its backend); everything else may be null.
+_REQUIRED = ("case_id", *(f.name for f in dataclasses.fields(Case) if f.default is dataclasses.MISSING), "backend")
 
 
 def _typed(name: str, value: Any, where: str) -> Any:
-    """`value` as field `name`'s declared type, or UserError naming the field and the value."""
-    options = _OPTIONS[name]
-    if value is None:
-        if type(None) in options:
-            return None
-        raise UserError(f"{where}: field {name!r} is null")
-    for kind in options:
-        if kind is Status:
-            try:
-                return Status(value)
-            except ValueError:
-                continue
-        if kind is bool and isinstance(value, bool):
-            return value
-        if kind is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if kind in (int, float) and isinstance(value, str):
-            # Older writers stored numpy scalars with json's default=str: a number written as text is still that number.
-            try:
-                number = kind(value)
-            except ValueError:
-                continue
-            if kind is float and not math.isfinite(number):
-                return None
-            return number
-        if kind in (str, dict, list) and isinstance(value, kind):
-            return value
-    raise UserError(f"{where}: field {name!r} has value {value!r}, expected {_describe(_HINTS[name])}")
+    """`value` as column `name`'s declared type, or UserError naming the field and the value."""
+    return typed(name, value, _OPTIONS[name] if name in _OPTIONS else _CASE_OPTIONS[name], _HINTS[name], where)
 
 
-def _options(hint: Any) -> tuple[Any, ...]:
-    """The types a field's annotation admits (`int | None` → int, NoneType)."""
-    return get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+#: Each column's admitted types, read once: records are checked by the thousand.
+_OPTIONS = {f.name: admitted(_HINTS[f.name]) for f in dataclasses.fields(Record) if f.name not in ("case", "extra")}
+_CASE_OPTIONS = {name: admitted(_HINTS[name]) for name in CASE_FIELDS}
 
 
-#: Each field's admitted types, generics by their origin (`list[float]` → list), read once: records are checked by the thousand.
-_OPTIONS = {f.name: tuple(get_origin(o) or o for o in _options(_HINTS[f.name])) for f in dataclasses.fields(Record) if f.name != "extra"}
-
-
-def _describe(hint: Any) -> str:
-    names = {Status: "one of " + ", ".join(s.value for s in Status), bool: "true or false", int: "an integer",
-             float: "a number", str: "a string", dict: "an object", list: "a list"}
-    options = [o for o in _options(hint) if o is not type(None)]
-    return " or ".join(names.get(get_origin(o) or o, str(o)) for o in options)
-
-
-#: Columns every record has, in CSV order (the case's fields first); the raw samples stay in the JSONL only.
-COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Record) if f.name not in ("sample_ms", "extra"))
+#: The columns a record's case is written as, first in every file and frame.
+CASE_COLUMNS: tuple[str, ...] = ("case_id", *CASE_FIELDS, "attention_kind")
+#: The record's own columns, in CSV order after the case's.
+_OWN_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Record) if f.name not in ("case", "sample_ms", "extra"))
+#: Columns every record has, in CSV order (the case's first); the raw samples stay in the JSONL only.
+COLUMNS: tuple[str, ...] = CASE_COLUMNS + _OWN_COLUMNS
 RAW_COLUMNS = ("sample_ms",)

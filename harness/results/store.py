@@ -7,7 +7,6 @@ Numbers are stored at full precision; only reports round.
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
 import re
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from harness.suite.cases import CASE_FIELDS, case_from_fields
+from harness.suite.cases import CASE_FIELDS
 from harness.env import harness_identity
 from harness.errors import UserError
 from harness.results.documents import read_regular
@@ -150,7 +149,7 @@ KEY_FIELDS = ("case_id", "backend", "status")
 
 
 def _checked(record: dict[str, Any]) -> tuple[str | None, Record | None]:
-    """What is wrong with a record's key and case fields (in words naming the field) or None, and the Record it makes.
+    """What is wrong with a record (in words naming the field) or None, and the Record it makes, built once.
 
     Key fields are non-empty strings. The case's fields are all there or none is (a record written by hand,
     for a test, may carry only its keys: it makes no Record); a whole record has every field of the type
@@ -166,22 +165,9 @@ def _checked(record: dict[str, Any]) -> tuple[str | None, Record | None]:
     if missing:
         return f"record has no field {missing[0]!r} (a record carries all its case's fields: {', '.join(CASE_FIELDS)})", None
     try:
-        built = Record.from_dict(record, where="record")  # every field's type, as the one Record definition declares it
+        return None, Record.from_dict(record, where="record")  # every column's type, and its case, as the one Record definition declares them
     except UserError as exc:
         return str(exc).removeprefix("record: "), None
-    return _case_problem(tuple(tuple(v) if isinstance(v, list) else v for v in (record[name] for name in CASE_FIELDS))), built  # hashable
-
-
-@functools.lru_cache(maxsize=4096)
-def _case_problem(values: tuple[Any, ...]) -> str | None:
-    """Why these case field values (in CASE_FIELDS order, types already checked) make no valid Case, or None.
-
-    Cached: a run's records repeat each case once per backend."""
-    try:
-        case_from_fields(dict(zip(CASE_FIELDS, values)))
-    except UserError as exc:
-        return f"not a valid case ({exc})"
-    return None
 
 
 def read_records(path: Path | str) -> ReadResult:

@@ -8,6 +8,23 @@ never reaches into the code that measures to learn what a column means.
 from __future__ import annotations
 
 import re
+from enum import Enum
+
+class Status(str, Enum):
+    """How a pair ended: the only status words a record, `attnbench check` or `gpu-check` uses."""
+
+    OK = "ok"
+    UNSUPPORTED = "unsupported"
+    OOM = "oom"
+    ERROR = "error"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    #: Not run at all (gpu-check's budget was spent before this backend's turn).
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
 
 #: What set a measurement's number of samples (`Record.stopped_by`; an external loop's is its `Plan.stop`).
 STOP_PRECISION, STOP_BUDGET, STOP_MIN_ROUNDS, STOP_MAX_ROUNDS = "precision", "budget", "min_rounds", "max_rounds"

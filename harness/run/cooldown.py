@@ -20,29 +20,13 @@ from typing import Any, Callable, Mapping
 
 from harness.errors import UserError
 from harness.results.documents import MAX_DOCUMENT_BYTES, parse_json, read_regular
+from harness.results.run_options import AUTO_MAX_S, parse_cooldown  # noqa: F401 - the option's parsing lives with the option
 from harness.run.rundir import ENV
 
-#: `--cooldown auto` (or `--cooldown` alone) waits at most this long between pairs.
-AUTO_MAX_S = 60.0
 #: Cool enough: at most this many °C above the idle temperature.
 TOLERANCE_C = 3.0
 #: Seconds between two temperature readings (NVML updates the temperature about once a second).
 POLL_S = 1.0
-
-
-def parse_cooldown(text: str | None) -> float | None:
-    """Seconds from `--cooldown` (`auto` → AUTO_MAX_S; a positive number; None → no cool-down); UserError otherwise."""
-    if text is None:
-        return None
-    if text == "auto":
-        return AUTO_MAX_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise UserError(f"--cooldown takes 'auto' or a number of seconds, got {text!r}") from None
-    if not 0 < seconds < float("inf"):
-        raise UserError(f"--cooldown takes a positive number of seconds, got {text!r}")
-    return seconds
 
 
 def gpu_temperature_c(index: int) -> float | None:

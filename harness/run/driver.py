@@ -32,7 +32,7 @@ class FailureRows:
 
     def __init__(self, writer: RunWriter, folder: RunFolder, pairs: dict[str, tuple[Case, str]], registry: Registry) -> None:
         self.writer, self.folder, self.pairs, self.registry = writer, folder, pairs, registry
-        self.rows = RunRows(folder.manifest, folder.suite_arg, pairs)
+        self.rows = RunRows(folder.manifest, folder.path, pairs)
 
     def write(self, key: str, worker: str, status: str, reason: str, where: dict[str, Any] | None = None) -> None:
         """Append pair `key`'s row with `status` and `reason`; `where` sets the columns naming where it ran (node, device_name)."""

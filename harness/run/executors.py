@@ -21,7 +21,8 @@ def supervisor_for(config: RunConfig, log: TextIO | None = None) -> Supervisor:
     if config.ray_address is not None and config.executor != "ray":
         raise UserError("--ray-address goes with --executor ray")
     if config.executor == "ray":
-        from harness.run.ray_executor import RaySupervisor  # Ray is an optional extra: imported only when asked for
+        from harness.run.ray_executor import RaySupervisor, become_driver  # Ray is an optional extra: imported only when asked for
 
+        become_driver(config)  # this process turns Ray driver here, once: its environment is set before Ray is imported
         return RaySupervisor(config, log)
     return Supervisor(config, log)

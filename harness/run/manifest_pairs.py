@@ -1,14 +1,13 @@
 """A run's pairs and budget as its manifest holds them: written once at creation, read back by resume, workers and Ray.
 
 The manifest holds every pair as data (its case's fields, all of them, and its backend) and the budget by
-its fields, so a run never depends on its suite again: a release that changes a built-in suite's grid
+its fields (harness.results.run_options), so a run never depends on its suite again: a release that changes a built-in suite's grid
 leaves older runs resumable. A folder made before this held only pair keys; its pairs are rebuilt from
 its suite as that version did, and refused in one line when the suite no longer has them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +16,20 @@ from harness.errors import UserError
 from harness.measure.timing import Budget
 from harness.results.documents import MANIFEST, Manifest
 from harness.suite.cases import Case, case_from_fields
-from harness.suite.budget_fields import budget_from_fields
-from harness.suite.catalog import Suite, load_suite, pair_key
+from harness.suite.catalog import Suite, load_suite
+from harness.results.record import pair_key
 
 Pairs = dict[str, tuple[Case, str]]
 
 
-def pair_manifest(pairs: list[tuple[Case, str]], budget: Budget) -> dict[str, Any]:
+def pair_manifest(pairs: list[tuple[Case, str]]) -> dict[str, Any]:
     """The manifest's fields that let a run be resumed, reported and compared from its folder alone, whatever its suite becomes.
 
-    Every pair as data (its case's fields, all of them, and its backend) in run order, the budget by its
-    fields, and what measured it: generic over the dataclasses, so a field added to `Case` or `Budget` travels too.
+    Every pair as data (its case's fields, all of them, and its backend) in run order, and what measured it:
+    generic over the dataclass, so a field added to `Case` travels too (the budget travels with the run options).
     """
     return {"pairs": [pair_key(case, backend) for case, backend in pairs],
-            "pair_specs": [{"case": case.fields(), "backend": backend} for case, backend in pairs],
-            "budget": dataclasses.asdict(budget), **harness_identity()}
+            "pair_specs": [{"case": case.fields(), "backend": backend} for case, backend in pairs], **harness_identity()}
 
 
 def run_pairs(manifest: Manifest, folder: Path, suite_arg: str) -> Pairs:
@@ -57,11 +55,20 @@ def run_pairs(manifest: Manifest, folder: Path, suite_arg: str) -> Pairs:
     return pairs
 
 
+def suite_of_run(folder: Path, manifest: Manifest, suite_arg: str) -> Suite:
+    """The pairs of the run in `folder` as a suite: its cases in run order, its backends and its budget, from its manifest alone.
+
+    What a row's `repro` runs (`--suite <run folder>`): the pair is the one the row measured, whatever its suite has become since."""
+    pairs = run_pairs(manifest, folder, suite_arg)
+    cases = tuple(dict.fromkeys(case for case, _ in pairs.values()))
+    return Suite(str(manifest.suite or folder.name), f"the pairs of run {manifest.run_id}", cases,
+                 tuple(manifest.backends or dict.fromkeys(backend for _, backend in pairs.values())), run_budget(manifest, folder, suite_arg))
+
+
 def run_budget(manifest: Manifest, folder: Path, suite_arg: str) -> Budget:
     """The budget the run's pairs are measured under: its manifest's (an older folder's: its suite's)."""
-    if manifest.budget is None:
-        return _old_suite(manifest, folder, suite_arg).budget
-    return budget_from_fields(manifest.budget, f"{folder / MANIFEST}: field 'budget'")
+    budget = manifest.options.budget  # checked when the manifest was read
+    return _old_suite(manifest, folder, suite_arg).budget if budget is None else budget
 
 
 def _old_suite(manifest: Manifest, folder: Path, suite_arg: str) -> Suite:

@@ -22,13 +22,10 @@ import random
 from typing import Hashable, Sequence, TypeVar
 
 from harness.errors import UserError
+# The default seed and the scheme's name are the manifest's, kept with the run options.
+from harness.results.run_options import DEFAULT_ORDER_SEED  # noqa: F401 - re-exported
 from harness.suite.cases import Case
-from harness.suite.catalog import pair_key
-
-#: The seed a run uses unless `--order-seed` says otherwise (fixed: two runs of one suite measure in one order).
-DEFAULT_ORDER_SEED = 0
-#: What the manifest calls the scheme (`manifest["order"]["scheme"]`).
-SCHEME = "seeded Latin-square blocks: within every len(backends) cases each backend runs once in each position"
+from harness.results.record import pair_key
 
 Pair = tuple[Case, str]
 T = TypeVar("T", bound=Hashable)
@@ -70,11 +67,6 @@ def positions_in_case(keys: Sequence[str], pairs: dict[str, Pair]) -> dict[str, 
         positions[key] = seen.get(case_id, 0)
         seen[case_id] = positions[key] + 1
     return positions
-
-
-def order_manifest(seed: int) -> dict[str, object]:
-    """What the manifest records of the order (the pair list itself is the order used)."""
-    return {"scheme": SCHEME, "seed": seed}
 
 
 def select_keys(pairs: Sequence[Pair], only: Sequence[str], case_ids: Sequence[str], suite_name: str) -> list[str]:

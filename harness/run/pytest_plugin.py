@@ -25,10 +25,12 @@ from harness.errors import UserError
 from harness.execution.execute import PairRunner, Phases
 from harness.measure.timing import Clock, Loop
 from harness.results.record import Record
+from harness.results.run_options import RunOptions, options as run_options
 from harness.results.store import RunWriter
 from harness.run.worker import WorkerLoop
 from harness.suite.cases import Case
-from harness.suite.catalog import Suite, pair_key, suite_on_device
+from harness.suite.catalog import Suite, suite_on_device
+from harness.results.record import pair_key
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,11 +40,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--attnbench-run-dir", default=None, help="folder the records are appended to (default: a new one under results/)")
     group.addoption("--attnbench-backends", default=None, help="comma-separated backend names (default: the suite's)")
     group.addoption("--attnbench-device", default=None, help="move every case to this device (cpu or cuda)")
-    group.addoption("--attnbench-no-check", action="store_true", help="skip the agreement check")
-    group.addoption("--attnbench-profile", action="store_true", help="one profiled pass per pair after its timed samples")
-    group.addoption("--attnbench-energy", action="store_true", help="the energy phase per pair (harness.telemetry.energy)")
-    group.addoption("--attnbench-timer", default="events", choices=("events", "kernels", "graph"), help="what a sample is (harness.measure.timers)")
-    group.addoption("--attnbench-traces", default=None, help="with --attnbench-profile: folder for one Chrome trace per pair")
+    for _, spec in run_options():  # --attnbench-no-check, -profile, -energy, -timer, -traces: the run options the plugin takes
+        if spec.pytest is not None:
+            group.addoption(spec.pytest_flag, **spec.pytest)
 
 
 class PairClock:
@@ -109,12 +109,13 @@ class AttnbenchSession:
             run_dir = str(Path("results") / new_run_id(self.suite.slug))
         self.run_dir = Path(run_dir)
         self.writer = RunWriter(self.run_dir)
-        traces = config.getoption("--attnbench-traces")
-        phases = Phases(check=not config.getoption("--attnbench-no-check"), profile=bool(config.getoption("--attnbench-profile")),
-                        timer=config.getoption("--attnbench-timer"), energy=bool(config.getoption("--attnbench-energy")),
-                        traces=Path(traces) if traces else None)
+        given = {f.name: config.getoption(spec.pytest_flag) for f, spec in run_options() if spec.pytest is not None}
+        # The option names the traces' folder, and the plugin has always ignored it without --attnbench-profile.
+        traces = given["traces"] if given["profile"] else None
+        phases = Phases.of_run(RunOptions.from_flags({**given, "traces": traces}), Path(traces) if traces else None)
         # One loop for the session: its runner's float64 reference is shared by the backends of a case.
-        self.loop = WorkerLoop(self.run_dir.name, "pytest", PairRunner(budget=self.suite.budget, phases=phases), registry)
+        self.loop = WorkerLoop(self.run_dir.name, "pytest", PairRunner(budget=self.suite.budget, phases=phases), registry,
+                               after_pair=gc.freeze)  # the pytest session is this process's entry point: its choice, as a worker's
 
     def run(self, case: Case, backend_name: str, benchmark: Any, timer: PairClock) -> Record:
         """Measure one pair with its rounds in pytest-benchmark, append its record, and return it."""

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, TextIO
+from typing import Any, Iterator, MutableMapping, TextIO
 
 from harness.errors import UserError
 from harness.errors import one_line
@@ -55,6 +55,14 @@ INSTALL_HINT = "--executor ray needs Ray, which is not installed here: pip insta
 ENV_PREFIX = "ATTNBENCH_"
 #: How long the nodes may take to describe themselves (CUDA peaks included) before the run goes on without them.
 PROBE_TIMEOUT_S = 600.0
+
+
+def become_driver(config: RunConfig, environ: MutableMapping[str, str] = os.environ) -> None:
+    """Make this process a Ray driver's, before Ray is imported: a Ray the run starts for itself listens on loopback only."""
+    if not (config.ray_address or environ.get("RAY_ADDRESS")):
+        # Process-wide on purpose, so set where the process turns driver: Ray reads it when it is imported,
+        # and the Ray processes this run starts inherit it (never this machine's network address).
+        environ.setdefault(LOOPBACK_ONLY, "0")
 
 
 def import_ray() -> Any:
@@ -104,10 +112,6 @@ class RaySupervisor(Supervisor):
     missing_reason = "no Ray task ran this pair (its case's tasks kept dying before any pair; see the Ray logs of the node)"
 
     def __init__(self, config: RunConfig, log: TextIO | None = None) -> None:
-        if not (config.ray_address or os.environ.get("RAY_ADDRESS")):
-            # The Ray this run starts for itself serves this machine only: on loopback, never on its network
-            # address (Ray reads this when it is imported, so it is set first; its processes inherit it).
-            os.environ.setdefault(LOOPBACK_ONLY, "0")
         self.ray = import_ray()  # first: without Ray, one line and nothing else happens
         super().__init__(config, log)
         self._started_local = False
@@ -127,9 +131,9 @@ class RaySupervisor(Supervisor):
                             "set how many pairs run at once")
         if config.memory_limit is not None:
             raise UserError("--memory-limit is for the local executor: Ray's own memory monitor guards the nodes")
-        if config.traces:
+        if config.options.traces:
             raise UserError("--traces is for the local executor: a Ray task's trace would be written on its node, not in the run folder")
-        if config.cooldown_s is not None:
+        if config.options.cooldown_s is not None:
             raise UserError("--cooldown is for the local executor: a Ray task does not yet know its GPU's idle temperature")
 
     def _check_options(self, device: str) -> None:

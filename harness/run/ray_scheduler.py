@@ -15,7 +15,7 @@ from harness.run.progress import Progress
 from harness.run.ray_tasks import run_case_batch, task_options
 from harness.run.worker import run_phases
 from harness.suite.cases import Case
-from harness.suite.catalog import pair_key
+from harness.results.record import pair_key
 
 #: New tasks a case may get after tasks that died before finishing any of its pairs (a crash at start-up would loop).
 MAX_FRUITLESS_TASKS = 2

@@ -12,7 +12,7 @@ from harness.execution.execute import PairRunner, Phases
 from harness.measure.timing import Budget
 from harness.run.worker import Started, WorkerLoop
 from harness.suite.cases import Case
-from harness.suite.catalog import pair_key
+from harness.results.record import pair_key
 
 
 # -- in a task, on a node ---------------------------------------------------------------------------------------------
@@ -64,6 +64,12 @@ def where_here(device: str) -> dict[str, str]:
 _FROZEN = False
 
 
+def _gc_freeze() -> None:
+    import gc
+
+    gc.freeze()
+
+
 def _freeze_once() -> None:
     """Freeze what the worker process holds after its imports, once, so each pair's gc.collect() stays cheap (as local workers do)."""
     global _FROZEN
@@ -84,14 +90,18 @@ def run_case_batch(case: Case, backends: list[str], budget: Budget, phases: Phas
         where = where_here(case.device)
         registry = load_registry()
         _freeze_once()
-        # One runner for the task: the backends of the case share its float64 reference.
-        loop = WorkerLoop(run_id, where["worker"], PairRunner(budget=budget, phases=phases), registry,
-                          where={"node": where["node"], "device_name": where["device_name"]})
-        for event in loop.events((pair_key(case, name), case, name) for name in backends):
-            if isinstance(event, Started):
-                yield {"event": "start", "key": event.key, **where}
-            else:
-                yield {"event": "record", "key": event.key, "record": event.record.to_dict()}
+        # One runner for the task: the backends of the case share its float64 reference, and its NVML session
+        # and flush buffer are given back when the task ends (a CPU task's process serves the next task).
+        runner = PairRunner(budget=budget, phases=phases)
+        # A Ray task is this process's entry point for its pairs: it freezes what survives each, as a local worker does.
+        loop = WorkerLoop(run_id, where["worker"], runner, registry, where={"node": where["node"], "device_name": where["device_name"]},
+                          after_pair=_gc_freeze)
+        with runner.resources:
+            for event in loop.events((pair_key(case, name), case, name) for name in backends):
+                if isinstance(event, Started):
+                    yield {"event": "start", "key": event.key, **where}
+                else:
+                    yield {"event": "record", "key": event.key, "record": event.record.to_dict()}
 
 
 def describe_node(device: str, dtypes: list[str], peaks: bool, env: dict[str, str]) -> dict[str, Any]:

@@ -29,8 +29,8 @@ from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment
 from harness.results.record import Record
 from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, write_file
 from harness.run import manifest_pairs, protocol
-from harness.run.children import child_command, run_child
-from harness.run.progress import LineCounter
+from harness.process.children import child_command, run_child
+from harness.run.progress import RecordsTail
 from harness.suite.cases import Case
 
 SUITE_COPY = "suite.toml"
@@ -58,7 +58,7 @@ class RunFolder:
     document: Manifest
     _lock: protocol.FolderLock | None = None
     _pairs: dict[str, tuple[Case, str]] | None = field(default=None, repr=False)
-    _lines: LineCounter | None = field(default=None, repr=False)
+    _tail: RecordsTail | None = field(default=None, repr=False)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -67,8 +67,12 @@ class RunFolder:
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
-    def create(cls, path: Path, manifest: dict[str, Any], *, force: bool, suite_file: str | None) -> "RunFolder":
-        """Make a new run folder (replacing an earlier run's folder only with `force`) and write its manifest."""
+    def create(cls, path: Path, manifest: dict[str, Any], *, force: bool, suite_file: str | None,
+               pairs: dict[str, tuple[Case, str]] | None = None) -> "RunFolder":
+        """Make a new run folder (replacing an earlier run's folder only with `force`) and write its manifest.
+
+        `pairs`: the run's pairs as the caller built them (the manifest's `pair_specs` in its order), kept so that
+        the process that made the folder uses its own Cases instead of rebuilding them from the manifest it just wrote."""
         path = Path(path)
         if path.is_symlink():
             raise UserError(f"run folder {path} is a symbolic link: a new run is written only into a folder of its own")
@@ -89,7 +93,7 @@ class RunFolder:
         manifest = {**manifest, "harness": HARNESS, "run_uuid": uuid.uuid4().hex}
         if suite_file is not None:
             manifest["suite_copy"] = SUITE_COPY
-        folder = cls(path, Manifest.from_dict(manifest, where=path / MANIFEST))
+        folder = cls(path, Manifest.from_dict(manifest, where=path / MANIFEST), _pairs=pairs)
         folder.lock()
         if suite_file is not None:
             # A copy of the suite file as it was, for `repro` and for a reader; the pairs themselves are in the manifest.
@@ -196,10 +200,17 @@ class RunFolder:
         return result.typed()
 
     def count_lines(self) -> int:
-        """Whole lines in the records file so far, reading only what was appended since the last call (for progress, not truth)."""
-        if self._lines is None:
-            self._lines = LineCounter(self.path / RECORDS)
-        return self._lines.count()
+        """Whole lines in records.jsonl now, read from where the last look stopped."""
+        return self._records_tail().count()
+
+    def recorded_keys(self) -> set[str]:
+        """The pairs records.jsonl holds a row of now, read from where the last look stopped (never the whole file again)."""
+        return self._records_tail().recorded_keys()
+
+    def _records_tail(self) -> RecordsTail:
+        if self._tail is None:
+            self._tail = RecordsTail(self.path / RECORDS)
+        return self._tail
 
     def add_attempt(self, started_utc: str, wall_s: float) -> None:
         """Note in the manifest one finished attempt (a run, or a resume) and its wall seconds, peaks and set-up included."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
@@ -40,15 +40,18 @@ from typing import TextIO
 from harness.backends.registry import Registry, load_registry
 from harness.env import detect_device
 from harness.errors import UserError
+from harness.results.documents import MANIFEST
+from harness.results.run_options import RunOptions
 from harness.results.store import RunWriter, validate_run_id, write_csv, write_file
 from harness.run import protocol
 from harness.run.driver import FailureRows, sigterm_interrupts
-from harness.run.order import DEFAULT_ORDER_SEED, fair_pairs, order_manifest, select_keys
+from harness.run.order import fair_pairs, select_keys
 from harness.run.progress import Progress
-from harness.run.manifest_pairs import pair_manifest
+from harness.run.manifest_pairs import pair_manifest, suite_of_run
 from harness.run.rundir import RunFolder, new_run_id
 from harness.run.workers import Slot, Worker, worker_slots
-from harness.suite.catalog import Suite, pair_key, resolve_suite_name, suite_on_device
+from harness.suite.catalog import Suite, resolve_suite_name, suite_on_device
+from harness.results.record import pair_key
 
 #: A worker's exit code when it ran out of pairs (harness.run.worker; a failed pair is a row, never an exit code).
 _FINISHED = (0,)
@@ -69,27 +72,18 @@ class RunConfig:
     gpus: list[int] | None = None
     force: bool = False
     resume: Path | None = None
-    check: bool = True
+    #: What shapes every pair's measurement (check, timer, energy, profile, traces, cool-down, order seed, budget);
+    #: its budget None: the suite's. A resumed run has its manifest's instead.
+    options: RunOptions = field(default_factory=RunOptions)
     case_timeout_s: float = 600.0
     #: Keep only pairs whose key contains every one of these substrings.
     only: list[str] = field(default_factory=list)
     #: Keep only the cases of these exact ids (`--case`; empty: every case).
     cases: list[str] = field(default_factory=list)
-    #: Seeds the order of each case's backends (harness.run.order).
-    order_seed: int = DEFAULT_ORDER_SEED
-    #: With a number: between pairs on CUDA, wait up to that many seconds for the GPU to cool (harness.run.cooldown).
-    cooldown_s: float | None = None
     progress: bool = False
     worker_env: dict[str, str] = field(default_factory=dict)
     #: Address space each CPU worker may add to its start-up size (RLIMIT_AS), in bytes; None = no cap.
     memory_limit: int | None = None
-    #: One profiled pass per pair after its timed samples, and with `traces` a Chrome trace per pair.
-    profile: bool = False
-    traces: bool = False
-    #: The energy phase per pair (harness.telemetry.energy).
-    energy: bool = False
-    #: What a row's latency is: events, kernels or graph (harness.measure.timers).
-    timer: str = "events"
     #: Who runs the pairs: `local` (worker processes on this machine) or `ray` (tasks on a Ray cluster): harness.run.executors.
     executor: str = "local"
     #: The Ray cluster to use with `executor="ray"` (host:port of its head); None starts a local one.
@@ -107,7 +101,12 @@ class RunSummary:
 
 
 def _resolve_suite(name: str, device: str) -> tuple[Suite, str]:
-    """The suite on `device`, and what workers load it from (a TOML file's absolute path, else the name)."""
+    """The suite on `device`, and what it was given as (a TOML file's or run folder's absolute path, else the name).
+
+    A run folder as the suite (what a row's `repro` names) is its pairs as its manifest holds them."""
+    if Path(name).is_dir() and (Path(name) / MANIFEST).is_file():
+        folder = RunFolder.open(Path(name))
+        return suite_of_run(folder.path, folder.document, folder.suite_arg).on_device(device), str(folder.path.resolve())
     name = resolve_suite_name(name, device)
     suite = suite_on_device(name, device)
     if Path(name).suffix == ".toml" or Path(name).exists():
@@ -176,7 +175,7 @@ class Supervisor:
             raise UserError(f"unknown device {device!r}: expected cpu or cuda")
         self._check_device(device)
         self._check_options(device)
-        if config.cooldown_s is not None and device != "cuda":
+        if config.options.cooldown_s is not None and device != "cuda":
             raise UserError("--cooldown waits for the GPU's temperature (NVML); a CPU run has no such reading: drop --cooldown")
         suite, suite_arg = _resolve_suite(config.suite, device)
         names = suite.backend_names(config.backends, self.registry.names())
@@ -191,22 +190,21 @@ class Supervisor:
                 # A plugin that failed to load is listed, with its error, as unsupported rows: it never stops the run.
                 broken[name] = str(exc)
                 self.log.write(f"attnbench: {exc}\n")
-        ordered = {pair_key(c, b): (c, b) for c, b in fair_pairs(suite.pairs(names), config.order_seed)}
+        ordered = {pair_key(c, b): (c, b) for c, b in fair_pairs(suite.pairs(names), config.options.order_seed)}
         keys = select_keys(list(ordered.values()), config.only, config.cases, suite.name)
         run_id = validate_run_id(config.run_id or new_run_id(suite.slug))
+        options = replace(config.options, budget=config.options.budget or suite.budget)
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "suite_copy": None, "device": device,
-            "backends": names, "broken": broken, "capabilities": capabilities, "check": config.check,
-            # The pairs as data and the budget: resume, report and compare never load the suite again.
-            **pair_manifest([ordered[k] for k in keys], suite.budget),
-            "profile": config.profile, "traces": config.traces, "timer": config.timer, "energy": config.energy,
-            "order": order_manifest(config.order_seed), "cooldown_s": config.cooldown_s,
+            "backends": names, "broken": broken, "capabilities": capabilities,
+            # The pairs as data and the options with their budget: resume, report and compare never load the suite again.
+            **pair_manifest([ordered[k] for k in keys]), **options.to_manifest(),
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "python": sys.executable,  # what `repro` runs: a fresh shell's `python` may not hold this torch
         }
         folder = RunFolder.create(Path(config.out) / run_id, manifest, force=config.force,
-                                  suite_file=suite_arg if Path(suite_arg).suffix == ".toml" else None)
-        if config.traces:
+                                  suite_file=suite_arg if Path(suite_arg).suffix == ".toml" else None, pairs={k: ordered[k] for k in keys})
+        if config.options.traces:
             (folder.path / protocol.TRACES).mkdir(exist_ok=True)
         self._write_environment(folder, suite)
         return folder
@@ -311,7 +309,7 @@ class Supervisor:
         if outcome == "exited" and rc == protocol.EXIT_CANNOT_WRITE:
             raise OSError(f"worker {worker.slot.name} could not append its row (see {worker.log_path.name})")
         failed_key = worker.current_pair()
-        if failed_key and failed_key not in {r.pair_key for r in folder.recorded()}:
+        if failed_key and failed_key not in folder.recorded_keys():
             status, reason = worker.failure(outcome, self.config.case_timeout_s)
             failures.write(failed_key, worker.slot.name, status, reason)
             return True, True

@@ -61,8 +61,7 @@ class Finished:
 
 def run_phases(manifest: Manifest, traces: Path | None = None) -> Phases:
     """The phases every pair of the run `manifest` describes runs: the check, the timer, energy and profile as asked."""
-    return Phases(check=manifest.check, timer=manifest.timer, energy=manifest.energy, profile=manifest.profile,
-                  traces=traces if manifest.profile and manifest.traces else None)
+    return Phases.of_run(manifest.options, traces)
 
 
 @dataclass
@@ -79,6 +78,10 @@ class WorkerLoop:
     cooldown: Cooldown | None = None
     #: Columns saying where the pairs ran (a Ray node's `node` and `device_name`), set on every record.
     where: dict[str, Any] = field(default_factory=dict)
+    #: Called after each pair, once its record is made: a process entry point passes `gc.freeze` (what survived the
+    #: pair's collection is alive on purpose, so the next pair's collection walks only what that pair creates,
+    #: 85 ms -> ~1 ms a pair). Process-wide state is the process's own choice, never the library's.
+    after_pair: Callable[[], object] | None = None
 
     def events(self, pairs: Iterable[PairItem], claim: Callable[[str], bool] = lambda key: True) -> Iterator[Started | Finished]:
         """Run each pair this worker claims: `Started` before it, `Finished` after; stop after a pair that poisons the process."""
@@ -112,9 +115,8 @@ class WorkerLoop:
             record.cooldown_s = waited.seconds
             if waited.problem:
                 record.notes = {**(record.notes or {}), "cooldown": waited.problem}
-        # What survived the pair's collection is alive on purpose (imports, caches, reports): frozen,
-        # the next pair's full collection walks only what that pair creates (85 ms -> ~1 ms a pair).
-        gc.freeze()
+        if self.after_pair is not None:
+            self.after_pair()
         return record
 
 
@@ -122,8 +124,9 @@ def folder_loop(folder: RunFolder, worker: str, pairs: dict[str, tuple[Case, str
     """The loop of worker `worker` on run folder `folder` (whose pairs by key are `pairs`), configured from the folder alone."""
     manifest = folder.document
     runner = PairRunner(budget=folder.budget, phases=run_phases(manifest, folder.path / protocol.TRACES))
-    cooldown = worker_cooldown(manifest.cooldown_s, folder.path) if manifest.cooldown_s is not None else None
-    return WorkerLoop(folder.run_id, worker, runner, registry or load_registry(), RunRows(folder.manifest, folder.suite_arg, pairs),
+    max_s = manifest.options.cooldown_s
+    cooldown = worker_cooldown(max_s, folder.path) if max_s is not None else None
+    return WorkerLoop(folder.run_id, worker, runner, registry or load_registry(), RunRows(folder.manifest, folder.path, pairs),
                       cooldown)
 
 
@@ -160,7 +163,7 @@ def serve(folder: RunFolder, loop: WorkerLoop, pairs: Iterable[PairItem], say: C
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness.child import job_parser
+    from harness.process.jobs import job_parser
 
     parser = job_parser("worker", "Run the pending pairs of a run folder (started by attnbench run).")
     parser.add_argument("--run-dir", required=True, type=Path, help="the run folder (manifest.json, pending.txt)")
@@ -196,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"attnbench worker: {exc}")
         return 2
     gc.freeze()  # the imports and the registry live as long as the worker: no pair's collection need walk them
+    loop.after_pair = gc.freeze
     return serve(folder, loop, pairs, _say)
 
 

@@ -17,8 +17,9 @@ from typing import Mapping, TextIO
 
 from harness.errors import UserError
 from harness.run import protocol
-from harness.run.children import child_command, kill_group, spawn
+from harness.process.children import child_command, kill_group, spawn
 from harness.run.rundir import RunFolder
+from harness.telemetry.nvml import visible_gpus
 
 
 @dataclass(frozen=True)
@@ -27,14 +28,6 @@ class Slot:
 
     name: str
     env: dict[str, str]
-
-
-def visible_gpus(environ: Mapping[str, str]) -> list[str] | None:
-    """The GPUs an inherited CUDA_VISIBLE_DEVICES leaves this process, in order (indices, GPU-… UUIDs, MIG ids); None if unset."""
-    visible = environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return None
-    return [entry.strip() for entry in visible.split(",") if entry.strip()]
 
 
 def worker_slots(device: str, workers: int, gpus: list[int] | None, memory_limit: int | None,

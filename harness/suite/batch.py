@@ -314,29 +314,3 @@ def from_id_text(text: str) -> Batch:
 def case_batch(length_dist: str) -> Batch:
     """A case's own `length_dist` parsed without reading files (cached: cases are rebuilt once per record)."""
     return parse_batch(length_dist, read=False)
-
-
-def ragged_case(batch: str, layout: str, *, H: int, H_kv: int, d_k: int, d_v: int | None = None, B: int | None = None,
-                page_size: int | None = None, base: Path | None = None, seed: int = 0, **fields):
-    """The Case of one batch description in one layout: lengths drawn from `seed`, B, S_q and S_kv derived from them.
-
-    `fields` are the Case's other fields (dtype, device, causal, window, mode). `base` is where `file:`
-    paths are read from.
-    """
-    from harness.suite.cases import Case
-
-    parsed = parse_batch(batch, base)
-    q, kv = parsed.draw(seed, B)
-    return Case(B=len(q), S_q=max(q), S_kv=max(kv), H=H, H_kv=H_kv, d_k=d_k, d_v=d_k if d_v is None else d_v, layout=layout,
-                page_size=page_size if layout == "paged" else None, seq_lens_q=q, seq_lens_kv=kv, length_dist=parsed.text, seed=seed,
-                **fields)
-
-
-def ragged_cases(batches, layouts, *, page_sizes=(16,), **fields) -> list:
-    """Every (batch, layout) case, paged ones once per page size, in a stable order: the layouts of one batch side by side."""
-    cases = []
-    for batch in batches:
-        for layout in layouts:
-            for size in (page_sizes if layout == "paged" else (None,)):
-                cases.append(ragged_case(batch, layout, page_size=size, **fields))
-    return list(dict.fromkeys(cases))

@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.errors import UserError
 from harness.measure.timing import MAX_BUDGET_S, QUICK_BUDGET, Budget
-from harness.suite.cases import MAX_INT
+from harness.suite.case_values import MAX_INT
 
 #: Every Budget field, by name: a [budget] table may set any of them, and a run's manifest holds them all.
 _BUDGET_KEYS = {f.name for f in dataclasses.fields(Budget)}

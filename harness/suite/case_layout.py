@@ -1,4 +1,4 @@
-"""A Case's batch-of-requests fields (layout, page_size, seq_lens_q/kv, length_dist): their check, their id tokens, their record form.
+"""A Case's batch-of-requests fields (layout, page_size, seq_lens_q/kv, length_dist): their check and their record form.
 
 Kept beside `harness.suite.cases` so the Case stays the one description of a problem while the rules of
 ragged batches (harness.suite.batch draws their lengths) live in one place.
@@ -7,29 +7,35 @@ ragged batches (harness.suite.batch draws their lengths) live in one place.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any
 
 from harness.errors import UserError
-from harness.suite.batch import case_batch, from_id_text, lengths_digest
+from harness.suite.batch import case_batch, from_id_text
+from harness.suite.case_values import MAX_INT, integer
 
 #: How a batch's tensors are laid out (harness.suite.ragged): a rectangle, or a batch of requests with lengths of their own.
 LAYOUTS = ("dense", "padded", "packed", "paged")
 RAGGED_LAYOUTS = LAYOUTS[1:]
+#: The fields a batch's lengths set (B too, unless a bare distribution takes it), those only a ragged case has,
+#: and the dense case's own ways of varying lengths, which a ragged case cannot also have.
+DRAWN_FIELDS = ("S_q", "S_kv", "seq_lens_q", "seq_lens_kv", "length_dist")
+RAGGED_FIELDS = ("page_size", "seq_lens_q", "seq_lens_kv", "length_dist")
+DENSE_ONLY = ("padding", "mla")
 
 
-def check_layout(case, integer: Callable[..., int]) -> None:
+def check_layout(case) -> None:
     """UserError unless the layout fields are right: none on a dense case; on a ragged one, lengths that match
-    B, S_q, S_kv and what the case's batch text draws from its seed. `integer` is the Case's own integer check."""
+    B, S_q, S_kv and what the case's batch text draws from its seed."""
     if not isinstance(case.layout, str) or case.layout not in LAYOUTS:
         raise UserError(f"unknown layout {case.layout!r}: expected one of {', '.join(LAYOUTS)}")
-    ragged = ("page_size", "seq_lens_q", "seq_lens_kv", "length_dist")
     if case.layout == "dense":
-        given = [name for name in ragged if getattr(case, name) is not None]
+        given = [name for name in RAGGED_FIELDS if getattr(case, name) is not None]
         if given:
             raise UserError(f"a dense case has no {given[0]}: give layout padded, packed or paged for a batch of requests")
         return
-    if case.padding or case.mla:
-        raise UserError(f"a {case.layout} case cannot also be {'padding' if case.padding else 'mla'} (that is a dense case's field)")
+    dense = next((name for name in DENSE_ONLY if getattr(case, name)), None)
+    if dense:
+        raise UserError(f"a {case.layout} case cannot also be {dense} (that is a dense case's field)")
     if case.layout == "paged":
         object.__setattr__(case, "page_size", integer("page_size", case.page_size))
     elif case.page_size is not None:
@@ -62,8 +68,6 @@ def check_layout(case, integer: Callable[..., int]) -> None:
 
 #: Page numbers sit in an int32 block table (harness.suite.ragged), and kernels take the page size as a 32-bit integer.
 MAX_INT32 = 2**31 - 1
-#: The most elements one tensor can index (harness.suite.cases.MAX_INT, which imports this module).
-_MAX_ELEMENTS = 2**63 - 1
 
 
 def _check_pages(case) -> None:
@@ -80,21 +84,9 @@ def _check_pages(case) -> None:
         raise UserError(f"page_size={size}: the paged cache would take {pages:,} pages, more than its int32 block table "
                         f"can number (at most {MAX_INT32:,})")
     elements = pages * size * case.H_kv * max(case.d_k, case.d_v)
-    if elements > _MAX_ELEMENTS:
+    if elements > MAX_INT:
         raise UserError(f"page_size={size}: the paged cache ({pages:,} pages of {size} rows, H_kv={case.H_kv}, d={max(case.d_k, case.d_v)}) "
                         f"would hold {elements:.3g} elements, more than a tensor can index (2^63 - 1)")
-
-
-def layout_id_tokens(case) -> list[str]:
-    """The id tokens of a ragged case: layout, page<N>, L<batch> and, for lengths from a user's file, h<hash of the lengths>."""
-    if case.layout == "dense":
-        return []
-    tokens = [case.layout] + ([f"page{case.page_size}"] if case.page_size is not None else [])
-    batch = case_batch(case.length_dist)
-    tokens.append(f"L{batch.id_text}")
-    if batch.from_file:
-        tokens.append(f"h{lengths_digest(case.seq_lens_q, case.seq_lens_kv)}")
-    return tokens
 
 
 def draw_id_lengths(case_id: str, fields: dict[str, Any]) -> None:
@@ -109,11 +101,6 @@ def draw_id_lengths(case_id: str, fields: dict[str, Any]) -> None:
 
 def layout_from_record(kwargs: dict[str, Any]) -> dict[str, Any]:
     """A record's layout fields as a Case takes them: JSON lists (a CSV's text) as tuples, NaN (an empty CSV cell) as unset."""
-    page_size = kwargs.get("page_size")
-    if isinstance(page_size, float) and page_size != page_size:
-        kwargs["page_size"] = None
-    elif isinstance(page_size, float) and page_size.is_integer():
-        kwargs["page_size"] = int(page_size)
     for name in ("seq_lens_q", "seq_lens_kv"):
         value = kwargs.get(name)
         if isinstance(value, str):

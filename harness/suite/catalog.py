@@ -6,6 +6,7 @@ TOML file with the same fields, validated with errors that name the field and th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import math
@@ -18,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from harness.suite.batch import ragged_cases
-from harness.suite.batch_axes import check_axes
-from harness.suite.cases import MODES, RAGGED_LAYOUTS, Case, canonical_dtype, grid
+from harness.suite.batch_axes import check_axes, ragged_cases
+from harness.suite.case_layout import DENSE_ONLY, DRAWN_FIELDS, RAGGED_FIELDS, RAGGED_LAYOUTS
+from harness.suite.case_values import VALUE_CHECKS
+from harness.suite.cases import CASE_FIELDS, Case, grid
 from harness.errors import UserError
 from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
 from harness.suite.budget_fields import budget_from_fields
@@ -104,11 +106,6 @@ def suite_slug(name: str) -> str:
     return slug or "suite"
 
 
-def pair_key(case: Case, backend: str) -> str:
-    """The key of one (case, backend) pair: its pytest id and its identity in a run."""
-    return f"{case.id}-{backend}"
-
-
 def builtin_suites() -> list[str]:
     """Names of the suites shipped in the `suites` package (module `serving_quick` is the suite `serving-quick`)."""
     import suites
@@ -169,37 +166,47 @@ def load_suite(name_or_path: str) -> Suite:
 MAX_SUITE_CASES = 100_000
 MAX_SUITE_BYTES = 4 * 2**20
 
-_GRID_KEYS = {"B", "S", "S_q", "S_kv", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window", "padding", "mla"}
-#: A grid of batches of requests (harness.suite.batch) takes these instead of S/S_q/S_kv, padding and mla.
-_BATCH_KEYS = {"batch", "layout", "page_size", "B", "H", "H_kv", "d_k", "d_v", "dtype", "causal", "mode", "window"}
-_TOP_KEYS = {"name", "description", "device", "backends", "budget", "grid", "seed"}
+#: The fields a suite sets once for all its grids, beside its own (name, description, ...).
+_SUITE_FIELDS = ("device", "seed")
+_TOP_KEYS = {"name", "description", "backends", "budget", "grid", *_SUITE_FIELDS}
+#: A [[grid]] table's axes are the Case's fields (and S for S_q = S_kv) but the suite's and a batch's;
+#: a grid of batches of requests (harness.suite.batch) takes a batch instead of the fields its lengths set or a dense case's own.
+_GRID_KEYS = {"S", *CASE_FIELDS} - {*_SUITE_FIELDS, "layout", *RAGGED_FIELDS}
+_BATCH_KEYS = {"batch", *CASE_FIELDS} - {*_SUITE_FIELDS, *DRAWN_FIELDS, *DENSE_ONLY}
+#: A field's type (its annotation's text) as a suite file writes its values; an optional field also takes "none"
+#: (but page_size, whose None is the layout's: no pages).
+_FIELD_TYPES = {f.name: f.type.removesuffix(" | None") for f in dataclasses.fields(Case)} | {"S": "int"}
+_OPTIONAL = {f.name for f in dataclasses.fields(Case) if f.type.endswith(" | None")} - set(RAGGED_FIELDS)
 
 
 def _as_list(where: str, key: str, value: Any) -> list:
+    """An axis's values as a list, each checked against its field's type (and the field's own value check) and
+    "none" (and, for a window, 0: no window) read as None; UserError naming the field and the value."""
     values = value if isinstance(value, list) else [value]
     if not values:
         raise UserError(f"{where}: field {key!r} is an empty list")
+    kind = _FIELD_TYPES[key]
+    out = []
     for v in values:
-        if key in {"dtype", "mode"}:
-            if not isinstance(v, str):
-                raise UserError(f"{where}: field {key!r} has value {v!r}, expected a string")
-            if key == "mode" and v not in MODES:
-                raise UserError(f"{where}: field 'mode' has value {v!r}, expected one of {', '.join(MODES)}")
-            if key == "dtype":
-                try:
-                    canonical_dtype(v)
-                except UserError as exc:
-                    raise UserError(f"{where}: field 'dtype' has value {v!r} ({exc})") from None
-        elif key in {"causal", "padding", "mla"}:
-            if not isinstance(v, bool):
-                raise UserError(f"{where}: field {key!r} has value {v!r}, expected true or false")
-        elif key == "H_kv" and v == "H":
-            continue
-        elif key == "window" and v in (0, "none"):
-            continue
-        elif isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        if key in _OPTIONAL and (v == "none" or (key == "window" and v == 0)):
+            v = None
+        elif key == "H_kv" and v == "H":  # grid's own word for H_kv = H
+            pass
+        elif kind == "bool" and not isinstance(v, bool):
+            raise UserError(f"{where}: field {key!r} has value {v!r}, expected true or false")
+        elif kind == "str" and not isinstance(v, str):
+            raise UserError(f"{where}: field {key!r} has value {v!r}, expected a string")
+        elif kind == "int" and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
             raise UserError(f"{where}: field {key!r} has value {v!r}, expected a positive integer")
-    return values
+        elif kind == "float" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise UserError(f"{where}: field {key!r} has value {v!r}, expected a number")
+        elif key in VALUE_CHECKS:
+            try:
+                VALUE_CHECKS[key](v)
+            except UserError as exc:
+                raise UserError(f"{where}: field {key!r} has value {v!r} ({exc})") from None
+        out.append(v)
+    return out
 
 
 def _batch_axes(where: str, spec: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -215,8 +222,6 @@ def _batch_axes(where: str, spec: dict[str, Any], folder: Path) -> dict[str, Any
         raise UserError(f"{where}: field 'batch' has value {spec['batch']!r}, expected batch descriptions such as '2x2048 + 32x1@1024'")
     if not layouts or any(layout not in RAGGED_LAYOUTS for layout in layouts):
         raise UserError(f"{where}: field 'layout' has value {spec.get('layout')!r}, expected some of {', '.join(RAGGED_LAYOUTS)}")
-    if "window" in axes:
-        axes["window"] = [None if w in (0, "none") else w for w in axes["window"]]
     for required in ("H", "d_k"):
         if required not in axes:
             raise UserError(f"{where}: missing field {required!r}")
@@ -291,8 +296,6 @@ def suite_from_toml(path: Path) -> Suite:
         if unknown:
             raise UserError(f"{gwhere}: unknown field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_GRID_KEYS))})")
         axes = {key: _as_list(gwhere, key, value) for key, value in spec.items()}
-        if "window" in axes:
-            axes["window"] = [None if w in (0, "none") else w for w in axes["window"]]
         for required in ("B", "H", "d_k"):
             if required not in axes:
                 raise UserError(f"{gwhere}: missing field {required!r}")

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.suite.cases import DTYPES, Case
+from harness.suite.case_values import DTYPES
+from harness.suite.cases import Case
 
 
 def torch_dtype(case_or_name: Case | str) -> torch.dtype:
@@ -132,9 +133,3 @@ def make_inputs(case: Case, *, seed: int | None = None, device: str | torch.devi
     kv_lens = torch.as_tensor(kv_lengths(case), device=device, dtype=torch.int32) if case.padding else None
     return AttentionInputs(q=q, k=k, v=v, kv_lens=kv_lens, grad_out=grad_out)
 
-
-def make_case_inputs(case: Case):
-    """What a backend's `prepare` is handed for the case: a RaggedInputs for a batch of requests, else its AttentionInputs."""
-    from harness.suite.ragged import make_ragged_inputs
-
-    return make_ragged_inputs(case) if case.ragged else make_inputs(case)

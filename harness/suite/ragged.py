@@ -22,7 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, make_inputs, torch_dtype
 
 
 @dataclass
@@ -93,7 +97,7 @@ def _offsets(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return out.to(device)
 
 
-def make_ragged_inputs(case, *, device: str | torch.device | None = None) -> RaggedInputs:
+def make_ragged_inputs(case: Case, *, device: str | torch.device | None = None) -> RaggedInputs:
     """Seeded standard-normal packed tensors for a ragged case, and its paged cache when the layout is paged.
 
     q, k, v (and the upstream gradient) are drawn from `case.seed` in that order whatever the layout, so
@@ -102,10 +106,6 @@ def make_ragged_inputs(case, *, device: str | torch.device | None = None) -> Rag
     rows of a last page past the request's length hold drawn values too (as stale entries of a real cache
     do), so a kernel that reads past a length gets a wrong answer rather than a lucky zero.
     """
-    import numpy as np
-
-    from harness.suite.inputs import torch_dtype
-
     device = torch.device(device or case.device)
     generator = torch.Generator(device=device)
     generator.manual_seed(case.seed)
@@ -137,3 +137,8 @@ def make_ragged_inputs(case, *, device: str | torch.device | None = None) -> Rag
     inputs.k_pages.view(-1, case.H_kv, case.d_k)[rows] = k
     inputs.v_pages.view(-1, case.H_kv, case.d_v)[rows] = v
     return inputs
+
+
+def make_case_inputs(case: Case) -> RaggedInputs | AttentionInputs:
+    """What a backend's `prepare` is handed for the case: a RaggedInputs for a batch of requests, else its AttentionInputs."""
+    return make_ragged_inputs(case) if case.ragged else make_inputs(case)

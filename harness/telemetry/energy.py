@@ -14,7 +14,6 @@ package counter also holds whatever else ran on the package meanwhile).
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any, Callable, Protocol
 
 from harness.errors import one_line
 from harness.execution.failures import is_sticky_cuda_error
-from harness.telemetry import gpu_state
+from harness.telemetry.gpu_state import Telemetry
 
 #: A row's `energy_reason` when the run did not ask for the energy phase.
 ENERGY_NOT_ASKED = "not measured: run with --energy (a phase of 0.3-1 s a pair on a GPU, 0.1-0.3 s on a CPU with RAPL)"
@@ -113,21 +112,16 @@ def rapl_counter(root: Path = POWERCAP) -> tuple[RaplEnergy | None, str | None]:
     return counter, None
 
 
-@functools.lru_cache(maxsize=None)
-def _this_machines_rapl() -> tuple[RaplEnergy | None, str | None]:
-    return rapl_counter()
-
-
-def counter_for(device: str) -> tuple[EnergyCounter | None, str | None]:
-    """The energy counter of a device type (its GPU telemetry's, else the CPU's RAPL), or the reason there is none."""
-    telemetry = gpu_state.telemetry_for(device)
+def counter_for(device: str, telemetry: Telemetry, cpu_counter: Callable[[], tuple[EnergyCounter | None, str | None]]
+                ) -> tuple[EnergyCounter | None, str | None]:
+    """The energy counter of a device type (its GPU telemetry's, else `cpu_counter()`: RAPL's), or the reason there is none."""
     if telemetry.gpu is not None:
         if telemetry.gpu.energy_mj() is None:
             return None, "NVML has no total-energy counter for this GPU (it needs a Volta or later GPU and driver support)"
         return NvmlEnergy(telemetry.gpu), None
     if device.startswith("cuda"):
         return None, telemetry.reason
-    return _this_machines_rapl()
+    return cpu_counter()
 
 
 @dataclass(frozen=True)
@@ -204,9 +198,10 @@ def measure_energy(step: Callable[[], object], counter: EnergyCounter, call_s: f
                         counter=counter.name)
 
 
-def pair_energy(step: Callable[[], object], device: str, call_s: float) -> EnergyResult:
-    """The energy phase of one pair on its device's counter; no calls at all where there is none (the reason instead)."""
-    counter, reason = counter_for(device)
+def pair_energy(step: Callable[[], object], device: str, call_s: float,
+                found: tuple[EnergyCounter | None, str | None]) -> EnergyResult:
+    """The energy phase of one pair on the counter `found` for its device; no calls at all where there is none (the reason instead)."""
+    counter, reason = found
     if counter is None:
         return EnergyResult(reason=reason)
     on_gpu = device.startswith("cuda")

@@ -1,7 +1,7 @@
 """The GPU's state while a pair's timed samples ran: SM and memory clocks, temperature, power and throttle reasons.
 
-NVML (nvidia-ml-py) is reached through one small seam, `GpuTelemetry`, so tests inject a fake and
-the harness never needs a GPU to be tested. `StateSampler` brackets the timed samples the way the
+NVML (nvidia-ml-py) is reached through one small seam, `GpuTelemetry` (its calls are harness.telemetry.nvml's,
+the one NVML reader), so tests inject a fake and the harness never needs a GPU to be tested. `StateSampler` brackets the timed samples the way the
 peak-memory meter does: one reading as they start, one as they end, and a background thread reading
 every SAMPLE_PERIOD_S in between (at most MAX_READINGS). The thread costs the timed samples little:
 ctypes releases the GIL for each NVML call, so the launching thread only waits for the thread's few
@@ -18,13 +18,13 @@ GPU is meant to run at). The idle bit (0x1) alone is not throttling; a clock sti
 from __future__ import annotations
 
 import functools
-import os
 import statistics
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from harness.results.vocabulary import SLOWDOWN_BITS, THROTTLE_BITS, throttle_words  # noqa: F401 - re-exported
+from harness.telemetry import nvml
 
 SAMPLE_PERIOD_S = 0.02
 MAX_READINGS = 500
@@ -62,17 +62,6 @@ class GpuTelemetry(Protocol):
         ...
 
 
-def _call(pynvml: Any, name: str, *args: Any) -> Any:
-    """An NVML function by name, None when this nvidia-ml-py lacks it or the device does not support it."""
-    fn = getattr(pynvml, name, None)
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except Exception:  # noqa: BLE001 - NVML raises NVMLError_NotSupported per query: that query is one None
-        return None
-
-
 class NvmlTelemetry:
     """GpuTelemetry over pynvml for one device handle."""
 
@@ -82,86 +71,58 @@ class NvmlTelemetry:
     def read(self) -> GpuReading:
         """Clocks, temperature, power and throttle reasons, each None where NVML refuses."""
         nv, h = self.pynvml, self.handle
-        # Renamed over releases: "throttle" reasons became "event" reasons in nvidia-ml-py 12.x.
-        reasons = _call(nv, "nvmlDeviceGetCurrentClocksEventReasons", h)
-        if reasons is None:
-            reasons = _call(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
-        power_mw = _call(nv, "nvmlDeviceGetPowerUsage", h)
         return GpuReading(
-            sm_clock_mhz=_call(nv, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM),
-            mem_clock_mhz=_call(nv, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_MEM),
-            temperature_c=_call(nv, "nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU),
-            power_w=power_mw / 1000 if power_mw is not None else None,
-            throttle_reasons=reasons,
+            sm_clock_mhz=nvml.call(nv, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM),
+            mem_clock_mhz=nvml.call(nv, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_MEM),
+            temperature_c=nvml.call(nv, "nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU),
+            power_w=nvml.watts(nvml.call(nv, "nvmlDeviceGetPowerUsage", h)),
+            throttle_reasons=nvml.throttle_reasons(nv, h),
         )
 
     def energy_mj(self) -> float | None:
         """NVML's total energy since the driver loaded, in mJ (Volta and later)."""
-        return _call(self.pynvml, "nvmlDeviceGetTotalEnergyConsumption", self.handle)
+        return nvml.call(self.pynvml, "nvmlDeviceGetTotalEnergyConsumption", self.handle)
 
     def sustained_sm_clock_mhz(self) -> float | None:
         """The device's maximum SM clock, or its application clock target where that is set lower."""
         nv, h = self.pynvml, self.handle
-        top = _call(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_SM)
-        target = _call(nv, "nvmlDeviceGetClock", h, nv.NVML_CLOCK_SM, getattr(nv, "NVML_CLOCK_ID_APP_CLOCK_TARGET", 1))
+        top = nvml.call(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_SM)
+        target = nvml.call(nv, "nvmlDeviceGetClock", h, nv.NVML_CLOCK_SM, getattr(nv, "NVML_CLOCK_ID_APP_CLOCK_TARGET", 1))
         known = [c for c in (top, target) if c]
         return float(min(known)) if known else None
 
 
-def nvml_handle(pynvml: Any, uuid: str | None, cuda_index: int, visible: list[str] | None = None) -> Any:
-    """The NVML handle of the process's CUDA device: by its UUID where torch gives one, else through CUDA_VISIBLE_DEVICES.
-
-    NVML numbers every GPU of the machine, CUDA only those CUDA_VISIBLE_DEVICES leaves (by index or
-    UUID), so CUDA's device 0 may be NVML's GPU 3; the UUID is the one name both share. Raises
-    LookupError rather than read another process's GPU when neither says which it is.
-    """
-    if uuid:
-        name = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-        handle = _call(pynvml, "nvmlDeviceGetHandleByUUID", name)
-        if handle is not None:
-            return handle
-    if visible is None:
-        return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
-    entry = visible[cuda_index] if cuda_index < len(visible) else ""
-    if entry.isdigit():
-        return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
-    handle = _call(pynvml, "nvmlDeviceGetHandleByUUID", entry) if entry else None
-    if handle is None:
-        raise LookupError(f"cannot tell which NVML device CUDA device {cuda_index} is (CUDA_VISIBLE_DEVICES={','.join(visible)})")
-    return handle
-
-
 @dataclass(frozen=True)
 class Telemetry:
-    """This process's GPU telemetry, or why there is none."""
+    """This process's GPU telemetry, or why there is none; `close()` releases the NVML session it was opened on."""
 
     gpu: GpuTelemetry | None
     reason: str | None = None
+    session: nvml.NvmlSession | None = field(default=None, compare=False, repr=False)
+
+    def close(self) -> None:
+        """Release the NVML session behind `gpu` (nothing to do for a fake or for none)."""
+        if self.session is not None:
+            self.session.close()
 
 
 def open_nvml() -> Telemetry:
-    """NVML for the current CUDA device, or the reason it cannot be read (no nvidia-ml-py, no driver)."""
+    """NVML for the current CUDA device, or the reason it cannot be read (no nvidia-ml-py, no driver); the caller closes it."""
     try:
-        import pynvml
+        session = nvml.NvmlSession.start()
     except ImportError:
         return Telemetry(None, "nvidia-ml-py (pynvml) is not installed: no GPU clocks, power or energy per row")
+    except Exception as exc:  # noqa: BLE001 - no driver: the rows say so
+        return Telemetry(None, f"NVML did not start: {' '.join(str(exc).split())[:200]}")
     try:
-        import torch
-
-        from harness.run.workers import visible_gpus  # imported here: harness.run imports the measurement side
-
-        pynvml.nvmlInit()  # left initialised for the worker's life: every pair reads it, shutdown would only re-init
-        index = torch.cuda.current_device()
-        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-        handle = nvml_handle(pynvml, str(uuid) if uuid is not None else None, index, visible_gpus(os.environ))
-        return Telemetry(NvmlTelemetry(pynvml, handle))
-    except Exception as exc:  # noqa: BLE001 - no driver, no device: the rows say so
+        return Telemetry(NvmlTelemetry(session.pynvml, session.cuda_device_handle()), session=session)
+    except Exception as exc:  # noqa: BLE001 - no device, or not one NVML can name: the rows say so
+        session.close()
         return Telemetry(None, f"NVML did not start: {' '.join(str(exc).split())[:200]}")
 
 
-@functools.lru_cache(maxsize=None)
-def telemetry_for(device: str) -> Telemetry:
-    """The telemetry of a device type, opened once per process: NVML on CUDA, none (with the reason) on the CPU."""
+def open_telemetry(device: str) -> Telemetry:
+    """The telemetry of a device type, newly opened: NVML on CUDA, none (with the reason) on the CPU."""
     return open_nvml() if device.startswith("cuda") else Telemetry(None, NO_GPU)
 
 

@@ -119,7 +119,7 @@ def measure_peaks(device: str, dtypes: Iterable[str]) -> dict[str, Any]:
 
 def main(argv: Sequence[str]) -> int:
     """The `peaks` child job: `--device cuda --dtypes bf16,fp16 --out peaks.json` (what the run folder's write_peaks starts on CUDA)."""
-    from harness.child import job_parser
+    from harness.process.jobs import job_parser
 
     parser = job_parser("peaks", "measure the device's matmul and copy ceilings")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

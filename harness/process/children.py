@@ -1,7 +1,7 @@
 """The one way attnbench starts a child process: workers, gpu-check's per-backend children, stability's fresh processes, the CUDA peaks.
 
-Every child but the pytest workers is a job of `python -m harness.child` (harness/child.py), its
-command built by `child_command`. Every child runs `python -m ...` from the checkout's root (so `harness` resolves without an
+Every child but the pytest workers is a job of `python -m harness.child` (harness/child.py; the
+jobs' table is harness/process/jobs.py), its command built by `child_command`. Every child runs `python -m ...` from the checkout's root (so `harness` resolves without an
 install), in a session of its own (a kill reaches its children too), and with a parent-death
 signal, so that none outlives a parent killed with SIGKILL.
 """
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
+from harness.process.jobs import JOBS
 from harness.run.protocol import die_with_parent
 
 #: The checkout's root: children start there.
@@ -30,8 +31,6 @@ def python_command(module: str, *args: str) -> list[str]:
 
 def child_command(job: str, *args: str) -> list[str]:
     """`python -m harness.child job args…`: the command of one of harness.child's jobs (a name not in its table is a bug)."""
-    from harness.child import JOBS
-
     if job not in JOBS:
         raise ValueError(f"harness.child has no job {job!r}; its jobs are {', '.join(JOBS)}")
     return python_command("harness.child", job, *args)

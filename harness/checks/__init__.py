@@ -1,0 +1,1 @@
+"""The check engines: `attnbench check` (correctness), `gpu-check` (gpu, gpu_plan) and `stability`, as library functions."""

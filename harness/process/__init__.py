@@ -1,0 +1,1 @@
+"""Process plumbing: usage errors and exit statuses, the table of child jobs, and how children are started."""

@@ -1,0 +1,30 @@
+"""The jobs of `python -m harness.child JOB [args]`: each a function of its own argv that returns an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Callable, Sequence
+
+from harness.process.usage import UsageParser
+
+#: Job name → (module, function). Named, not imported: a child imports only its own job's module,
+#: and process/children.py can check a job's name without importing the commands that start children.
+JOBS: dict[str, tuple[str, str]] = {
+    "gpu-check": ("harness.checks.gpu", "backend_job"),              # one backend's check cases, for `attnbench gpu-check`
+    "profile-ncu": ("harness.profiling.session", "ncu_job"),         # one pair's steps under Nsight Compute, for `profile --ncu`
+    "stability": ("harness.checks.stability", "measurement_job"),   # one fresh measurement, for `attnbench stability`
+    "peaks": ("harness.telemetry.peaks", "main"),                   # the CUDA ceilings into peaks.json, for the run folder
+    "worker": ("harness.run.worker", "worker_job"),                 # the worker loop (claim → execute → append), for `attnbench run`
+}
+
+
+def job_function(job: str) -> Callable[[Sequence[str]], int]:
+    """The function that runs `job`; KeyError for a name that is not in JOBS."""
+    module, name = JOBS[job]
+    return getattr(importlib.import_module(module), name)
+
+
+def job_parser(job: str, description: str) -> argparse.ArgumentParser:
+    """The argument parser of one job: its usage errors are one line and exit 2, like the `attnbench` command's."""
+    return UsageParser(prog=f"python -m harness.child {job}", description=description)
