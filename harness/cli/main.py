@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_env)
 
     p = sub.add_parser("run", help="run a suite and write results/<run-id>/")
-    p.add_argument("--suite", help="built-in suite (quick, default, …), 'auto' (by device) or a .toml file")
+    p.add_argument("--suite", help="built-in suite (quick, default, …), 'auto' (by device), a .toml file, or a run folder (its pairs as its manifest holds them: what a row's repro runs)")
     p.add_argument("--model", help="a published model's attention instead of a suite (harness/suite/presets.py: llama3-405b, mistral-7b, deepseek-v3, …)")
     p.add_argument("--seq", help="with --model: comma-separated sequence lengths (default 1024,4096,16384; CPU: 128)")
     p.add_argument("--device", choices=None, help="cpu or cuda (default: cuda if available)")
