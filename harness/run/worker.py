@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     gc.freeze()  # the imports and the registry live as long as the worker: no pair's collection need walk them
     loop.after_pair = gc.freeze
-    return serve(folder, loop, pairs, _say)
+    with loop.runner.resources:  # NVML, RAPL and the flush buffer are given back when the worker's pairs are done
+        return serve(folder, loop, pairs, _say)
 
 
 def worker_job(argv: list[str]) -> int:
