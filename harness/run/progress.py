@@ -39,44 +39,60 @@ class Progress:
 
 
 class RecordsTail:
-    """The whole lines of a growing records file and the pair keys they record, read from only the bytes appended since the last look.
+    """The whole lines of a growing records file, and the pair keys they record, each read from only the bytes appended since its last look.
 
     A records line carries up to a thousand raw samples, so reading the file again five times a second
-    (or on every worker's end) would re-read tens of MB. A last line still being written is not counted
-    until its newline lands; a file that shrank (cut back to its whole lines, or replaced) is read again
-    from its start. A line that is not a whole record adds no key (the run's closing read names it).
+    (or on every worker's end) would re-read tens of MB. The count the progress bar polls only counts
+    newlines: a line is parsed into its key only when `recorded_keys` is asked (a worker ended abnormally),
+    never while the bar polls beside a worker's timed samples. A last line still being written is not
+    counted until its newline lands; a file that shrank (cut back to its whole lines, or replaced) is read
+    again from its start. A line that is not a whole record adds no key (the run's closing read names it).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        #: Bytes up to and including the last newline seen, the newlines in them, and the pairs those lines record.
+        #: Bytes up to and including the last newline counted, and the newlines in them.
         self.offset = 0
         self.lines = 0
+        #: Bytes whose lines have been parsed into keys, and the pairs those lines record.
+        self.keys_offset = 0
         self.keys: set[str] = set()
 
-    def count(self) -> int:
-        """Whole lines in the file now (0 while it does not exist)."""
+    def _whole_lines_after(self, offset: int) -> tuple[bytes, int] | None:
+        """The whole lines appended after `offset` and the file's size (None when it cannot be read, as before it exists)."""
         try:
             with open(self.path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if size < self.offset:
-                    self.offset = self.lines = 0
-                    self.keys = set()
-                f.seek(self.offset)
-                new = f.read(size - self.offset)
+                f.seek(min(offset, size))
+                new = f.read(max(size - offset, 0))
         except OSError:
+            return None
+        return new[: new.rfind(b"\n") + 1], size
+
+    def count(self) -> int:
+        """Whole lines in the file now (0 while it does not exist)."""
+        read = self._whole_lines_after(self.offset)
+        if read is None:
             return self.lines
-        whole = new.rfind(b"\n") + 1
-        self.lines += new.count(b"\n", 0, whole)
-        self.offset += whole
-        for line in new[:whole].splitlines():
-            try:
-                self.keys.add(Record.from_dict(json.loads(line)).pair_key)
-            except (ValueError, TypeError, RecursionError, UserError):
-                continue
+        if read[1] < self.offset:  # shrank: counted again from the start
+            self.offset = self.lines = 0
+            return self.count()
+        self.lines += read[0].count(b"\n")
+        self.offset += len(read[0])
         return self.lines
 
     def recorded_keys(self) -> set[str]:
         """The pair keys of every whole record in the file now."""
-        self.count()
+        read = self._whole_lines_after(self.keys_offset)
+        if read is None:
+            return self.keys
+        if read[1] < self.keys_offset:
+            self.keys_offset, self.keys = 0, set()
+            return self.recorded_keys()
+        for line in read[0].splitlines():
+            try:
+                self.keys.add(Record.from_dict(json.loads(line)).pair_key)
+            except (ValueError, TypeError, RecursionError, UserError):
+                continue
+        self.keys_offset += len(read[0])
         return self.keys
