@@ -178,7 +178,7 @@ def test_recommend_answers_from_rows_and_refuses_unmeasured_shapes(tmp_path, cap
     run = write_run(tmp_path / "run", winner_records(), capabilities=WINNER_CAPABILITIES)
     assert main(["recommend", str(run), "--model", "llama3-8b", "--seq", "256"]) == 0
     out = capsys.readouterr().out
-    assert "sdpa-flash" in out and "25.0% faster than the runner-up sdpa" in out and "within noise" not in out
+    assert "sdpa-flash" in out and "the runner-up sdpa takes 1.25× the time" in out and "within noise" not in out
     assert "cheat" in out and "DISAGREES (excluded)" in out
     assert main(["recommend", str(run), "--model", "llama3-8b", "--seq", "4096"]) == 2
     err = capsys.readouterr().err.strip()
@@ -303,7 +303,7 @@ def test_rows_of_different_device_models_are_never_ranked_together(tmp_path):
     assert wins.loc["NVIDIA H100", "winner_ms"] == 2.0 and wins.loc["NVIDIA H200", "winner_ms"] == 1.0
     assert set(wins["case"]) == {f"{case.id} @ NVIDIA H100", f"{case.id} @ NVIDIA H200"}  # what a table shows
     assert set(analysis.speedups(data.frame, "sdpa-math").index) == set(wins["case"])
-    answers = analysis.recommend(data.frame, {"S": 256})
+    answers = analysis.recommend(data.frame, {"S": 256}).cases
     assert sorted((a.case_id, a.winner_ms) for a in answers) == [(f"{case.id} @ NVIDIA H100", 2.0), (f"{case.id} @ NVIDIA H200", 1.0)]
     # A Ray row names its own node's device, whatever its run's driver was.
     ray_row = synthetic_record(case, "sdpa", 1.5, run_id="ray")
@@ -343,9 +343,9 @@ def test_winners_and_recommend_judge_noise_by_the_rule(tmp_path, capsys):
     wins = analysis.winners(frame_of(records))
     assert wins["winner"].iloc[0] == "sdpa" and not wins["within_noise"].iloc[0]  # p20–p80 overlap; the intervals do not
     assert analysis.winners(frame_of(records), cv=0.02)["within_noise"].iloc[0]
-    (answer,) = analysis.recommend(frame_of(records), {"S": 256})
+    (answer,) = analysis.recommend(frame_of(records), {"S": 256}).cases
     assert answer.winner == "sdpa" and not answer.within_noise
-    (answer,) = analysis.recommend(frame_of(records), {"S": 256}, cv=0.02)
+    (answer,) = analysis.recommend(frame_of(records), {"S": 256}, cv=0.02).cases
     assert answer.within_noise and "within noise (their 95 % intervals overlap)" in answer.lines()[0]
     assert "95 % interval 0.99–1.01" in "\n".join(answer.lines())
 

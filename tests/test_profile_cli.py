@@ -2,7 +2,6 @@
 
 import gzip
 import json
-import os
 
 import pytest
 
@@ -44,13 +43,8 @@ def test_profile_of_an_unsupported_pair_is_one_line(tmp_path, capsys):
 def profiled_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("profiled")
     suite = write_suite(out / "prof.toml", ["naive", "sdpa", "projections"], [32, 64])
-    here = os.getcwd()
-    os.chdir(out)  # --report writes reports/<run id>/ under the working directory
-    try:
-        assert main(["run", "--suite", str(suite), "--out", str(out), "--run-id", "p", "--quiet", "--profile", "--traces", "--report",
-                     "--no-check"]) == 0
-    finally:
-        os.chdir(here)
+    assert main(["run", "--suite", str(suite), "--out", str(out), "--run-id", "p", "--quiet", "--profile", "--traces",
+                 "--report", str(out / "reports"), "--no-check"]) == 0
     return out / "p"
 
 

@@ -371,9 +371,12 @@ def test_stability_cli_measures_in_fresh_processes(tmp_path, monkeypatch, capsys
     monkeypatch.setenv(ENV_VAR, PLUGIN)
     monkeypatch.setenv("ATTNBENCH_TEST_LOG", str(log))
     monkeypatch.setenv("ATTNBENCH_TEST_PREPARE_S", "0")
-    assert main(["stability", "B1-Sq16-Skv16-H2-Hkv2-dk16-fp32", "--processes", "2", "--backend", "t-slow",
-                 "--device", "cpu", "--measure-s", "0.02", "--out", str(tmp_path / "stability.json")]) == 0
-    out = capsys.readouterr().out
+    code = main(["stability", "B1-Sq16-Skv16-H2-Hkv2-dk16-fp32", "--processes", "2", "--backend", "t-slow",
+                 "--device", "cpu", "--measure-s", "0.02", "--out", str(tmp_path / "stability.json")])
+    captured = capsys.readouterr()
+    out = captured.out
+    # Real children on a machine that may be busy: a contended process is refused with its evidence, never written as noise.
+    assert code == 0 or (code == 2 and "processes were contended or suspect" in captured.err and not (tmp_path / "stability.json").exists()), captured.err
     assert "2 fresh processes" in out and "process 2: median" in out and "coefficient of variation" in out
     pids = [line.split()[1] for line in log.read_text().splitlines()]
     assert len(pids) == 2 and len(set(pids)) == 2 and str(os.getpid()) not in pids

@@ -172,7 +172,7 @@ def test_the_report_says_when_the_run_was_contended(tmp_path):
     busy.contended, busy.run_queue_wait_ratio = True, 0.6
     page = build_report([write_run(tmp_path / "results" / "busy", [*quiet, busy], peaks=PEAKS)], out_root=tmp_path / "reports")
     html = page.read_text()
-    assert "the run was contended: 1 of 2 measured rows" in html
+    assert "1 measured row left out of every winner, recommendation, speed-up, fit and crossover on this page: 1 contended" in html
     calm = build_report([write_run(tmp_path / "results" / "calm", quiet, peaks=PEAKS)], out_root=tmp_path / "reports")
     assert "contended" not in calm.read_text().split('<section id="choose">')[0]
 
@@ -195,7 +195,7 @@ def test_rows_flagged_too_short_or_launch_leaked_are_listed_with_what_the_flags_
     flagged = pd.read_csv(page.parent / "sample_flags.csv")
     assert flagged[["backend", "too_short", "launch_leaked"]].values.tolist() == [["sdpa-flash", True, 0], ["sdpa-cudnn", False, 37]]
     calm = build_report([write_run(tmp_path / "results" / "calm", [clean], peaks=PEAKS)], out_root=tmp_path / "reports")
-    assert "No measured row carries a flag (1 checked)" in calm.read_text() and not (calm.parent / "sample_flags.csv").exists()
+    assert "No measured row carries a flag, contended and suspect included (1 checked)" in calm.read_text() and not (calm.parent / "sample_flags.csv").exists()
 
 
 def test_the_run_time_section_counts_what_stopped_each_rows_sampling():

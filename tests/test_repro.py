@@ -71,7 +71,9 @@ def test_a_rows_repro_command_rerecords_that_pair_alone_from_a_fresh_shell(tmp_p
     again.mkdir()
     done = subprocess.run(["sh", "-c", chosen["repro"]], cwd=again, env=env, capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
-    (new_dir,) = list((again / "results").iterdir())
+    # The repro names the row's own --out: the new run lies beside the row's, nothing under the shell's working folder.
+    assert not any(again.iterdir())
+    (new_dir,) = [d for d in (tmp_path / "first").iterdir() if d.name != "r"]
     (row,) = read_records(new_dir / "records.jsonl").records
     assert (row["case_id"], row["backend"], row["timer"], row["status"]) == (chosen["case_id"], chosen["backend"], chosen["timer"], "ok")
     assert json.loads((new_dir / "manifest.json").read_text())["pairs"] == [f"{chosen['case_id']}-{chosen['backend']}"]
@@ -112,7 +114,7 @@ def test_repro_rerecords_its_pair_after_the_builtin_suite_it_came_from_changed(t
     again.mkdir()
     done = subprocess.run(["sh", "-c", row["repro"]], cwd=again, env=env, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr
-    (new_dir,) = list((again / "results").iterdir())
+    (new_dir,) = [d for d in (tmp_path / "runs").iterdir() if d.name != "r"]
     (new,) = read_records(new_dir).records
     assert (new["case_id"], new["backend"], new["S_q"], new["status"]) == (row["case_id"], "naive", 8, "ok")
     assert json.loads((new_dir / "manifest.json").read_text())["budget"] == json.loads((tmp_path / "runs" / "r" / "manifest.json").read_text())["budget"]

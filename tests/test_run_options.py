@@ -27,7 +27,7 @@ Extended = dataclasses.make_dataclass("Extended", [("tiles", int, _option(4, che
 
 def test_the_manifest_keeps_the_keys_every_attnbench_wrote_and_reads_them_back():
     stored = ASKED.to_manifest()
-    assert set(stored) == {"timer", "check", "energy", "profile", "traces", "cooldown_s", "order", "budget"}
+    assert set(stored) == {"timer", "check", "energy", "profile", "traces", "cooldown_s", "order", "budget", "threads"}
     assert stored["order"] == {"scheme": ORDER_SCHEME, "seed": 5} and stored["budget"]["min_rounds"] == 7
     assert RunOptions.from_manifest(stored, "manifest.json") == ASKED
     assert Manifest.from_dict({"run_id": "r", **stored}, "manifest.json").options == ASKED
@@ -81,7 +81,7 @@ def test_the_pytest_plugin_takes_the_options_it_always_took():
     options_taken = {name: kw for name, kw in group.added.items() if name not in
                      ("--attnbench-suite", "--attnbench-run-dir", "--attnbench-backends", "--attnbench-device")}
     assert sorted(options_taken) == ["--attnbench-energy", "--attnbench-no-check", "--attnbench-profile",
-                                     "--attnbench-timer", "--attnbench-traces"]
+                                     "--attnbench-threads", "--attnbench-timer", "--attnbench-traces"]
     assert options_taken["--attnbench-timer"]["default"] == "events" and options_taken["--attnbench-no-check"]["action"] == "store_true"
 
 

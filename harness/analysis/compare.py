@@ -4,7 +4,8 @@ A difference counts as real only by `harness.analysis.difference`'s rule: the tw
 the median, widened by the box's run-to-run variation where `attnbench stability` measured it
 (`--variation FILE`), do not overlap. `--fail-above 5%` makes the command exit 1 when any row is slower by
 that rule and by more than 5 %, or when a row that ran in BASE no longer runs in NEW, so that CI can gate
-on it. Per backend, as pyperf's compare does, the geometric mean of the per-case ratios and how many cases
+on it. A pair whose row is contended or suspect in either run is shown with its ratio and "not judged": its
+median measured the other work too, so it neither passes nor fails the gate. Per backend, as pyperf's compare does, the geometric mean of the per-case ratios and how many cases
 were faster, slower and not different.
 """
 
@@ -18,6 +19,7 @@ from typing import Any, Mapping, TextIO
 import pandas as pd
 
 from harness.analysis.difference import HIGH, LOW, RULE_TEXT, Variation, check_variation_device, order
+from harness.analysis.trust import UNTRUSTED_FLAGS, is_set
 from harness.errors import UserError
 
 #: Environment fields whose difference makes two runs measure different things (compare refuses without --force).
@@ -131,13 +133,15 @@ class Comparison:
 
 #: Verdicts of a pair of `ok` rows.
 FASTER, SLOWER, SAME = "faster", "slower", "within noise"
+#: How the verdict of a pair starts when a side's row is contended or suspect: shown with its ratio, never gated on.
+NOT_JUDGED = "not judged"
 #: How the verdict of a pair that is not `ok` in both runs, with the same status, ends ("unsupported in both").
 UNCHANGED_SUFFIX = " in both"
 
 
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | None = None, cv: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Join two runs' rows on (case, backend): ratio of medians, verdict by the rule (widened by `cv`), and the rows that fail the gate."""
-    cols = ["case_id", "backend", "status", "latency_ms_median", LOW, HIGH]
+    cols = ["case_id", "backend", "status", "latency_ms_median", LOW, HIGH, *UNTRUSTED_FLAGS]
     b = base.reindex(columns=cols).drop_duplicates(["case_id", "backend"], keep="last")
     n = new.reindex(columns=cols).drop_duplicates(["case_id", "backend"], keep="last")
     joined = b.merge(n, on=["case_id", "backend"], how="outer", suffixes=("_base", "_new"), indicator=True)
@@ -157,6 +161,10 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | Non
             lost = r["status_base"] == "ok" and r["status_new"] != "ok"
             row["verdict"] = f"status {r['status_base']} → {r['status_new']}"
             row["gate"] = lost
+        elif flags := _untrusted_sides(r):
+            bm, nm = float(r["latency_ms_median_base"]), float(r["latency_ms_median_new"])
+            row.update(ratio=nm / bm, change_pct=100.0 * (nm / bm - 1.0))
+            row["verdict"] = f"{NOT_JUDGED}: {flags}"  # a contended median measures the other work too: it neither passes nor fails
         else:
             bm, nm = float(r["latency_ms_median_base"]), float(r["latency_ms_median_new"])
             ratio = nm / bm
@@ -174,9 +182,24 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | Non
     return table, failures
 
 
+def _untrusted_sides(row: Mapping[str, Any]) -> str:
+    """'contended in NEW', 'suspect in BASE and NEW', …: the untrusted flags either side of a joined row carries ('' for none)."""
+    parts = []
+    for name in UNTRUSTED_FLAGS:
+        sides = [side for side, suffix in (("BASE", "_base"), ("NEW", "_new")) if is_set(row.get(name + suffix))]
+        if sides:
+            parts.append(f"{name} in {' and '.join(sides)}")
+    return ", ".join(parts)
+
+
+def not_judged(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a comparison that were measured in both runs but not judged, because a side carries an untrusted flag."""
+    return table[table["verdict"].astype(str).str.startswith(NOT_JUDGED)] if "verdict" in table.columns else table
+
+
 def geomean_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per backend over the cases both runs measured `ok`: the geometric mean of NEW/BASE and how many were faster, slower, not different."""
-    rows = table[table["ratio"].notna()] if "ratio" in table.columns else table
+    """Per backend over the cases both runs measured `ok` without untrusted flags: the geometric mean of NEW/BASE and how many were faster, slower, not different."""
+    rows = table[table["ratio"].notna() & table["verdict"].isin((FASTER, SLOWER, SAME))] if "ratio" in table.columns else table
     out = []
     for backend, sub in rows.groupby("backend", sort=True):
         ratios = sub["ratio"].astype(float)
@@ -215,21 +238,44 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
     if table.empty:
         out.write("no rows to compare\n")
         return
-    out.write(f"{'case':<48} {'backend':<16} {'base ms':>10} {'new ms':>10} {'ratio':>7}  verdict\n")
-    for _, r in table[~table["verdict"].str.endswith(UNCHANGED_SUFFIX)].iterrows():
-        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None and r["ratio"] == r["ratio"] else ""
-        base_ms = f"{r['base_ms']:.4g}" if r["base_ms"] == r["base_ms"] and r["base_ms"] is not None else ""
-        new_ms = f"{r['new_ms']:.4g}" if r["new_ms"] == r["new_ms"] and r["new_ms"] is not None else ""
-        flag = "  FAIL" if r["gate"] else ""
-        out.write(f"{r['case_id']:<48} {r['backend']:<16} {base_ms:>10} {new_ms:>10} {ratio:>7}  {r['verdict']}{flag}\n")
-    counts = table["verdict"].value_counts()
+    shown = table[~table["verdict"].str.endswith(UNCHANGED_SUFFIX)]
+    cells = [(str(r["case_id"]), str(r["backend"]), _number(r["base_ms"], ".4g"), _number(r["new_ms"], ".4g"), _number(r["ratio"], ".3f"),
+              str(r["verdict"]) + ("  FAIL" if r["gate"] else "")) for _, r in shown.iterrows()]
+    case_w = max([len("case"), *(len(c[0]) for c in cells)])
+    backend_w = max([len("backend"), *(len(c[1]) for c in cells)])
+    out.write(f"{'case':<{case_w}} {'backend':<{backend_w}} {'base ms':>10} {'new ms':>10} {'ratio':>7}  verdict\n")
+    for case, backend, base_ms, new_ms, ratio, verdict in cells:
+        out.write(f"{case:<{case_w}} {backend:<{backend_w}} {base_ms:>10} {new_ms:>10} {ratio:>7}  {verdict}\n")
+    counts = table["verdict"].map(lambda v: NOT_JUDGED if str(v).startswith(NOT_JUDGED) else v).value_counts()
     out.write(f"{base_name} → {new_name}: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "\n")
+    skipped = not_judged(table)
+    if len(skipped):
+        out.write(f"{len(skipped)} rows not judged: a side was contended or suspect, so its median measured other work too; "
+                  "they pass or fail nothing (re-measure them on a quiet machine)\n")
     for _, g in result.summary.iterrows():
         ratio = float(g["geomean_ratio"])
         speed = f"{ratio:.3f}x slower" if ratio > 1 else (f"{1 / ratio:.3f}x faster" if ratio < 1 else "the same")
         out.write(f"{g['backend']}: geometric mean {speed} over {g['cases']} cases ({g[FASTER]} faster, {g[SLOWER]} slower, {g[SAME]} not different)\n")
     if result.threshold is not None:
+        judged = f" of the {len(table) - len(skipped)} judged" if len(skipped) else ""
         if result.failed:
-            out.write(f"FAIL: {len(result.failures)} rows slower by the rule and by more than {100 * result.threshold:g}%, or stopped running\n")
+            out.write(f"FAIL: {len(result.failures)}{judged} rows slower by the rule and by more than {100 * result.threshold:g}%, or stopped running\n")
         else:
-            out.write(f"ok: no row slower by the rule and by more than {100 * result.threshold:g}%\n")
+            out.write(f"ok: no row{judged} slower by the rule and by more than {100 * result.threshold:g}%\n")
+
+
+def _number(value: Any, spec: str) -> str:
+    """A table cell: the number in `spec`, or '' for None and NaN."""
+    return format(float(value), spec) if value is not None and value == value else ""
+
+
+def comparison_document(result: Comparison, base_name: str, new_name: str) -> dict[str, Any]:
+    """The JSON document `compare --json` prints: what the text says, row by row."""
+    def cell(value: Any) -> Any:
+        return None if value is None or (isinstance(value, float) and value != value) else (value.item() if hasattr(value, "item") else value)
+
+    return {"base": base_name, "new": new_name, "rule": RULE_TEXT, "variation": result.variation.to_dict() if result.variation else None,
+            "threshold": result.threshold, "failed": result.failed, "warnings": result.warnings, "environment_differences": result.env_differences,
+            "harness_differences": result.harness_differences, "not_judged": len(not_judged(result.table)),
+            "rows": [{k: cell(v) for k, v in row.items()} for row in result.table.to_dict("records")],
+            "summary": [{k: cell(v) for k, v in row.items()} for row in result.summary.to_dict("records")]}

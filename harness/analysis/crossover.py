@@ -8,7 +8,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from harness.analysis.frame import describe_group, group_key_columns, groups, is_core, num, ok_rows
+from harness.analysis.frame import describe_group, group_key_columns, groups, is_core, num, trusted_rows
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def crossovers(frame: pd.DataFrame) -> pd.DataFrame:
     """S* per attention backend, model width D and fixed parameters, beside the FLOP model's S* (GQA- and causal-aware) and the rule S ≈ D."""
     from harness.attention.theory import model_crossover
 
-    rows = ok_rows(frame)
+    rows = trusted_rows(frame)
     proj = rows[~rows["computes_attention"].astype(bool)]  # the projections: the layer's other term
     # Core rows that disagree with the reference are not attention worth timing; unchecked ones are kept.
     core = rows[is_core(rows) & (rows["agree"].map(lambda a: a is not False and a != 0))]

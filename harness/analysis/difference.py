@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -43,6 +43,87 @@ MAX_VARIATION_BYTES = 2**20
 
 
 @dataclass(frozen=True)
+class ProcessEvidence:
+    """One fresh process's median and whether other work shared the machine while it was timed (its record's columns)."""
+
+    median_ms: float
+    #: Another process took the CPU (or was on the GPU) during its samples; None: nothing could tell.
+    contended: bool | None = None
+    #: IQR/median ≥ 25 %: the median is not to be trusted.
+    suspect: bool | None = None
+    run_queue_wait_ratio: float | None = None
+    involuntary_switches: int | None = None
+    cpu_wall_ratio: float | None = None
+    iqr_ratio: float | None = None
+    threads: int | None = None
+    gpu_other_processes: int | None = None
+
+    @property
+    def untrusted(self) -> bool:
+        """Contended or suspect: its median measured other work as well as the case."""
+        return self.contended is True or self.suspect is True
+
+    def describe(self) -> str:
+        """What the process's counters say, e.g. 'contended: 0.42 thread-s waiting per s, 310 preemptions'."""
+        verdict = {True: "contended", False: "quiet", None: "contention not measured"}[self.contended]
+        parts = []
+        if self.run_queue_wait_ratio is not None:
+            parts.append(f"{self.run_queue_wait_ratio:.2f} thread-s waiting per s")
+        if self.involuntary_switches is not None:
+            parts.append(f"{self.involuntary_switches} preemptions")
+        if self.gpu_other_processes:
+            parts.append(f"{self.gpu_other_processes} other process{'es' if self.gpu_other_processes > 1 else ''} on the GPU")
+        text = f"{verdict}: {', '.join(parts)}" if parts else verdict
+        if self.suspect:
+            text += f"; suspect: IQR {100 * (self.iqr_ratio or 0):.0f} % of the median"
+        return text
+
+
+def _evidence_field(path: Path, where: str, name: str, value: Any) -> Any:
+    """One per-process field as the document holds it, checked against what `stability` writes."""
+    if value is None and name != "median_ms":
+        return None
+    if name == "median_ms" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise _bad(path, where, value, "a positive finite number of milliseconds")
+    if name in ("contended", "suspect"):
+        if not isinstance(value, bool):
+            raise _bad(path, where, value, "true, false or null")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise _bad(path, where, value, "a non-negative finite number or null")
+    if name in ("involuntary_switches", "threads", "gpu_other_processes"):
+        if value != int(value) or (name == "threads" and value < 1):
+            raise _bad(path, where, value, "a whole number" + (" from 1" if name == "threads" else "") + " or null")
+        return int(value)
+    return float(value)
+
+
+def _evidence(doc: Mapping[str, Any], path: Path, medians: Sequence[float]) -> tuple[ProcessEvidence, ...] | None:
+    """The per-process evidence (None in a document written before it was kept): one entry per median, none contended."""
+    entries = doc.get("per_process")
+    if entries is None:
+        return None
+    if not isinstance(entries, list) or len(entries) != len(medians) or not all(isinstance(e, dict) for e in entries):
+        raise _bad(path, "per_process", entries, f"a list of {len(medians)} objects, one per median in 'medians_ms'")
+    out, names = [], [f.name for f in fields(ProcessEvidence)]
+    for i, entry in enumerate(entries):
+        values = {name: _evidence_field(path, f"per_process[{i}].{name}", name, entry.get(name)) for name in names}
+        if not math.isclose(values["median_ms"], medians[i], rel_tol=1e-9):
+            raise _bad(path, f"per_process[{i}].median_ms", entry.get("median_ms"), f"{medians[i]!r}, its process's median in 'medians_ms'")
+        evidence = ProcessEvidence(**values)
+        if evidence.untrusted:
+            # `stability` writes no variation from a contended process: a file that holds one was not written by it.
+            raise _bad(path, f"per_process[{i}].contended", entry.get("contended"), "false or null (a contended or suspect process "
+                       "measured other work: `stability` writes no variation from one)")
+        out.append(evidence)
+    return tuple(out)
+
+
+def _threads(doc: Mapping[str, Any], path: Path) -> int | None:
+    return _evidence_field(path, "threads", "threads", doc.get("threads"))
+
+
+@dataclass(frozen=True)
 class Variation:
     """The run-to-run variation `attnbench stability` measured on one device: the CV of medians across fresh processes."""
 
@@ -54,16 +135,25 @@ class Variation:
     medians_ms: tuple[float, ...]
     #: The file it was read from, for messages (not written).
     source: str | None = None
+    #: torch's intra-op threads each process was timed with, and each process's contention evidence
+    #: (None: not known, as in a document written before they were kept).
+    threads: int | None = None
+    per_process: tuple[ProcessEvidence, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document `stability` writes."""
-        return {"kind": VARIATION_KIND, "cv": self.cv, "device_type": self.device_type, "device_name": self.device_name,
-                "case_id": self.case_id, "backend": self.backend, "processes": len(self.medians_ms), "medians_ms": list(self.medians_ms)}
+        doc = {"kind": VARIATION_KIND, "cv": self.cv, "device_type": self.device_type, "device_name": self.device_name,
+               "case_id": self.case_id, "backend": self.backend, "processes": len(self.medians_ms), "medians_ms": list(self.medians_ms),
+               "threads": self.threads}
+        if self.per_process is not None:
+            doc["per_process"] = [asdict(e) for e in self.per_process]
+        return doc
 
     def describe(self) -> str:
         """One line for a report or a command's output."""
+        threads = f", {self.threads} thread{'s' if self.threads != 1 else ''}" if self.threads is not None else ""
         return (f"run-to-run variation {100 * self.cv:.2f} % (CV of {len(self.medians_ms)} fresh processes' medians, "
-                f"{self.case_id} on {self.backend}, {self.device_name}): intervals widened by ±{CV_WIDTH * 100 * self.cv:.2f} %")
+                f"{self.case_id} on {self.backend}{threads}, {self.device_name}): intervals widened by ±{CV_WIDTH * 100 * self.cv:.2f} %")
 
 
 def read_variation(path: Path | str) -> Variation:
@@ -78,8 +168,9 @@ def read_variation(path: Path | str) -> Variation:
         raise UserError(f"--variation {exc}") from None
     if not isinstance(doc, dict) or doc.get("kind") != VARIATION_KIND:
         raise UserError(f"--variation {path}: not a variation document written by `attnbench stability` (its kind is not {VARIATION_KIND!r})")
+    medians = _medians(doc, path)
     return Variation(_cv(doc, path), *(_text(doc, path, name) for name in ("device_type", "device_name", "case_id", "backend")),
-                     _medians(doc, path), source=str(path))
+                     medians, source=str(path), threads=_threads(doc, path), per_process=_evidence(doc, path, medians))
 
 
 def _bad(path: Path, name: str, value: Any, expected: str) -> UserError:

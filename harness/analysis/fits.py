@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from harness.analysis.frame import MIN_FIT_POINTS, describe_group, group_key_columns, groups, is_core, num, ok_rows
+from harness.analysis.frame import MIN_FIT_POINTS, describe_group, group_key_columns, groups, is_core, num, ok_rows, trusted_rows
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ def fit_power_law(x: Sequence[float], y: Sequence[float]) -> Fit:
 
 
 def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per backend and fixed parameters: latency ∝ S^β and peak memory ∝ S^α over the measured rows, with R²."""
-    rows = ok_rows(frame)
+    """Per backend and fixed parameters: latency ∝ S^β and peak memory ∝ S^α over the measured rows without untrusted flags, with R²."""
+    rows = trusted_rows(frame)
     keys = ["backend", *group_key_columns(rows)]
     out = []
     for key, sub in groups(rows, keys):
@@ -74,7 +74,7 @@ def memory_vs_model(frame: pd.DataFrame) -> pd.DataFrame:
     """Measured peak beside the analytic one, with their ratio, for every measured attention row (fwd)."""
     from harness.suite.case_values import DTYPE_BYTES, canonical_dtype
 
-    rows = ok_rows(frame)
+    rows = ok_rows(frame)  # a peak of memory does not depend on what else the machine ran: contended rows count
     rows = rows[is_core(rows) & (rows["mode"] == "fwd")]
     out = []
     for _, r in rows.iterrows():

@@ -3,7 +3,8 @@
 Everything in `harness.analysis` reads records (a pandas DataFrame from `harness.results.store.load_run`) and
 the peaks stored with a run; nothing rewrites a record. Rules that every table obeys:
 
-- a winner is chosen only among rows with `status == ok` and `agree` true;
+- a winner is chosen only among rows with `status == ok` and `agree` true that are neither contended nor suspect
+  (`harness.analysis.trust`), and every choosing table says how many it left out;
 - a fit needs at least three points, and says so when it has fewer;
 - a crossover outside the sweep is a bound ("S* > 2048"), never an extrapolated number;
 - a percentage of peak above 100 % is flagged impossible, never shown as a win.
@@ -25,6 +26,7 @@ import pandas as pd
 
 from harness.errors import UserError
 from harness.analysis import roofline
+from harness.analysis.trust import untrusted
 from harness.results.documents import ENV, MANIFEST, Environment, Manifest, read_optional
 from harness.suite.cases import CASE_FIELDS, Case
 
@@ -51,6 +53,8 @@ class RunData:
     dirs: dict[str, Path] = field(default_factory=dict)
     #: Things the loader decided that a reader should know (rows superseded by a later run).
     notes: list[str] = field(default_factory=list)
+    #: Every row of a pair that more than one run measured, with `run_used` True for the row the tables use.
+    repeated: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def load(run_dirs: Sequence[Path | str]) -> RunData:
@@ -87,12 +91,31 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     notes = [f"{path}: a truncated last line (a run stopped mid-write) was left out; resume that run to redo the pair" for path in dropped]
     frame = by_device_model(frame, env)
-    duplicated = frame.duplicated([*CASE_KEY, "backend"], keep="last")
-    if duplicated.any():  # the same pair measured by several runs: the later run's row stands
-        notes.append(f"{int(duplicated.sum())} (case, backend) pairs were measured by more than one run; the row of the run given last is used")
-        frame = frame[~duplicated].reset_index(drop=True)
+    frame, repeated = one_row_per_pair(frame)
+    if not repeated.empty:
+        pairs = repeated.drop_duplicates([*CASE_KEY, "backend"])
+        notes.append(f"{len(pairs)} (case, backend) pairs were measured by more than one run: each table uses one row per pair, "
+                     "the last run's row that carries no contended or suspect flag (else the last run's), and names its run; "
+                     "the Repeated pairs table lists every run's median")
     capabilities = declared_capabilities(sorted(set(frame["backend"])), manifests.values())
-    return RunData(with_roofline(derive_columns(frame, capabilities), peaks), peaks, env, manifests, dirs, notes)
+    return RunData(with_roofline(derive_columns(frame, capabilities), peaks), peaks, env, manifests, dirs, notes, repeated)
+
+
+def one_row_per_pair(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row per (case, device model, backend), and every row of a pair measured by several runs (`run_used` marks the kept one).
+
+    The kept row is the last run's among the rows that carry no untrusted flag, else the last run's: a contended
+    repeat never hides a quiet measurement of the same pair.
+    """
+    key = [*CASE_KEY, "backend"]
+    repeated_mask = frame.duplicated(key, keep=False)
+    if not repeated_mask.any():
+        return frame, frame.iloc[0:0].assign(run_used=pd.Series(dtype=bool))
+    order = frame.assign(_position=range(len(frame)), _trusted=~untrusted(frame))
+    kept_positions = order.sort_values(["_trusted", "_position"], kind="stable").drop_duplicates(key, keep="last")["_position"]
+    kept = frame.iloc[sorted(kept_positions)].reset_index(drop=True)
+    repeated = frame[repeated_mask].assign(run_used=[p in set(kept_positions) for p in order.loc[repeated_mask, "_position"]])
+    return kept, repeated.reset_index(drop=True)
 
 
 def by_device_model(frame: pd.DataFrame, env: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
@@ -200,9 +223,19 @@ def is_core(frame: pd.DataFrame) -> pd.Series:
     return frame["attention_core"].astype(bool)
 
 
-def agreeing_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Attention-core rows that were measured and agree with the float64 reference: the only rows that may win."""
-    return frame[(frame["status"] == "ok") & frame["agree_ok"] & is_core(frame)]
+def agreeing_rows(frame: pd.DataFrame, *, flagged: bool = False) -> pd.DataFrame:
+    """Attention-core rows that were measured, agree with the float64 reference and carry no untrusted flag: the only rows that may win.
+
+    `flagged=True` keeps the contended and suspect rows too: the candidates before `harness.analysis.trust` leaves them out.
+    """
+    rows = frame[(frame["status"] == "ok") & frame["agree_ok"] & is_core(frame)]
+    return rows if flagged else rows[~untrusted(rows)]
+
+
+def trusted_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measured rows that carry no untrusted flag: what a fit or a crossover is drawn from."""
+    rows = ok_rows(frame)
+    return rows[~untrusted(rows)]
 
 
 def group_key_columns(frame: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:

@@ -14,8 +14,8 @@ computation, and its time or bandwidth says nothing):
   means every request of the batch has one query token.
 - the winner per batch (`length_dist` and layout; the page size beside it), among agreeing rows.
 
-Whether two medians differ is judged by `winners.winners` (its p20–p80 overlap rule) until the harness's
-one rule for "different" (issue 20) replaces it there.
+Whether two medians differ is judged by `winners.winners`, through the harness's one rule for "different"
+(`harness.analysis.difference`); contended and suspect rows are left out of every view (`harness.analysis.trust`).
 """
 
 from __future__ import annotations

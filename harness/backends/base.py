@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -47,6 +48,39 @@ class Prepared:
     #: returning a `harness.attention.numerics.Agreement`. None: the runner compares with the attention reference.
     check: Callable[[Any], Any] | None = None
     plan_s: float | None = None
+
+
+class NotPrepared(TypeError):
+    """A backend's `prepare` returned neither a Prepared nor a zero-argument callable: an error row naming the backend and the type."""
+
+
+def as_prepared(backend: "Backend", case: Case, inputs: AttentionInputs, returned: Any) -> Prepared:
+    """What `prepare` returned, as a Prepared: a plain zero-argument callable is wrapped; anything else is NotPrepared.
+
+    A plain callable's output must be in the case's `[B, H, S_q, d_v]` layout (a ragged batch's packed `[T_q, H, d_v]`):
+    it has no `to_bhsd`. In backward modes its leaves are the inputs' q, k, v, which the harness made require grad.
+    """
+    fn = returned.fn if isinstance(returned, Prepared) else returned
+    what = f"a value of type {type(fn).__name__} ({' '.join(repr(fn).split())[:60]})"
+    if fn is not returned:
+        what = f"a Prepared whose fn is {what}"
+    if not callable(fn):
+        raise NotPrepared(f"{backend.name}: prepare() returned {what}, expected a zero-argument callable or a harness.backends.Prepared")
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:  # the timed call passes nothing: say so now rather than as a TypeError from inside the warm-up
+        raise NotPrepared(f"{backend.name}: prepare() returned a callable that needs arguments {inspect.signature(fn)}; "
+                          "the timed call takes none") from None
+    except ValueError:  # no signature to read (some builtins): its first call will tell
+        pass
+    if isinstance(returned, Prepared):
+        return returned
+    return Prepared(fn=returned, leaves=(inputs.q, inputs.k, inputs.v) if case.mode != "fwd" else ())
+
+
+def prepare_pair(backend: "Backend", case: Case, inputs: AttentionInputs) -> Prepared:
+    """`backend.prepare(case, inputs)` as a Prepared (see `as_prepared`): the one way the harness calls prepare."""
+    return as_prepared(backend, case, inputs, backend.prepare(case, inputs))
 
 
 class Backend:
@@ -105,8 +139,8 @@ class Backend:
             return f"{self.name} has no backward pass"
         return layout_refusal(self, case)
 
-    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
-        """Lay out inputs and build the callable to time; raise Unsupported if the case turns out unservable."""
+    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared | Callable[[], torch.Tensor]:
+        """Lay out inputs and build the callable to time (plain, or in a Prepared); raise Unsupported if the case turns out unservable."""
         raise NotImplementedError
 
     def weights(self, case: Case, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:

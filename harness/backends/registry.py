@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from dataclasses import dataclass
@@ -41,16 +42,48 @@ class Registry:
     def __init__(self) -> None:
         self._backends: dict[str, Backend] = {}
         self._broken: dict[str, str] = {}
+        #: While `load_registry` loads one route (built-in, an entry point, an ATTNBENCH_BACKENDS entry): its words and
+        #: the `module:attr` a conflict is listed under; None for adds by hand, where a duplicate name is an error.
+        self._route: tuple[str, str] | None = None
+        self._routes: dict[str, str] = {}
+
+    @contextlib.contextmanager
+    def route(self, words: str, label: str) -> Iterator[None]:
+        """Adds inside are from one loading route: a backend found again is kept once, another claiming a taken name listed unusable."""
+        self._route = (words, label)
+        try:
+            yield
+        finally:
+            self._route = None
 
     def add(self, backend: Backend) -> None:
-        """Add a backend instance; a duplicate name, or a name or family that is not a string, is an error."""
+        """Add a backend instance; a name or family that is not a string is an error, and so is a duplicate name added by hand.
+
+        Inside `route` (plugins being loaded) a duplicate is not raised: see `_add_again`.
+        """
         if not isinstance(backend.name, str) or not backend.name:
             raise PluginFieldError(f"{type(backend).__name__}.name is {backend.name!r}, expected a non-empty string")
         if not isinstance(backend.family, str):
             raise PluginFieldError(f"{type(backend).__name__}.family is {backend.family!r}, expected a string")
         if backend.name in self._backends or backend.name in self._broken:
-            raise ValueError(f"backend {backend.name!r} is registered twice")
+            if self._route is None:
+                raise ValueError(f"backend {backend.name!r} is registered twice")
+            return self._add_again(backend)
         self._backends[backend.name] = backend
+        if self._route is not None:
+            self._routes[backend.name] = f"{self._route[0]} ({_qualname(type(backend))})"
+
+    def _add_again(self, backend: Backend) -> None:
+        """A name found by a second route: the same class is the same backend, kept once; another class is listed unusable."""
+        words, label = self._route  # type: ignore[misc]
+        first = self._backends.get(backend.name)
+        if first is not None and type(first) is type(backend):
+            return
+        before = self._routes.get(backend.name, "an earlier plugin that failed to load")
+        if label in self:
+            label = f"{label} [{backend.name}]"
+        self.add_broken(label, f"backend name {backend.name!r} is taken by {before}; {words} gives another backend under it "
+                               f"({_qualname(type(backend))}), not loaded: rename one of them")
 
     def add_broken(self, name: str, reason: str) -> None:
         """Record a plugin that failed to load: listed as unavailable, never run."""
@@ -128,6 +161,11 @@ def checked_version(backend: Backend) -> str | None:
     return version
 
 
+def _qualname(cls: type) -> str:
+    """`module.Class`: how a route's backend is named when two claim one name."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _load_error(exc: BaseException) -> str:
     """The reason a plugin failed to load; Ctrl-C is the user's, never a plugin's failure."""
     if isinstance(exc, KeyboardInterrupt):
@@ -158,44 +196,57 @@ def load_registry(*, plugins: bool = True, extra: Iterable[Callable[[Registry], 
     for module in BUILTIN_MODULES:
         importlib.import_module(module)
     registry = Registry()
-    for module in BUILTIN_MODULES:  # in this order, whatever order they were first imported in
-        for cls in BUILTIN_CLASSES:
-            if cls.__module__ == module:
-                registry.add(cls())
+    with registry.route("the built-in backend", "harness"):
+        for module in BUILTIN_MODULES:  # in this order, whatever order they were first imported in
+            for cls in BUILTIN_CLASSES:
+                if cls.__module__ == module:
+                    registry.add(cls())
     if plugins:
         builtin = set(registry.names())
+        loaded: list[object] = []  # a target found by two routes (an entry point and the variable, or named twice) loads once
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             try:
-                target = ep.load()
-                if isinstance(target, type) and issubclass(target, Backend):
-                    registry.add(target())
-                else:
-                    target(registry)
+                with registry.route(f"entry point {ep.name} = {ep.value}", ep.value):
+                    target = ep.load()
+                    if not any(target is seen for seen in loaded):
+                        loaded.append(target)
+                        _add_target(registry, target)
             except BaseException as exc:  # SystemExit too: a plugin that exits at import must not end the listing
                 reason = _load_error(exc)
                 if ep.name not in registry:
                     registry.add_broken(ep.name, f"plugin {ep.value} failed to load: {reason}")
         for spec in filter(None, (s.strip() for s in os.environ.get(ENV_VAR, "").split(","))):
-            _load_spec(registry, spec)
+            _load_spec(registry, spec, loaded)
         _demote_bad_versions(registry, builtin)
     for hook in extra:
         hook(registry)
     return registry
 
 
-def _load_spec(registry: Registry, spec: str) -> None:
-    """Add the backend(s) named by one `module:attr` of ATTNBENCH_BACKENDS; a failure is listed under `spec`."""
+def _add_target(registry: Registry, target: object) -> None:
+    """Add what an entry point or a `module:attr` names: a Backend subclass (instantiated) or a function taking the registry."""
+    if isinstance(target, type) and issubclass(target, Backend):
+        registry.add(target())
+    elif callable(target):
+        target(registry)
+    else:
+        raise TypeError(f"{target!r} is neither a Backend subclass nor a function taking the registry")
+
+
+def _load_spec(registry: Registry, spec: str, loaded: list[object]) -> None:
+    """Add the backend(s) named by one `module:attr` of ATTNBENCH_BACKENDS (unless `loaded` holds it); a failure is listed under `spec`."""
     try:
         module_name, sep, attr = spec.partition(":")
         if not sep or not module_name or not attr:
             raise ValueError(f"expected module:attr, got {spec!r}")
         target = getattr(importlib.import_module(module_name), attr)
-        if isinstance(target, type) and issubclass(target, Backend):
-            registry.add(target())
-        elif callable(target):
-            target(registry)
-        else:
+        if any(target is seen for seen in loaded):
+            return
+        if not callable(target):
             raise TypeError(f"{attr} is neither a Backend subclass nor a function taking the registry")
+        loaded.append(target)
+        with registry.route(f"{ENV_VAR} entry {spec}", spec):
+            _add_target(registry, target)
     except BaseException as exc:  # a broken plugin is data (SystemExit at import included): listed unavailable, never fatal
         reason = _load_error(exc)
         if spec not in registry:

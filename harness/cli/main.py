@@ -30,10 +30,11 @@ def cmd_backends(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.__dict__ for row in rows], indent=1))
         return 0
-    width = max(len(r.name) for r in rows)
+    # Each column as wide as its longest value: a fixed width broke on families such as flash-attn and flashinfer.
+    name_width, family_width = max(len(r.name) for r in rows), max(len(r.family) for r in rows)
     for row in rows:
         state = f"available  {row.version or ''}".rstrip() if row.available else f"unavailable: {row.reason}"
-        print(f"{row.name:<{width}}  {row.family:<8}  {state}")
+        print(f"{row.name:<{name_width}}  {row.family:<{family_width}}  {state}")
     return 0
 
 
@@ -52,15 +53,17 @@ def cmd_stability(args: argparse.Namespace) -> int:
     from harness.checks.stability import run_stability
     from harness.cli.stability import case_from_args, check_variation_out, write_variation
     from harness.env import resolve_device
-
+    from harness.measure.threads import check_threads
     from harness.measure.timing import MAX_BUDGET_S
 
     if not 0 < args.measure_s <= MAX_BUDGET_S:  # named here: a child given 1e308 s would be blamed on the backend
         raise UserError(f"--measure-s must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got {args.measure_s}")
+    check_threads(args.threads)
     case = case_from_args(args, resolve_device(args.device))
     check_variation_out(Path(args.out))  # before the measuring: minutes of it are not lost to a path that cannot be written
-    result = run_stability(case, args.backend, args.processes, args.measure_s, log=sys.stderr if sys.stderr.isatty() else None)
-    print(result.report())
+    result = run_stability(case, args.backend, args.processes, args.measure_s, log=sys.stderr if sys.stderr.isatty() else None,
+                           threads=args.threads)
+    print(result.report(), flush=True)  # each process's evidence stands above a refusal to write the variation
     write_variation(result, Path(args.out))
     print(f"variation: {args.out} (give it to compare, recommend or report as --variation {args.out})")
     return 0
@@ -105,12 +108,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     summary = supervisor_for(config).run()
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
+    if summary.undecided:  # said on the line a user reads last, not only deep in the report
+        counts += "; " + ", ".join(f"{n} {why}" for why, n in summary.undecided.items()) + ": their medians decide no answer"
     print(f"{sum(summary.counts.values())} of {summary.total} pairs recorded ({counts}) in {summary.wall_s:.0f} s")
     print(f"results: {summary.run_dir}")
-    if args.report:
+    if args.report is not None:
         from harness.report import build_report
 
-        print(f"report: {build_report([summary.run_dir])}")
+        # Beside the run's --out unless a folder is named: a run into /data/exp/results reports into /data/exp/reports.
+        out = Path(args.resume).parent if args.resume is not None else Path(args.out)  # a resumed run's --out is its folder's
+        reports = Path(args.report) if args.report else out.parent / "reports"
+        print(f"report: {build_report([summary.run_dir], out_root=reports)}")
     return _run_status(summary.counts)
 
 
@@ -132,7 +140,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Check agreement alone (no timing); exit 1 when an available backend disagrees."""
     from harness.cli.check import run_cli
 
-    return run_cli(suite=args.suite, backends=args.backends, dtypes=args.dtype, modes=args.mode, device=args.device, only=args.only)
+    return run_cli(suite=args.suite, backends=args.backends, dtypes=args.dtype, modes=args.mode, device=args.device, only=args.only,
+                   as_json=args.json)
 
 
 def cmd_gpu_check(args: argparse.Namespace) -> int:
@@ -175,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "at most SECONDS (auto: 60); the row records cooldown_s")
     p.add_argument("--no-check", action="store_true", help="skip the agreement check against float64")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one pair may run before it is killed (default 600)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch's intra-op CPU threads in each worker while timing (default: torch's, the core count); "
+                        "fewer are slower on an idle machine but far less disturbed by other work; rows record it")
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="CPU only: cap each worker's address space (RLIMIT_AS) at its start-up size plus SIZE, e.g. 2GiB; "
                         "a pair that allocates past it is recorded oom")
@@ -192,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", metavar="HOST:PORT",
                    help="with --executor ray: the cluster's head (what `ray start --head` prints) or 'auto'; default RAY_ADDRESS, else a local Ray")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--report", action="store_true", help="then write reports/<run-id>/index.html and print its path last")
+    p.add_argument("--report", nargs="?", const="", metavar="DIR",
+                   help="then write DIR/<run-id>/index.html and print its path last (DIR default: reports beside --out)")
     p.set_defaults(func=cmd_run)
 
     from harness.cli.stability import add_case_arguments
@@ -203,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="sdpa", help="backend to measure (default sdpa)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available")
     p.add_argument("--measure-s", type=float, default=0.5, help="seconds of timed samples per process (default 0.5)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch's intra-op CPU threads in each process (default: torch's, the core count); recorded in the variation")
     p.add_argument("--out", default="reports/stability.json", help="JSON file for the measured variation, read by --variation (default: reports/stability.json)")
     p.set_defaults(func=cmd_stability)
 
@@ -224,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", type=mode_list, help="check only cases of these modes (fwd, bwd, fwd_bwd)")
     p.add_argument("--device", help="move every case to this device (cpu or cuda)")
     p.add_argument("--only", type=comma_list, help="check only pairs whose key (<case id>-<backend>) contains each of these substrings")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON list of {case_id, backend, dtype, mode, status, verdict, agree, max_abs_err, err_bound, rel_err, "
+                        "reason, failed}, one per pair; the rest goes to stderr; same exit status")
     p.set_defaults(func=cmd_check)
     from harness.cli.report import add_commands
 

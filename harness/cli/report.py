@@ -6,6 +6,7 @@ Kept light on purpose: nothing heavy (pandas, matplotlib) is imported until a co
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Callable
@@ -31,7 +32,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Compare two runs row by row; exit 1 when --fail-above is given and some row regressed past it."""
-    from harness.analysis.compare import EXIT_REGRESSION, compare_runs, parse_threshold, print_comparison
+    from harness.analysis.compare import EXIT_REGRESSION, compare_runs, comparison_document, parse_threshold, print_comparison
     from harness.results.store import write_file
 
     threshold = parse_threshold(args.fail_above) if args.fail_above is not None else None
@@ -39,13 +40,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("reports") / f"compare-{base.name}-vs-{new.name}.csv"
     _check_comparison_out(out)  # before any work: nothing is printed for a comparison that cannot be kept
     result = compare_runs(base, new, threshold, force=args.force, variation=_variation(args))
-    print_comparison(result, base.name, new.name, sys.stdout)
+    if not args.json:
+        print_comparison(result, base.name, new.name, sys.stdout)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_file(out, result.table.to_csv(index=False))
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
-    print(f"csv: {out}")
+    if args.json:
+        print(json.dumps({**comparison_document(result, base.name, new.name), "csv": str(out)}, indent=1, default=str))
+    else:
+        print(f"csv: {out}")
     return EXIT_REGRESSION if result.failed else 0
 
 
@@ -102,13 +107,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     variation = _variation(args)
     data = analysis.load([Path(args.run)])
     check_variation_device(variation, list(data.env.values()), args.run)
-    answers = analysis.recommend(data.frame, query, variation.cv if variation else 0.0)
-    for answer in answers:
-        lines = answer.lines()
-        print(label + lines[0])
-        for line in lines[1:]:
-            print(line)
-    return 0 if any(a.winner for a in answers) else 1
+    answer = analysis.recommend(data.frame, query, variation.cv if variation else 0.0)
+    if args.json:
+        print(json.dumps({"model": args.model, "query": {k: v for k, v in query.items() if v is not None}, **answer.to_dict()},
+                         indent=1, default=str))
+    else:
+        print("\n".join(answer.lines(label)))
+    return 0 if answer.best or any(c.winner for c in answer.cases) else 1
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -123,13 +128,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="compare two runs per (case, backend); --fail-above 5%% gates on slowdowns")
     p.add_argument("base", metavar="BASE", help="the reference run folder")
     p.add_argument("new", metavar="NEW", help="the run folder to judge")
-    p.add_argument("--fail-above", metavar="PCT", help="exit 1 if a row is slower by the difference rule and by more than PCT (e.g. 5%%), or stopped running")
+    p.add_argument("--fail-above", metavar="PCT", help="exit 1 if a row is slower by the difference rule and by more than PCT (e.g. 5%%), or stopped running; "
+                                                       "a pair contended or suspect in either run is not judged")
     p.add_argument("--out", help="CSV to write (default: reports/compare-BASE-vs-NEW.csv)")
     p.add_argument("--force", action="store_true", help="compare even when the runs measured different devices")
+    p.add_argument("--json", action="store_true", help="print the comparison as one JSON document (rows, per-backend summary, gate) instead of text")
     add_variation_argument(p)
     p.set_defaults(func=cmd_compare, measures=False)
 
-    p = sub.add_parser("recommend", help="the fastest agreeing backend for a shape, from a run's measured rows")
+    p = sub.add_parser("recommend", help="the fastest agreeing backend (and layout) for a shape, from a run's measured rows without contended or suspect ones")
     p.add_argument("run", metavar="RUN", help="run folder")
     p.add_argument("--model", help="a model preset, e.g. llama3-8b (sets H, H_kv, d_k)")
     p.add_argument("--seq", type=int, help="sequence length S (S_q = S_kv = S)")
@@ -141,6 +148,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="causal (or --no-causal); default: either")
     p.add_argument("--batch", help="only rows of this serving batch, as the run recorded it: a mixed batch ('2x2048 + 32x1@1024') or a "
                                    "length distribution ('uniform(64,512)')")
+    p.add_argument("--json", action="store_true", help="print the answer as one JSON document (the overall answer, each case's, the rows left out)")
     add_variation_argument(p)
     p.set_defaults(func=cmd_recommend, measures=False)
 

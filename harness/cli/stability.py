@@ -37,6 +37,7 @@ def write_variation(result: StabilityResult, path: Path) -> None:
     from harness.env import fingerprint
     from harness.results.store import write_file
 
+    result.refuse_if_contended()  # before the device is fingerprinted: nothing of a refused variation is written or looked up
     target = check_variation_out(path)
     document = result.variation(fingerprint(result.case.device)["device_name"]).to_dict()
     try:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from harness.backends.base import Backend, Prepared, layout_refusal
+from harness.backends.base import Backend, NotPrepared, Prepared, layout_refusal, prepare_pair
 from harness.errors import Unsupported
 from harness.telemetry import gpu_state
 from harness.telemetry.energy import ENERGY_NOT_ASKED, EnergyResult, pair_energy
@@ -142,6 +142,8 @@ def build_step(case: Case, prepared: Prepared, inputs: AttentionInputs) -> Calla
 
 
 def _failure(exc: BaseException) -> PairOutcome:
+    if isinstance(exc, NotPrepared):  # the backend's mistake, said whole: where the harness noticed it would mislead
+        return PairOutcome(Status.ERROR, str(exc))
     if is_oom(exc):
         return PairOutcome(Status.OOM, " ".join(str(exc).split())[:300])
     if is_sticky_cuda_error(exc):
@@ -276,7 +278,7 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
     first: Agreement | None = None
     with torch.set_grad_enabled(case.mode != "fwd"):
         with watch("prepare"):
-            prepared = backend.prepare(case, inputs)
+            prepared = prepare_pair(backend, case, inputs)  # a plain callable too, as the README's plugin returns
             outcome.compile_s, outcome.plan_s, outcome.notes = prepared.compile_s, prepared.plan_s, prepared.notes
             step = build_step(case, prepared, inputs)
         calls = UNTIMED_CALLS

@@ -14,6 +14,7 @@ from harness.attention import theory
 from harness.telemetry import gpu_state
 from harness.telemetry.energy import EnergyResult
 from harness.measure.memory import MemoryPeak
+from harness.measure.contention import with_gpu_processes
 from harness.attention.numerics import Agreement
 from harness.profiling.profile import ProfileSummary
 from harness.measure.timing import Measurement
@@ -98,6 +99,7 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
     for name, value in {**(outcome.state.columns() if outcome.state else {}),
                         **(outcome.energy.columns(record.flops) if outcome.energy else {})}.items():
         setattr(record, name, value)
+    record.contended = with_gpu_processes(record.contended, record.gpu_other_processes)
     if outcome.profile is not None:
         median_s = record.latency_ms_median / 1e3 if record.latency_ms_median is not None else None
         for name, value in outcome.profile.record_columns(median_s).items():

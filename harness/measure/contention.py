@@ -100,3 +100,9 @@ def contention(before: CpuReading, after: CpuReading, threads: int) -> dict:
         "contended": contended, "run_queue_wait_ratio": wait_ratio, "involuntary_switches": switches,
         "cpu_wall_ratio": (after.cpu_s - before.cpu_s) / (wall * max(1, threads)),
     }
+
+
+def with_gpu_processes(cpu_contended: bool | None, gpu_other_processes: int | None) -> bool | None:
+    """A row's `contended`: the CPU's verdict, made True when another process was on the GPU during the samples."""
+    # Another process on the device shares its SMs and memory bandwidth, as one on the cores shares the CPU.
+    return True if gpu_other_processes else cpu_contended

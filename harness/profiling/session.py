@@ -103,6 +103,7 @@ def ncu_job(argv: Sequence[str]) -> int:
     """The `profile-ncu` child job, under ncu: prepare the pair, then run NCU_CALLS steps between cudaProfilerStart and Stop."""
     import torch
 
+    from harness.backends.base import prepare_pair
     from harness.backends.registry import load_registry
     from harness.execution.execute import build_step
     from harness.suite.ragged import make_case_inputs
@@ -118,7 +119,7 @@ def ncu_job(argv: Sequence[str]) -> int:
         for t in (inputs.q, inputs.k, inputs.v):
             t.requires_grad_(True)
     with torch.set_grad_enabled(case.mode != "fwd"):
-        step = build_step(case, backend.prepare(case, inputs), inputs)
+        step = build_step(case, prepare_pair(backend, case, inputs), inputs)  # a plain callable too, as the plugin contract allows
         step()  # compile, autotune, allocate: outside the profiled range
         torch.cuda.synchronize()
         torch.cuda.profiler.start()

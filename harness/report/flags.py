@@ -1,6 +1,7 @@
 """The report's Sample flags section: the measured rows whose samples the harness itself distrusts, and why.
 
-Four flags are set while a row is timed (harness.measure.timing): `too_short`, a sample so short that
+Two flags keep a row from deciding anything (harness.analysis.trust): `contended` and `suspect`. Four more are
+set while a row is timed (harness.measure.timing): `too_short`, a sample so short that
 the clock's tick is more than 1 % of it; `launch_leaked`, CUDA samples that may hold the host's launch
 time; `drifted`, samples that moved while they were taken; and `stopped_by = call_exceeds_budget`,
 fewer samples than the minimum because one call costs more than the budget. A flag nobody sees is no
@@ -14,6 +15,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from harness.analysis.frame import agreeing_rows, ok_rows
+from harness.analysis.trust import UNTRUSTED_FLAGS, is_set, left_out, untrusted
 from harness.results.vocabulary import DRIFT_FLAG_PCT, MIN_SAMPLE_TICKS, STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL
 from harness.report.page import esc
 from harness.report.writer import Csv, Section, Table
@@ -34,15 +37,21 @@ FLAG_WORDS = {
                    "With stopped_by first_call the pair's first call cost five budgets or more and is its one sample, with no "
                    "warm-up call before it: a figure for a call that slow, not a steady-state latency.",
 }
+FLAG_WORDS.update({name: f"{why}: the row is shown, and left out of every winner, recommendation, speed-up, fit, crossover "
+                          "and comparison verdict (harness.analysis.trust). Re-measure it on a quiet machine (its repro)."
+                   for name, why in UNTRUSTED_FLAGS.items()})
+FLAG_WORDS["contended"] = ("the process's threads waited for a CPU or were preempted during the samples (run_queue_wait_ratio, "
+                           "involuntary_switches), or another process ran on the GPU (gpu_other_processes): " + FLAG_WORDS["contended"].split(": ", 1)[1])
 #: The columns of the flagged rows' table and CSV.
-FLAG_COLUMNS = ["case_id", "backend", "too_short", "launch_leaked", "drifted", "drift_pct", "stopped_by",
-                "latency_ms_min", "latency_ms_median", "samples", "clock_resolution_s"]
+FLAG_COLUMNS = ["case_id", "backend", "contended", "suspect", "too_short", "launch_leaked", "drifted", "drift_pct", "stopped_by",
+                "latency_ms_min", "latency_ms_median", "samples", "clock_resolution_s", "run_id"]
 
 
 def _flags(ok: pd.DataFrame) -> dict[str, pd.Series]:
     """Per flag, which of the measured rows `ok` carry it (all False where the column is missing)."""
     none = pd.Series(False, index=ok.index)
     return {
+        **{name: ok[name].map(is_set).astype(bool) if name in ok.columns else none for name in UNTRUSTED_FLAGS},
         "too_short": ok["too_short"].map(lambda v: v is True) if "too_short" in ok.columns else none,
         "launch_leaked": pd.to_numeric(ok["launch_leaked"], errors="coerce").fillna(0) > 0 if "launch_leaked" in ok.columns else none,
         "drifted": ok["drifted"].map(lambda v: v is True) if "drifted" in ok.columns else none,
@@ -53,8 +62,10 @@ def _flags(ok: pd.DataFrame) -> dict[str, pd.Series]:
 def flagged_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Measured rows that carry any flag (`_flags`), in FLAG_COLUMNS (empty without the flags' columns)."""
     ok = frame[frame["status"] == "ok"]
-    flags = _flags(ok)
-    return ok[flags["too_short"] | flags["launch_leaked"] | flags["drifted"] | flags["call_exceeds_budget"]].reindex(columns=FLAG_COLUMNS)
+    any_flag = pd.Series(False, index=ok.index)
+    for flag in _flags(ok).values():
+        any_flag |= flag
+    return ok[any_flag].reindex(columns=FLAG_COLUMNS)
 
 
 def flag_summary(frame: pd.DataFrame) -> str | None:
@@ -64,10 +75,25 @@ def flag_summary(frame: pd.DataFrame) -> str | None:
         return None
     measured = int((frame["status"] == "ok").sum())
     counts = {name: int(flag.sum()) for name, flag in _flags(rows).items()}
-    extra = "".join(f", {counts[name]} {words}" for name, words in (("drifted", "drifting while measured"),
-                                                                   ("call_exceeds_budget", "with fewer samples than the minimum")) if counts[name])
-    return (f"{len(rows)} of {measured} measured rows carry a sample flag ({counts['too_short']} too short for the clock's tick, "
-            f"{counts['launch_leaked']} with launch-leaked samples{extra}): see Sample flags before trusting their medians.")
+    words = {"contended": "contended", "suspect": "suspect", "too_short": "too short for the clock's tick",
+             "launch_leaked": "with launch-leaked samples", "drifted": "drifting while measured",
+             "call_exceeds_budget": "with fewer samples than the minimum"}
+    listed = ", ".join(f"{counts[name]} {text}" for name, text in words.items() if counts[name])
+    return f"{len(rows)} of {measured} measured rows carry a sample flag ({listed}): see Sample flags before trusting their medians."
+
+
+def trust_summary(frame: pd.DataFrame, wins: pd.DataFrame) -> str | None:
+    """One sentence for the overview: the contended and suspect rows every choice left out, and the cases left with no winner."""
+    candidates = agreeing_rows(frame, flagged=True)
+    gone = left_out(ok_rows(frame))
+    if not gone:
+        return None
+    won = set(wins["case_id"]) if not wins.empty else set()
+    orphans = sorted(set(candidates.loc[untrusted(candidates), "case_id"]) - won)
+    text = gone.sentence("every winner, recommendation, speed-up, fit and crossover on this page")
+    if orphans:
+        text += f"; {len(orphans)} cases have no winner, because every row of theirs that agreed is flagged"
+    return text + "."
 
 
 def emulated_bf16_note(frame: pd.DataFrame, envs: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -94,11 +120,11 @@ def flags_section(frame: pd.DataFrame, envs: Mapping[str, Mapping[str, Any]] | N
     rows = flagged_rows(frame)
     measured = int((frame["status"] == "ok").sum())
     if rows.empty:
-        body.append(f'<p class="muted">No measured row carries a flag ({measured} checked).</p>')
+        body.append(f'<p class="muted">No measured row carries a flag, contended and suspect included ({measured} checked).</p>')
     else:
         body.append(f"<p>{len(rows)} of {measured} measured rows carry a flag:</p>")
         body.append(Csv(rows, "sample_flags.csv"))
-        headers = ["case", "backend", "too short", "launch-leaked samples", "drifted", "drift (%)", "stopped by",
-                   "min (ms)", "median (ms)", "samples", "tick (s)"]
+        headers = ["case", "backend", "contended", "suspect", "too short", "launch-leaked samples", "drifted", "drift (%)", "stopped by",
+                   "min (ms)", "median (ms)", "samples", "tick (s)", "run"]
         body.append(Table(rows, headers=headers))
     return Section("flags", "Sample flags", body, nav="Flags")

@@ -17,9 +17,10 @@ from harness import analysis
 from harness.analysis import roofline
 from harness.analysis.difference import RULE_TEXT, Variation
 from harness.report import figures as figs
-from harness.report.flags import emulated_bf16_note, flag_summary, flags_section
+from harness.report.flags import emulated_bf16_note, flag_summary, flags_section, trust_summary
 from harness.report.page import commands, esc, fmt
 from harness.report.profiling import profiling_section
+from harness.report.repeats import repeats_section
 from harness.report.runtime import runtime_section
 from harness.report.serving import serving_sections
 from harness.report.state_energy import state_energy_section, state_summary
@@ -58,15 +59,7 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
     missing = [rid for rid, p in data.peaks.items() if not p or not p.get("matmul")]
     if missing:
         warnings.append(f"no measured peaks for {', '.join(missing)}: % of peak and the bound are left empty.")
-    noisy = ok[ok["suspect"].fillna(False).astype(bool)] if "suspect" in ok.columns else ok.iloc[0:0]
-    if len(noisy):
-        warnings.append(f"{len(noisy)} of {len(ok)} measured rows are suspect (IQR ≥ 25 % of the median): their medians should not be trusted.")
-    contended = ok[ok["contended"].map(lambda c: c is True)] if "contended" in ok.columns else ok.iloc[0:0]
-    if len(contended):
-        warnings.append(f"the run was contended: {len(contended)} of {len(ok)} measured rows ran while another process took the CPU "
-                        "(run-queue waits or preemptions during their samples; see the contended column): their medians may be inflated. "
-                        "Measure on a quiet machine, or compare such rows with care.")
-    for note in (flag_summary(frame), emulated_bf16_note(frame, data.env)):
+    for note in (trust_summary(frame, wins), flag_summary(frame), emulated_bf16_note(frame, data.env)):
         if note:
             warnings.append(note)
     throttled = state_summary(frame)
@@ -87,13 +80,20 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
     return Section("overview", "Overview", body, nav="Overview")
 
 
+def _ratio_cell(value: Any, row: Any) -> tuple[str, str]:
+    if value is None or value != value:
+        return "", ""
+    return (f"{fmt(value)}× (within noise)", "bad") if row["within_noise"] else (f"{fmt(value)}×", "")
+
+
 def _non_core(frame: pd.DataFrame) -> list[str]:
     return sorted(set(frame.loc[~frame["attention_core"].astype(bool), "backend"]))
 
 
 def _choose(frame, wins, speed, baseline, colors, variation) -> Section:
     body = [f"<p>For each case, the fastest backend among rows with status <code>ok</code> that agree with the float64 reference; "
-            f"the margin is how much slower the runner-up is, marked within noise unless {esc(RULE_TEXT)} "
+            f"rows that were contended or suspect are shown elsewhere but never chosen (left out, counted per case); "
+            f"the runner-up's time is given as a multiple of the winner's, marked within noise unless {esc(RULE_TEXT)} "
             f"({esc(variation.describe() if variation else 'no variation given: report --variation FILE')}); speedups are against <code>{esc(baseline)}</code>. "
             f"Backends that declare they time another problem ({esc(', '.join(_non_core(frame)) or 'none in this run')}: the whole layer, "
             "the projections alone, MLA) are not ranked against the attention cores.</p>"]
@@ -101,9 +101,12 @@ def _choose(frame, wins, speed, baseline, colors, variation) -> Section:
         body.append('<p class="muted">No measured row agrees with the reference: there is no winner to report.</p>')
         return Section("choose", "The backend to choose", body, nav="Backend to choose")
     body.append(Csv(wins, "winners.csv"))
-    body.append(Table(wins, columns=["case", "winner", "winner_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates", "speedup_vs_baseline"],
-                      headers=["case", "winner", "winner ms", "runner-up", "runner-up ms", "margin %", "agreeing backends", f"speedup vs {baseline}"],
-                      formats={"margin_pct": lambda v, r: (f"{fmt(v)} (within noise)", "bad") if r["within_noise"] else (fmt(v), "")}))
+    runs = ["winner_run"] if len(set(wins["winner_run"].dropna())) > 1 else []  # which run a row came from, where there are several
+    body.append(Table(wins, columns=["case", "winner", "winner_ms", "runner_up", "runner_up_ms", "runner_up_ratio", "candidates", "left_out",
+                                     "speedup_vs_baseline", *runs],
+                      headers=["case", "winner", "winner ms", "runner-up", "runner-up ms", "runner-up ÷ winner", "agreeing backends",
+                               "left out (flagged)", f"speedup vs {baseline}", *(["winner's run"] if runs else [])],
+                      formats={"runner_up_ratio": _ratio_cell}))
     body.append(commands("The command that re-measures each winner alone (run it from the checkout's root)",
                          [(f"{r.case}: {r.winner}", r.winner_repro) for r in wins.itertuples()]))
     if not speed.empty:
@@ -339,4 +342,4 @@ def sections(data: analysis.RunData, baseline: str, variation: Variation | None 
         _failures(frame),
         runtime_section(data),
         _environment(data),
-    ]
+    ] + [s for s in (repeats_section(data.repeated),) if s is not None]

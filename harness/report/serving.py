@@ -181,9 +181,11 @@ BANDWIDTH = View(
 WINNERS = View(
     "The winner per batch",
     "Per batch (its length distribution or mixed-batch description) and layout: the fastest backend among rows that agree, "
-    "and how much slower the runner-up is. <em>Within noise</em> (their p20–p80 ranges overlap, the rule the backend-choice "
-    "table uses) means either is a fair choice. <em>plan ms</em> is the winner's untimed set-up per batch, which a server pays "
+    "and how many times the winner's time the runner-up takes. <em>Within noise</em> (their 95 % intervals of the median overlap, "
+    "widened by the run-to-run variation where one was given: the rule the backend-choice table and compare use) means either is "
+    "a fair choice; contended and suspect rows are left out (Sample flags). <em>plan ms</em> is the winner's untimed set-up per batch, which a server pays "
     "once per step.", "No serving row ran and agreed: there is no winner to report.", "batch_winners.csv",
-    ["batch", "layout_label", "group", "winner", "winner_ms", "winner_plan_ms", "runner_up", "runner_up_ms", "margin_pct", "candidates"],
-    ["batch", "layout", "fixed parameters", "winner", "winner ms", "plan ms", "runner-up", "runner-up ms", "margin %", "agreeing backends"],
-    _winner_grids, {"margin_pct": lambda v, r: (f"{fmt(v)} (within noise)", "bad") if r["within_noise"] else (fmt(v), "")})
+    ["batch", "layout_label", "group", "winner", "winner_ms", "winner_plan_ms", "runner_up", "runner_up_ms", "runner_up_ratio", "candidates", "left_out"],
+    ["batch", "layout", "fixed parameters", "winner", "winner ms", "plan ms", "runner-up", "runner-up ms", "runner-up ÷ winner", "agreeing backends",
+     "left out (flagged)"],
+    _winner_grids, {"runner_up_ratio": lambda v, r: (f"{fmt(v)}× (within noise)", "bad") if r["within_noise"] else (f"{fmt(v)}×" if v == v and v is not None else "", "")})

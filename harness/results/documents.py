@@ -163,6 +163,8 @@ class Manifest(Document):
     harness_dirty: bool | None = None
     #: The interpreter that ran the run.
     python: str | None = None
+    #: The lengths files its cases were drawn from, frozen in the folder: {file, source, sha256, copy} (harness.suite.batch_files).
+    batches: list[dict[str, Any]] | None = None
 
     CHECKS = {
         "run_id": _string, "suite": optional(_string), "suite_arg": optional(_string), "suite_copy": optional(_plain_name),
@@ -171,6 +173,7 @@ class Manifest(Document):
         "pair_specs": optional(list_of(fields_of(case=_object, backend=_string))),
         "harness_version": optional(_string), "harness_commit": optional(_string), "harness_dirty": optional(_boolean),
         "python": optional(_string),
+        "batches": optional(list_of(fields_of(file=_string, source=_string, sha256=_string, copy=_plain_name))),
     }
     REQUIRED = ("run_id",)
     #: What a run needs from its manifest to be resumed (or replaced by --force): every manifest a run ever wrote has them.

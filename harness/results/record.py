@@ -85,11 +85,13 @@ class Record:
     clock_resolution_s: float | None = None
     #: Timed samples whose interval may hold host launch time (CUDA: the host outran the spin); None on host clocks.
     launch_leaked: int | None = None
-    #: Another process took the CPU during the timed samples (run-queue waits or preemptions); the evidence follows.
+    #: Another process took the CPU (run-queue waits or preemptions) or ran on the GPU during the timed samples; the evidence follows.
     contended: bool | None = None
     run_queue_wait_ratio: float | None = None
     involuntary_switches: int | None = None
     cpu_wall_ratio: float | None = None
+    #: torch's intra-op CPU threads the pair was timed with (`run --threads`, else torch's default, the core count).
+    threads: int | None = None
     timer: str | None = None
     compile_s: float | None = None
     #: Milliseconds of the backend's untimed per-batch set-up (FlashInfer's plan(), a BlockMask), timed on its own.
@@ -155,6 +157,10 @@ class Record:
     throttle_reason: str | None = None
     #: Why the GPU state columns are empty (a CPU row, NVML missing).
     gpu_state_reason: str | None = None
+    #: Compute processes other than the timing one that NVML listed on the device as the samples started or ended (above 0
+    #: makes the row `contended`), and the GPU's utilisation % then (the higher); None where NVML cannot tell (a CPU row, MIG).
+    gpu_other_processes: int | None = None
+    gpu_utilization_pct: float | None = None
     #: The energy phase: mJ per call, mean W and GFLOP per joule between two changes of the counter, over
     #: `energy_window_s` seconds and `energy_calls` back-to-back calls in which it changed `energy_counter_updates`
     #: times; `energy_counter` names it (nvml-total-energy, rapl:…), `energy_reason` says why there is no figure.

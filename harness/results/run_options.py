@@ -8,7 +8,8 @@ it. A field added here is stored, read back, refused by `--resume` and repeated 
 (its flag still needs its line in the CLI's parser, which holds the help texts).
 
 The manifest keeps the keys every attnbench wrote at its top level (`check`, `profile`, `traces`, `timer`,
-`energy`, `cooldown_s`, `order`, `budget`), so older run folders resume and report, and older readers read newer folders.
+`energy`, `cooldown_s`, `order`, `budget`, and `threads` since `run --threads`), so older run folders resume and
+report, and older readers read newer folders.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from harness.errors import UserError
 from harness.measure.budget import Budget
+from harness.measure.threads import MAX_THREADS, check_threads
 from harness.results.field_checks import Check, _accepting, _boolean, _count, _object, _positive, optional
 from harness.suite.budget_fields import budget_from_fields
 
@@ -34,6 +36,8 @@ AUTO_MAX_S = 60.0
 OPTION = "run_option"
 
 _TIMER = _accepting(lambda v: isinstance(v, str) and v in TIMERS, f"one of {', '.join(TIMERS)} (run --timer)")
+_THREADS = optional(_accepting(lambda v: not isinstance(v, bool) and isinstance(v, int) and 1 <= v <= MAX_THREADS,
+                               f"a whole number from 1 to {MAX_THREADS} (run --threads)"))
 _BUDGET = optional(_accepting(lambda v: isinstance(v, Budget), "a Budget"))
 
 
@@ -112,6 +116,9 @@ class RunOptions:
     # The order of the fields is the order of repro's words: the valued ones before the switches.
     timer: str = _option("events", check=_TIMER, flag="--timer", pytest={
         "default": "events", "choices": TIMERS, "help": "what a sample is (harness.measure.timers)"})
+    #: torch's intra-op CPU threads in each timing process; None: torch's default (the core count), each row records it.
+    threads: int | None = _option(None, check=_THREADS, flag="--threads", from_flag=check_threads, pytest={
+        "default": None, "type": int, "help": "torch's intra-op CPU threads while timing (default: torch's, the core count)"})
     check: bool = _option(True, check=_boolean, flag="--no-check", from_flag=lambda no_check: not no_check,
                           words=lambda flag, value: [] if value else [flag],
                           pytest={"action": "store_true", "help": "skip the agreement check"})

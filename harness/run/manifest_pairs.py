@@ -15,6 +15,7 @@ from harness.env import harness_identity
 from harness.errors import UserError
 from harness.measure.timing import Budget
 from harness.results.documents import MANIFEST, Manifest
+from harness.suite.batch_files import check_cases
 from harness.suite.cases import Case, case_from_fields
 from harness.suite.catalog import Suite, load_suite
 from harness.results.record import pair_key
@@ -52,6 +53,8 @@ def run_pairs(manifest: Manifest, folder: Path, suite_arg: str) -> Pairs:
             raise UserError(f"{where}: field 'pair_specs[{i}]' is pair {pair_key(case, spec['backend'])!r}, "
                             f"but field 'pairs' says {key!r}: the manifest is damaged")
         pairs[key] = (case, spec["backend"])
+    if manifest.batches is not None:  # the cases drawn from lengths files, checked against the copies frozen with the run
+        check_cases(folder, manifest.batches, [case for case, _ in pairs.values()], str(where))
     return pairs
 
 

@@ -112,17 +112,38 @@ class AttnbenchSession:
         given = {f.name: config.getoption(spec.pytest_flag) for f, spec in run_options() if spec.pytest is not None}
         # The option names the traces' folder, and the plugin has always ignored it without --attnbench-profile.
         traces = given["traces"] if given["profile"] else None
-        phases = Phases.of_run(RunOptions.from_flags({**given, "traces": traces}), Path(traces) if traces else None)
+        options = RunOptions.from_flags({**given, "traces": traces})
+        phases = Phases.of_run(options, Path(traces) if traces else None)
         # One loop for the session: its runner's float64 reference is shared by the backends of a case.
         self.loop = WorkerLoop(self.run_dir.name, "pytest", PairRunner(budget=self.suite.budget, phases=phases), registry,
-                               after_pair=gc.freeze)  # the pytest session is this process's entry point: its choice, as a worker's
+                               after_pair=gc.freeze,  # the pytest session is this process's entry point: its choice, as a worker's
+                               threads=options.threads)
+        #: The test ids of the rows whose medians decide nothing, by why (`contended`, `suspect`), for the closing line.
+        self.undecided: dict[str, list[str]] = {"contended": [], "suspect": []}
+        self.recorded = 0
 
     def run(self, case: Case, backend_name: str, benchmark: Any, timer: PairClock) -> Record:
         """Measure one pair with its rounds in pytest-benchmark, append its record, and return it."""
         record = self.loop.run_pair(case, backend_name, loop_factory=pedantic_loop(benchmark, timer))
-        benchmark.extra_info.update({"case_id": case.id, "backend": backend_name, "status": record.status.value})
+        # pytest-benchmark's table cannot say a row was contended: its JSON and the closing line do.
+        benchmark.extra_info.update({"case_id": case.id, "backend": backend_name, "status": record.status.value,
+                                     "contended": record.contended, "suspect": record.suspect, "threads": record.threads})
+        for why in self.undecided:
+            if getattr(record, why):
+                self.undecided[why].append(record.pair_key)
         self.writer.append(record)
+        self.recorded += 1
         return record
+
+    def undecided_line(self, shown: int = 3) -> str | None:
+        """One line naming the rows that were contended or suspect, that their numbers decide nothing; None when none was."""
+        ids = list(dict.fromkeys(self.undecided["contended"] + self.undecided["suspect"]))
+        if not ids:
+            return None
+        counts = ", ".join(f"{len(keys)} {why}" for why, keys in self.undecided.items() if keys)
+        named = ", ".join(ids[:shown]) + (f" and {len(ids) - shown} more" if len(ids) > shown else "")
+        return (f"attnbench: {len(ids)} of {self.recorded} rows were contended or suspect ({counts}): "
+                f"their numbers decide no answer ({named}); rows in {self.run_dir}")
 
 
 _SESSION_KEY = pytest.StashKey[AttnbenchSession]()
@@ -200,3 +221,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     garbage a pair leaves is all younger than the freeze.
     """
     gc.freeze()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Say after pytest-benchmark's table how many rows were contended or suspect: the table shows no sign of it."""
+    session = config.stash.get(_SESSION_KEY, None)
+    line = session.undecided_line() if session is not None and session.suite is not None else None
+    if line is not None:
+        terminalreporter.write_line(line, yellow=True, bold=True)

@@ -133,6 +133,8 @@ class RaySupervisor(Supervisor):
             raise UserError("--memory-limit is for the local executor: Ray's own memory monitor guards the nodes")
         if config.options.traces:
             raise UserError("--traces is for the local executor: a Ray task's trace would be written on its node, not in the run folder")
+        if config.options.threads is not None:
+            raise UserError("--threads is for the local executor: a Ray task times with the CPUs Ray assigned it, and its rows record how many")
         if config.options.cooldown_s is not None:
             raise UserError("--cooldown is for the local executor: a Ray task does not yet know its GPU's idle temperature")
 

@@ -5,8 +5,10 @@ new run folder: the interpreter that ran the run (its absolute path, from the ma
 shell a bare `python` may be one without torch, or another torch), the row's own run folder as the
 suite (`--suite <run folder>`: the pair is rebuilt from the case its manifest holds, with the budget
 the row had, so it re-records the pair after the suite it came from changed or was deleted), the exact
-case id (`--case`, not the substring `--only`), the backend, the device, and the run options' flags
-(`RunOptions.run_words`: the timer, `--no-check`, `--energy`, `--profile`, `--traces`). It is built from
+case id (`--case`, not the substring `--only`), the backend, the device, the folder the row's run folder
+is in (`--out`: the new run folder lands beside the row's, wherever the command is run from), and the run
+options' flags (`RunOptions.run_words`: the timer, `--threads`, `--no-check`, `--energy`, `--profile`,
+`--traces`). It is built from
 the manifest, so the rows of every executor, and the rows the supervisor writes for a pair that died,
 get it alike.
 """
@@ -25,7 +27,8 @@ from harness.run.order import Pair, positions_in_case
 def repro_command(manifest: dict[str, Any], run_folder: Path | str, case_id: str, backend: str) -> str:
     """The shell command that re-runs pair (`case_id`, `backend`) of the run in `run_folder` (whose manifest is `manifest`), alone."""
     words = [str(manifest.get("python") or "python"), "-m", "harness", "run", "--suite", str(run_folder), "--case", case_id, "--backends", backend,
-             "--device", str(manifest["device"]), *RunOptions.from_manifest(manifest, "the run's manifest").run_words()]
+             "--device", str(manifest["device"]), "--out", str(Path(run_folder).parent),
+             *RunOptions.from_manifest(manifest, "the run's manifest").run_words()]
     return " ".join(shlex.quote(w) for w in words)
 
 

@@ -31,11 +31,12 @@ from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_recor
 from harness.run import manifest_pairs, protocol
 from harness.process.children import child_command, run_child
 from harness.run.progress import RecordsTail
+from harness.suite import batch_files
 from harness.suite.cases import Case
 
 SUITE_COPY = "suite.toml"
 #: Every name a run writes in its folder (patterns for the per-worker files); `--force` deletes nothing else.
-RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
+RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.CLAIMS, "traces", batch_files.FROZEN,
              protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK, f"worker-*{protocol.CURRENT_SUFFIX}", "worker-*.log",
              "pytest-benchmark-*.json", f".{MANIFEST}.*.tmp", f".{ENV}.*.tmp")
 #: The files a run writes again on resume: none may be a symbolic link.
@@ -93,11 +94,22 @@ class RunFolder:
         manifest = {**manifest, "harness": HARNESS, "run_uuid": uuid.uuid4().hex}
         if suite_file is not None:
             manifest["suite_copy"] = SUITE_COPY
+        cases = [case for case, _ in (pairs or {}).values()]
+        frozen = batch_files.to_freeze(manifest.get("suite_arg"), suite_file, cases) if pairs is not None else None
+        if frozen:
+            manifest["batches"] = [entry for entry, _ in frozen]
         folder = cls(path, Manifest.from_dict(manifest, where=path / MANIFEST), _pairs=pairs)
         folder.lock()
         if suite_file is not None:
             # A copy of the suite file as it was, for `repro` and for a reader; the pairs themselves are in the manifest.
             write_file(path / SUITE_COPY, Path(suite_file).read_bytes())
+        if frozen:
+            # The lengths files as the cases were drawn from them: a file edited or deleted later changes no rebuilt case.
+            (path / batch_files.FROZEN).mkdir(exist_ok=True)
+            for entry, raw in frozen:
+                write_file(path / batch_files.FROZEN / entry["copy"], raw)
+            # A file changed between the suite's reading and this copy would leave copies the cases were not drawn from.
+            batch_files.check_cases(path, manifest["batches"], cases, str(path / MANIFEST))
         folder.write_manifest()
         return folder
 

@@ -98,6 +98,8 @@ class RunSummary:
     counts: dict[str, int]
     total: int
     wall_s: float
+    #: Rows whose medians decide no answer, by why: `contended` (other work took the CPU), `suspect` (the timing is in doubt).
+    undecided: dict[str, int] = field(default_factory=dict)
 
 
 def _resolve_suite(name: str, device: str) -> tuple[Suite, str]:
@@ -297,7 +299,9 @@ class Supervisor:
         counts: dict[str, int] = {}
         for record in records:
             counts[record.status.value] = counts.get(record.status.value, 0) + 1
-        return RunSummary(folder.path, counts, len(pairs), time.monotonic() - started)
+        # Counted from the closing read, never on the progress bar's poll (that would parse rows beside timed samples).
+        undecided = {why: sum(1 for r in records if getattr(r, why)) for why in ("contended", "suspect")}
+        return RunSummary(folder.path, counts, len(pairs), time.monotonic() - started, {k: n for k, n in undecided.items() if n})
 
     def _settle(self, worker: Worker, outcome: str, folder: RunFolder, failures: FailureRows) -> tuple[bool, bool]:
         """Account for a worker that ended: (whether to restart it, whether it used up a pair on the way)."""

@@ -30,6 +30,7 @@ from harness.errors import UserError
 from harness.execution.execute import PairRunner, Phases, execute
 from harness.execution.failures import poisons_process
 from harness.execution.outcome import case_record
+from harness.measure.threads import apply_threads
 from harness.measure.timing import Clock, Loop
 from harness.results.documents import Manifest
 from harness.results.record import Record, Status
@@ -82,6 +83,8 @@ class WorkerLoop:
     #: pair's collection is alive on purpose, so the next pair's collection walks only what that pair creates,
     #: 85 ms -> ~1 ms a pair). Process-wide state is the process's own choice, never the library's.
     after_pair: Callable[[], object] | None = None
+    #: torch's intra-op CPU threads, set before each pair is timed (`run --threads`); None: the process's count as it is.
+    threads: int | None = None
 
     def events(self, pairs: Iterable[PairItem], claim: Callable[[str], bool] = lambda key: True) -> Iterator[Started | Finished]:
         """Run each pair this worker claims: `Started` before it, `Finished` after; stop after a pair that poisons the process."""
@@ -105,8 +108,11 @@ class WorkerLoop:
             record = case_record(case, UnloadedPlugin(backend_name, str(exc)), self.run_id, self.worker)
             record.status, record.reason = Status.ERROR, f"worker {self.worker} cannot load backend {backend_name}: {exc}"
         else:
+            threads = apply_threads(self.threads)  # a no-op after the first pair: torch keeps the count process-wide
             runner = self.runner if loop_factory is None else replace(self.runner, loop_factory=loop_factory)
             record = execute(case, backend, runner, self.run_id, self.worker)
+            if record.status is not Status.UNSUPPORTED:  # an unsupported pair ran nothing, on any number of threads
+                record.threads = threads
         for name, value in self.where.items():
             setattr(record, name, value)
         if self.rows is not None:
@@ -127,7 +133,7 @@ def folder_loop(folder: RunFolder, worker: str, pairs: dict[str, tuple[Case, str
     max_s = manifest.options.cooldown_s
     cooldown = worker_cooldown(max_s, folder.path) if max_s is not None else None
     return WorkerLoop(folder.run_id, worker, runner, registry or load_registry(), RunRows(folder.manifest, folder.path, pairs),
-                      cooldown)
+                      cooldown, threads=manifest.options.threads)
 
 
 def pending_pairs(folder: RunFolder, pairs: dict[str, tuple[Case, str]]) -> list[PairItem]:

@@ -29,6 +29,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
@@ -174,11 +175,12 @@ class Lengths:
         return rng.choice(np.asarray(self.source.lengths, dtype=np.int64), size=n, p=weights / weights.sum())
 
 
-def parse_lengths(text: str, base: Path | None = None, *, read: bool = True) -> Lengths:
+def parse_lengths(text: str, base: Path | None = None, *, read: bool = True, files: Mapping[str, Path] | None = None) -> Lengths:
     """A length distribution from its text (see the module docstring).
 
-    `file:` paths are relative to `base` (default: the working directory); with `read` False the file is
-    named but not read (a case's own text is checked so, since the case carries the lengths drawn from it).
+    `file:` paths are relative to `base` (default: the working directory), or read where `files` maps them (a run's
+    frozen copies); with `read` False the file is named but not read (a case's own text is checked so, since the case
+    carries the lengths drawn from it).
     """
     text = text.strip()
     if text.startswith("file:"):
@@ -188,7 +190,7 @@ def parse_lengths(text: str, base: Path | None = None, *, read: bool = True) -> 
         if not read:
             return Lengths("file", (name,))
         path = Path(name) if base is None or Path(name).is_absolute() else base / name
-        return Lengths("file", (name,), read_lengths_file(path))
+        return Lengths("file", (name,), read_lengths_file(files.get(name, path) if files else path))
     if text.isascii() and text.isdigit():
         return Lengths("constant", (_positive(text, "length"),))
     constant = re.fullmatch(r"constant\((\d+)\)", text.replace(" ", ""))
@@ -269,8 +271,8 @@ class Batch:
         return tuple(q_lens), tuple(kv_lens)
 
 
-def parse_batch(text: str, base: Path | None = None, *, read: bool = True) -> Batch:
-    """A batch description (see the module docstring) parsed; UserError naming the term that is wrong (`read`: see parse_lengths)."""
+def parse_batch(text: str, base: Path | None = None, *, read: bool = True, files: Mapping[str, Path] | None = None) -> Batch:
+    """A batch description (see the module docstring) parsed; UserError naming the term that is wrong (`read`, `files`: see parse_lengths)."""
     if not isinstance(text, str) or not text.strip():
         raise UserError(f"batch description {text!r} is empty: write e.g. '2x2048 + 32x1@1024' or 'uniform(64,512)'")
     pieces = [p.strip() for p in text.split("+")]
@@ -282,8 +284,8 @@ def parse_batch(text: str, base: Path | None = None, *, read: bool = True) -> Ba
         count = _positive(match.group(1), f"batch {text!r}: count of {piece!r}") if match.group(1) else None
         if count is None and len(pieces) > 1:
             raise UserError(f"batch {text!r}: term {piece!r} needs a count (Nx…) in a batch of several terms")
-        q = parse_lengths(match.group(2), base, read=read)
-        kv = parse_lengths(match.group(3), base, read=read) if match.group(3) else None
+        q = parse_lengths(match.group(2), base, read=read, files=files)
+        kv = parse_lengths(match.group(3), base, read=read, files=files) if match.group(3) else None
         if kv is not None and q.kind == kv.kind == "constant" and kv.params[0] < q.params[0]:
             raise UserError(f"batch {text!r}: term {piece!r} attends over {kv.params[0]} keys, fewer than its {q.params[0]} queries "
                             f"(KV counts the cache and the queries themselves)")

@@ -13,15 +13,20 @@ A row is `throttled` when a power, thermal or hardware slowdown reason (SLOWDOWN
 SUSTAINED_TOLERANCE below the device's sustained clock: the clock NVML reports as the device's
 maximum, or the application clock target where an administrator set it lower (then that is what the
 GPU is meant to run at). The idle bit (0x1) alone is not throttling; a clock still ramping from idle is.
+
+As the window starts and as it ends, the sampler also asks NVML which compute processes are on the device and how busy
+it is (`DeviceUse`): another process there during the samples shares the SMs and the memory bandwidth with the timed
+calls, so the row is `contended` as a CPU row is when another process takes its cores.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol, Sequence
 
 from harness.results.vocabulary import SLOWDOWN_BITS, THROTTLE_BITS, throttle_words  # noqa: F401 - re-exported
 from harness.telemetry import nvml
@@ -44,6 +49,29 @@ class GpuReading:
     temperature_c: float | None
     power_w: float | None
     throttle_reasons: int | None
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """Who is on the device now: the compute processes' pids and the GPU utilisation %, each None where NVML cannot tell."""
+
+    pids: frozenset[int] | None
+    utilization_pct: float | None
+
+
+def other_processes(seen: Sequence[frozenset[int] | None], own: frozenset[int]) -> int | None:
+    """How many processes besides the harness's `own` pids NVML listed on the device in any of `seen`, None when it could not tell."""
+    known = [pids for pids in seen if pids is not None]
+    if not known:
+        return None
+    pids = frozenset().union(*known)
+    if pids & own:
+        return len(pids - own)
+    if not pids:
+        # This process holds a context on the device while it is timed: a list without it is NVML hiding processes (MIG, no privileges).
+        return None
+    # Listed, but not under our pid: NVML names processes in another pid namespace (a container's), and one of them is this one.
+    return len(pids) - 1
 
 
 class GpuTelemetry(Protocol):
@@ -82,6 +110,10 @@ class NvmlTelemetry:
     def energy_mj(self) -> float | None:
         """NVML's total energy since the driver loaded, in mJ (Volta and later)."""
         return nvml.call(self.pynvml, "nvmlDeviceGetTotalEnergyConsumption", self.handle)
+
+    def device_use(self) -> DeviceUse:
+        """The compute processes on the device and its utilisation now."""
+        return DeviceUse(nvml.device_pids(self.pynvml, self.handle), nvml.utilization_pct(self.pynvml, self.handle))
 
     def sustained_sm_clock_mhz(self) -> float | None:
         """The device's maximum SM clock, or its application clock target where that is set lower."""
@@ -141,6 +173,8 @@ class StateSummary:
     throttled: bool | None = None
     throttle_reason: str | None = None
     unavailable: str | None = None
+    other_processes: int | None = None
+    utilization_pct: float | None = None
 
     def columns(self) -> dict[str, Any]:
         """The record's GPU state columns."""
@@ -150,6 +184,7 @@ class StateSummary:
             "gpu_power_w_mean": self.power_w_mean, "gpu_throttle_reasons": self.throttle_reasons,
             "gpu_state_readings": self.readings or None, "gpu_sustained_sm_clock_mhz": self.sustained_sm_clock_mhz,
             "throttled": self.throttled, "throttle_reason": self.throttle_reason, "gpu_state_reason": self.unavailable,
+            "gpu_other_processes": self.other_processes, "gpu_utilization_pct": self.utilization_pct,
         }
 
 
@@ -186,16 +221,28 @@ class StateSampler:
     readings: list[GpuReading] = field(default_factory=list)
     #: The last window's summary, set when `around`'s loop ends.
     summary: StateSummary | None = None
+    #: The timing process, which NVML lists on the device beside any other, and its parent (a supervisor or the
+    #: `stability` command), which waits for it: should it hold a context on the device, it runs nothing there meanwhile.
+    own_pids: frozenset[int] = field(default_factory=lambda: frozenset({os.getpid(), os.getppid()}))
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._uses: list[DeviceUse] = []
+
+    def _read_use(self) -> None:
+        # Only as the window starts and ends: listing processes costs more than a clock reading, and a rival lasts longer.
+        read = getattr(self.telemetry.gpu, "device_use", None)  # a telemetry without it (a test's fake) cannot tell
+        if read is not None:
+            self._uses.append(read())
 
     def start(self) -> None:
         """Read once and start the background readings."""
         gpu = self.telemetry.gpu
         if gpu is None:
             return
+        self._uses = []
+        self._read_use()
         self.readings = [gpu.read()]
         self._stop.clear()
         if self.period_s:
@@ -216,7 +263,11 @@ class StateSampler:
             self._thread.join()
             self._thread = None
         self.readings.append(gpu.read())
-        return summarize(self.readings, gpu.sustained_sm_clock_mhz())
+        self._read_use()
+        summary = summarize(self.readings, gpu.sustained_sm_clock_mhz())
+        busy = [u.utilization_pct for u in self._uses if u.utilization_pct is not None]
+        return replace(summary, other_processes=other_processes([u.pids for u in self._uses], self.own_pids) if self._uses else None,
+                       utilization_pct=max(busy) if busy else None)
 
     def around(self, loop: Callable[..., list[float]]) -> Callable[..., list[float]]:
         """`loop` (a timing Loop) with this sampler running exactly while its rounds run."""

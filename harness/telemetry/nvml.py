@@ -42,6 +42,32 @@ def throttle_reasons(pynvml: Any, handle: Any) -> int | None:
     return first(pynvml, ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"), handle)
 
 
+#: The NVML functions `device_pids` and `utilization_pct` call, by the names nvidia-ml-py exports (its pynvml.py,
+#: e.g. nvidia-ml-py 12.560.30: github.com/XuehaiPan/nvidia-ml-py, pynvml.py at 51b9f13): the unversioned name,
+#: which each release points at its newest `_v2`/`_v3` struct, so no version suffix is chosen here.
+COMPUTE_PROCESSES = "nvmlDeviceGetComputeRunningProcesses"
+UTILIZATION = "nvmlDeviceGetUtilizationRates"
+
+
+def device_pids(pynvml: Any, handle: Any) -> frozenset[int] | None:
+    """The pids of the compute processes NVML sees on the device now, None when it cannot tell."""
+    # Compute processes only: a display server's graphics context on a workstation GPU is no rival for the SMs worth flagging every row for.
+    processes = call(pynvml, COMPUTE_PROCESSES, handle)
+    if processes is None:
+        return None
+    try:
+        return frozenset(int(p.pid) for p in processes)
+    except (TypeError, ValueError, AttributeError):  # not a list of process infos: this nvidia-ml-py answers otherwise
+        return None
+
+
+def utilization_pct(pynvml: Any, handle: Any) -> float | None:
+    """The device's GPU utilisation (% of NVML's last sample period with a kernel running), None when it cannot tell."""
+    rates = call(pynvml, UTILIZATION, handle)
+    value = getattr(rates, "gpu", None)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def watts(milliwatts: float | None) -> float | None:
     """NVML's milliwatts in W."""
     return milliwatts / 1000 if milliwatts is not None else None

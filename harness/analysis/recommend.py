@@ -1,0 +1,269 @@
+"""`attnbench recommend`: the backend (and, for a serving batch, the layout) to choose for a shape, from measured rows only.
+
+The query names a shape (a model preset's heads, S, B, a batch …); every measured case that matches it is a
+candidate. The answer comes first: for one problem (one case, or one batch in several layouts) the fastest
+backend and layout; for several, the option with the lowest geometric mean of its time over each problem's
+fastest, among the options that ran them all. One answer per case follows. Only rows that ran, agreed with
+the float64 reference and carry no contended or suspect flag decide (`harness.analysis.trust`); those left
+out are counted and named. Two options are told apart by `harness.analysis.difference`'s rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from harness.analysis.difference import differ, interval_of
+from harness.analysis.frame import agreeing_rows, case_key, case_labels, is_core, num
+from harness.analysis.trust import LeftOut, flags_of, left_out
+from harness.errors import UserError
+from harness.suite.cases import CASE_FIELDS
+
+#: The case fields that say how a batch is laid out, not which problem it is: a padded and a packed row of one batch compete.
+LAYOUT_FIELDS = ("layout", "page_size", "padding")
+
+
+def model_shape(name: str) -> dict[str, Any]:
+    """H, H_kv, d_k and window of a published model's preset (`harness.suite.presets`)."""
+    from harness.suite.presets import get_preset
+
+    preset = get_preset(name.strip().lower())
+    return {"H": preset.H, "H_kv": preset.H_kv, "d_k": preset.d_k, "window": preset.window}
+
+
+def option_of(row: Mapping[str, Any]) -> str:
+    """What a user chooses from one row: the backend, with its layout where the row is a serving batch ("flash (packed)")."""
+    layout = row.get("layout")
+    if not isinstance(layout, str) or layout in ("", "dense"):
+        return str(row["backend"])
+    page = num(row.get("page_size"))
+    return f"{row['backend']} ({layout}" + (f", page {int(page)})" if layout == "paged" and page else ")")
+
+
+def times(ratio: float) -> str:
+    """A ratio of times as a user reads it: '5.2× the time' (never a percentage 'faster' above 100 %)."""
+    return f"{ratio:.2f}× the time"
+
+
+@dataclass
+class Recommendation:
+    """The answer for one measured case: the winner, the runner-up, the rows it is based on and the rows it left out."""
+
+    case_id: str
+    winner: str | None
+    winner_ms: float | None
+    runner_up: str | None
+    runner_up_ms: float | None
+    rows: pd.DataFrame
+    #: True when the winner and the runner-up do not differ by `harness.analysis.difference`'s rule: the order may be noise.
+    within_noise: bool = False
+    left_out: LeftOut = field(default_factory=LeftOut)
+
+    @property
+    def ratio(self) -> float | None:
+        """The runner-up's time over the winner's (None without a runner-up)."""
+        return self.runner_up_ms / self.winner_ms if self.runner_up_ms and self.winner_ms else None
+
+    def head(self) -> str:
+        """The one-line answer for this case."""
+        if self.winner is None:
+            why = (f"every row that ran and agreed was contended or suspect ({self.left_out.rows}); re-measure on a quiet machine"
+                   if self.left_out else "no backend ran and agreed with the reference")
+            return f"{self.case_id}: no answer: {why}"
+        if self.runner_up is None:
+            return f"{self.case_id}: {self.winner} ({self.winner_ms:.4g} ms), the only backend that ran and agreed"
+        head = f"{self.case_id}: {self.winner} ({self.winner_ms:.4g} ms); the runner-up {self.runner_up} takes {times(self.ratio)} ({self.runner_up_ms:.4g} ms)"
+        return head + ("; within noise (their 95 % intervals overlap): either is a fair choice" if self.within_noise else "")
+
+    def lines(self) -> list[str]:
+        """The head, then one line per row it used or left out."""
+        out = [self.head(), "  based on these rows:"]
+        width = max([16, *(len(option_of(r)) for _, r in self.rows.iterrows())])
+        for _, r in self.rows.sort_values("latency_ms_median", na_position="last").iterrows():
+            if r["status"] != "ok":
+                out.append(f"    {option_of(r):<{width}} {r['status']}: {r['reason']}")
+                continue
+            flags = flags_of(r)
+            agree = "agrees" if r["agree_ok"] else ("not checked" if r["agree"] is None else "DISAGREES (excluded)")
+            if flags and r["agree_ok"]:
+                agree += f", {' and '.join(flags)} (left out)"
+            interval = interval_of(r)
+            spread = f"95 % interval {interval[0]:.4g}–{interval[1]:.4g}" if interval else "no 95 % interval (under 6 samples)"
+            out.append(f"    {option_of(r):<{width}} {r['latency_ms_median']:>10.4g} ms  {spread}  {agree}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form of this case's answer and the rows it read."""
+        rows = [{"backend": r["backend"], "option": option_of(r), "status": r["status"], "latency_ms_median": num(r["latency_ms_median"]),
+                 "agree": r["agree"] if isinstance(r["agree"], bool) else None, "flags": flags_of(r), "reason": r.get("reason")}
+                for _, r in self.rows.iterrows()]
+        return {"case_id": self.case_id, "winner": self.winner, "winner_ms": self.winner_ms, "runner_up": self.runner_up,
+                "runner_up_ms": self.runner_up_ms, "runner_up_ratio": self.ratio, "within_noise": self.within_noise,
+                "left_out": self.left_out.to_dict(), "rows": rows}
+
+
+@dataclass
+class Answer:
+    """What `recommend` says: the one answer over every matching case first, then each case's."""
+
+    best: str | None
+    summary: str
+    cases: list[Recommendation]
+    left_out: LeftOut = field(default_factory=LeftOut)
+    #: The options ranked over every problem: option → geometric mean of its time over each problem's fastest.
+    ranking: dict[str, float] = field(default_factory=dict)
+
+    def lines(self, label: str = "") -> list[str]:
+        """The overall answer, what was left out, then each case's lines."""
+        out = [label + self.summary]
+        if self.left_out:
+            out.append("  " + self.left_out.sentence("this answer"))
+        if len(self.cases) == 1:  # the summary is this case's answer: its rows follow
+            return out + self.cases[0].lines()[1:]
+        out.append(f"per case ({len(self.cases)}):")
+        for case in self.cases:
+            out.extend(case.lines())
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document `recommend --json` prints."""
+        return {"best": self.best, "summary": self.summary, "ranking": self.ranking, "left_out": self.left_out.to_dict(),
+                "cases": [c.to_dict() for c in self.cases]}
+
+
+def batch_key(text: Any) -> str | None:
+    """A batch description in the one spelling rows are matched by (harness.suite.batch's canonical text); None for none.
+
+    A file is named, not read: rows carry its name. Text the grammar does not read is matched as written, spaces removed.
+    """
+    from harness.suite.batch import parse_batch
+
+    if not isinstance(text, str) or not text.strip():
+        return None
+    try:
+        text = parse_batch(text, read=False).text
+    except UserError:
+        pass
+    return "".join(text.split())
+
+
+def _batch_rows(rows: pd.DataFrame, batch: str) -> pd.Series:
+    """Which rows measured the batch `batch` (their `length_dist`); UserError listing the run's batches when none did."""
+    from harness.suite.batch import parse_batch
+
+    recorded = rows["length_dist"] if "length_dist" in rows.columns else pd.Series([None] * len(rows), index=rows.index)
+    parse_batch(batch, read=False)  # a query the grammar cannot read is the user's mistake, said in one line
+    match = recorded.map(batch_key) == batch_key(batch)
+    if not match.any():
+        seen = sorted({str(d) for d in recorded if batch_key(d)})
+        measured = f"its batches are {'; '.join(seen)}" if seen else "it has no serving batches (no row has a length_dist)"
+        raise UserError(f"the run measured no batch {batch!r}: {measured}; run a suite with that batch first")
+    return match
+
+
+def matching_rows(frame: pd.DataFrame, query: Mapping[str, Any]) -> pd.DataFrame:
+    """The attention-core rows of the cases `query` names; UserError naming the measured values when none matches."""
+    rows = frame[is_core(frame)]
+    for name, value in query.items():
+        if value is None:
+            continue
+        if name == "batch":
+            match = _batch_rows(rows, value)
+        elif name == "S":
+            match = (rows["S_q"] == value) & (rows["S_kv"] == value)
+        elif name == "window":
+            match = rows["window"].map(lambda w: w is not None and w == w and int(w) == int(value))
+        else:
+            match = rows[name] == value
+        if not match.any():
+            column = rows["S_kv"] if name == "S" else rows[name]
+            seen = [str(v) for v in sorted(column.dropna().unique(), key=lambda v: (not isinstance(v, (int, np.integer)), v if isinstance(v, (int, np.integer)) else str(v)))]
+            given = ", ".join(f"{k}={v}" for k, v in query.items() if v is not None)
+            raise UserError(f"the run measured no case with {given}: {name} was measured at {', '.join(seen) or 'nothing'} only; run a suite with that shape first")
+        rows = rows[match]
+    return rows
+
+
+def _case_answer(case_id: str, sub: pd.DataFrame, cv: float) -> Recommendation:
+    """One case's winner and runner-up among its trusted agreeing rows."""
+    good = agreeing_rows(sub).sort_values("latency_ms_median")
+    best = good.iloc[0] if len(good) else None
+    second = good.iloc[1] if len(good) > 1 else None
+    return Recommendation(
+        case_id, best["backend"] if best is not None else None, float(best["latency_ms_median"]) if best is not None else None,
+        second["backend"] if second is not None else None, float(second["latency_ms_median"]) if second is not None else None,
+        sub, second is not None and not differ(best, second, cv), left_out(agreeing_rows(sub, flagged=True)),
+    )
+
+
+def _problem_columns(rows: pd.DataFrame) -> list[str]:
+    """The columns naming one problem: the case's fields but its layout (and the device model)."""
+    return [c for c in (*CASE_FIELDS, "device_model") if c in rows.columns and c not in LAYOUT_FIELDS]
+
+
+def _overall(rows: pd.DataFrame, cases: list[Recommendation], cv: float) -> tuple[str | None, str, dict[str, float]]:
+    """The one answer over every matching case: (best option, its sentence, the ranking of the options that ran every problem)."""
+    good = agreeing_rows(rows)
+    if good.empty:
+        flagged = left_out(agreeing_rows(rows, flagged=True))
+        why = (f"every row that ran and agreed was contended or suspect ({flagged.rows}); re-measure on a quiet machine"
+               if flagged else "no backend ran and agreed with the reference")
+        return None, f"no answer: {why}", {}
+    good = good.assign(option=[option_of(r) for _, r in good.iterrows()])
+    columns = _problem_columns(good)
+    # Lengths are lists (unhashable): a problem is named by the text of its fields.
+    good = good.assign(_problem=[repr(tuple(r[c] for c in columns)) for _, r in good.iterrows()])
+    problems = list(good.groupby("_problem", sort=False))
+    if len(problems) == 1:
+        ranked = good.sort_values("latency_ms_median")
+        best, second = ranked.iloc[0], ranked.iloc[1] if len(ranked) > 1 else None
+        label = best.get("case", best["case_id"])
+        where = label if best["option"] == best["backend"] or len(ranked["case_id"].unique()) == 1 else f"the batch {best.get('length_dist') or label}"
+        text = f"best for {where}: {best['option']} ({best['latency_ms_median']:.4g} ms)"
+        if second is not None:
+            ratio = float(second["latency_ms_median"]) / float(best["latency_ms_median"])
+            text += f"; the runner-up {second['option']} takes {times(ratio)}"
+            if not differ(best, second, cv):
+                text += "; within noise (their 95 % intervals overlap): either is a fair choice"
+        return str(best["option"]), text, {str(o): float(t) / float(best["latency_ms_median"]) for o, t in ranked.groupby("option", sort=False)["latency_ms_median"].min().items()}
+    fastest = {i: float(sub["latency_ms_median"].min()) for i, (_, sub) in enumerate(problems)}
+    ratios: dict[str, list[float]] = {}
+    wins: dict[str, int] = {}
+    for i, (_, sub) in enumerate(problems):
+        per_option = sub.groupby("option", sort=False)["latency_ms_median"].min()
+        for option, ms in per_option.items():
+            ratios.setdefault(str(option), []).append(float(ms) / fastest[i])
+        wins[str(per_option.idxmin())] = wins.get(str(per_option.idxmin()), 0) + 1
+    everywhere = {o: math.exp(sum(map(math.log, r)) / len(r)) for o, r in ratios.items() if len(r) == len(problems)}
+    if not everywhere:
+        return None, (f"no overall answer: no backend ran all {len(problems)} matching problems without a flag; "
+                      "see each case's answer below"), {}
+    ranking = dict(sorted(everywhere.items(), key=lambda kv: kv[1]))
+    best = next(iter(ranking))
+    text = (f"best over the {len(problems)} matching problems: {best} (geometric mean {ranking[best]:.2f}× the fastest time per problem; "
+            f"fastest in {wins.get(best, 0)} of {len(problems)})")
+    others = [f"{o} {g:.2f}×" for o, g in list(ranking.items())[1:3]]
+    if others:
+        text += f"; then {', '.join(others)}"
+    partial = sorted(o for o, r in ratios.items() if len(r) < len(problems))
+    if partial:
+        text += f"; not ranked overall (ran only some problems): {', '.join(partial)}"
+    return best, text, ranking
+
+
+def recommend(frame: pd.DataFrame, query: Mapping[str, Any], cv: float = 0.0) -> Answer:
+    """Answer from measured rows for the cases matching `query` (fields: B, S, H, H_kv, d_k, dtype, causal, window, batch).
+
+    Winner and runner-up are judged by `harness.analysis.difference`'s rule, widened by the run-to-run variation `cv`.
+    Unspecified fields match anything; `S` means S_q = S_kv = S; `batch` is a batch description, matched
+    against the rows' `length_dist`. Raises UserError naming the measured values when the run holds no
+    case of that shape: it never interpolates or guesses.
+    """
+    rows = matching_rows(frame, query)
+    cases = [_case_answer(case_labels(sub).iloc[0], sub, cv) for _, sub in rows.groupby(case_key(rows), sort=True)]
+    best, summary, ranking = _overall(rows, cases, cv)
+    return Answer(best, summary, cases, left_out(agreeing_rows(rows, flagged=True)), ranking)

@@ -1,0 +1,131 @@
+"""A run's lengths files frozen into its folder (`batches/<sha256 prefix>-<name>`), each recorded with its hash in the manifest.
+
+A case drawn from a user's lengths file carries the lengths drawn, so its manifest rebuilds it; but only the file says that
+they are what the file draws from the seed, as a seeded batch's lengths are checked against its seed. The run's folder keeps
+a copy of each file as it was when the run started, so that check, and a reader, never depend on the file staying put:
+rebuilding a run's cases reads the copy, and a copy that is gone is named in one line, with what became of its file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from harness.errors import UserError
+from harness.results.documents import MANIFEST, Manifest, read_document, read_regular
+from harness.suite.batch import MAX_LENGTHS_FILE_BYTES, case_batch, parse_batch
+from harness.suite.cases import Case
+from harness.suite.frozen import lengths_folder
+
+#: The run folder's subfolder of frozen lengths files.
+FROZEN = "batches"
+#: Hex digits of the SHA-256 a copy's name starts with, and that a message shows.
+SHOWN = 12
+
+Entry = dict[str, Any]
+
+
+def file_names(case: Case) -> tuple[str, ...]:
+    """The lengths files a case's batch draws from, as its text names them (none for a dense or seeded batch)."""
+    if not case.ragged:
+        return ()
+    terms = case_batch(case.length_dist).terms
+    return tuple(dict.fromkeys(d.params[0] for t in terms for d in (t.q, t.kv) if d is not None and d.kind == "file"))
+
+
+def _digest(path: Path) -> str | None:
+    """SHA-256 of the file at `path`, or None when it cannot be read as one (gone, a folder, a FIFO...)."""
+    try:
+        return hashlib.sha256(read_regular(path, "lengths file", MAX_LENGTHS_FILE_BYTES)).hexdigest()
+    except UserError:
+        return None
+
+
+def freeze(cases: Iterable[Case], source_of: Callable[[str, Case], Path]) -> list[tuple[Entry, bytes]]:
+    """Each lengths file the cases draw from, once: its manifest entry (name, source, sha256, copy) and its bytes."""
+    frozen: dict[str, tuple[Entry, bytes]] = {}
+    for case in cases:
+        for name in file_names(case):
+            if name not in frozen:
+                source = source_of(name, case)
+                raw = read_regular(source, "lengths file", MAX_LENGTHS_FILE_BYTES)
+                sha = hashlib.sha256(raw).hexdigest()
+                copy = f"{sha[:SHOWN]}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(name).name)}"
+                frozen[name] = ({"file": name, "source": os.path.abspath(source), "sha256": sha, "copy": copy}, raw)
+    return list(frozen.values())
+
+
+def suite_sources(base: Path) -> Callable[[str, Case], Path]:
+    """Where a TOML suite's `file:` names are read from: relative to `base` (its lengths folder), or absolute."""
+    return lambda name, case: Path(name) if Path(name).is_absolute() else base / name
+
+
+def run_sources(folder: Path, entries: list[Entry], where: str) -> Callable[[str, Case], Path]:
+    """Where a run folder's `file:` names are read from, for a run of its pairs (a repro): its frozen copies, checked."""
+    by_name = entries_by_name(entries, where)
+    return lambda name, case: frozen_path(folder, _entry(by_name, name, case, where), case.id)
+
+
+def entries_by_name(entries: list[Entry], where: str) -> dict[str, Entry]:
+    """The manifest's frozen files by the name the cases give; UserError naming the field of one that lacks what is read."""
+    for i, entry in enumerate(entries):
+        missing = next((k for k in ("file", "source", "sha256", "copy") if not isinstance(entry.get(k), str)), None)
+        if missing:
+            raise UserError(f"{where}: field '{FROZEN}[{i}].{missing}' is not a string: the manifest is damaged")
+    return {entry["file"]: entry for entry in entries}
+
+
+def _entry(by_name: Mapping[str, Entry], name: str, case: Case, where: str) -> Entry:
+    if name not in by_name:
+        raise UserError(f"{where}: case {case.id} draws from lengths file {name}, which field '{FROZEN}' does not list: the manifest is damaged")
+    return by_name[name]
+
+
+def frozen_path(folder: Path, entry: Entry, case_id: str) -> Path:
+    """The file to read a run's lengths file from: its frozen copy, else its source while that is as it was; else why not, in one line."""
+    copy, source, then = Path(folder) / FROZEN / entry["copy"], Path(entry["source"]), entry["sha256"]
+    copy_now = _digest(copy)
+    if copy_now == then:
+        return copy
+    now = _digest(source)
+    if now == then:
+        return source
+    shown = f"{FROZEN}/{entry['copy']}"
+    if copy_now is not None:
+        raise UserError(f"{folder}: the frozen copy {shown} of lengths file {source}, which case {case_id} was built from, has changed "
+                        f"since the run (sha256 {then[:SHOWN]}… then, {copy_now[:SHOWN]}… now)")
+    if now is None:
+        raise UserError(f"{folder}: the run folder's frozen copy {shown} of lengths file {source}, which case {case_id} was built from, "
+                        f"is missing, and {source} is gone too")
+    raise UserError(f"{folder}: the lengths file {source} that case {case_id} was built from has changed since the run "
+                    f"(sha256 {then[:SHOWN]}… then, {now[:SHOWN]}… now) and the run folder's frozen copy {shown} is missing")
+
+
+def check_cases(folder: Path, entries: list[Entry], cases: Iterable[Case], where: str) -> None:
+    """UserError unless every case drawn from a lengths file holds the lengths its frozen copy draws from its seed."""
+    by_name = entries_by_name(entries, where)
+    paths: dict[str, Path] = {}
+    for case in dict.fromkeys(cases):
+        names = file_names(case)
+        for name in names:
+            if name not in paths:
+                paths[name] = frozen_path(folder, _entry(by_name, name, case, where), case.id)
+        if names and parse_batch(case.length_dist, files=paths).draw(case.seed, case.B) != (case.seq_lens_q, case.seq_lens_kv):
+            raise UserError(f"{where}: case {case.id} holds lengths that its frozen lengths files do not draw from seed {case.seed}: "
+                            "the manifest is damaged")
+
+
+def to_freeze(suite_arg: str | None, suite_file: str | None, cases: list[Case]) -> list[tuple[Entry, bytes]] | None:
+    """What a new run freezes of the lengths files its cases were drawn from (entry, bytes): from the suite file's lengths
+    folder, or from the run folder whose pairs it runs (a repro); None when neither says where they are."""
+    source = Path(suite_arg or "")
+    if suite_file is not None:
+        return freeze(cases, suite_sources(lengths_folder(Path(suite_file))))
+    if not (suite_arg and source.is_dir() and (source / MANIFEST).is_file()):
+        return None
+    entries = read_document(source / MANIFEST, Manifest).batches
+    # A run made before lengths files were frozen has none to pass on; its cases still carry their lengths.
+    return None if entries is None else freeze(cases, run_sources(source, entries, str(source / MANIFEST)))
