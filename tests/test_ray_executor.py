@@ -147,7 +147,8 @@ def test_ray_run_has_the_rows_of_a_local_run(tmp_path, capsys, monkeypatch):
         assert done.returncode == 0, done.stderr
     finally:
         shutil.rmtree(short, ignore_errors=True)
-    assert "9 of 9 pairs recorded (9 ok)" in done.stdout
+    # A busy machine may add "; 1 contended: their medians decide no answer" before the closing parenthesis.
+    assert "9 of 9 pairs recorded (9 ok" in done.stdout
     local_rows, ray_rows = by_key(rows(tmp_path / "local")), by_key(rows(tmp_path / "ray"))
     manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
     assert sorted(ray_rows) == sorted(local_rows) == sorted(manifest["pairs"]) and len(rows(tmp_path / "ray")) == 9

@@ -111,6 +111,14 @@ def test_compare_of_the_same_code_does_not_judge_or_gate_on_a_contended_row(tmp_
     assert doc["failed"] is False and doc["not_judged"] == 2 and len(doc["rows"]) == 3 and doc["csv"] == str(out_csv)
 
 
+def test_a_gate_that_could_judge_no_pair_says_undecided_and_exits_3(tmp_path, capsys):
+    base = write_run(tmp_path / "base", [flagged("sdpa", 1.0, contended=True, run_id="base")])
+    new = write_run(tmp_path / "new", [flagged("sdpa", 2.0, contended=True, run_id="new")])
+    assert main(["compare", str(base), str(new), "--fail-above", "5%", "--out", str(tmp_path / "c.csv")]) == 3
+    assert "UNDECIDED: not one of the 1 pairs both runs measured could be judged" in capsys.readouterr().out
+    assert main(["compare", str(base), str(new), "--out", str(tmp_path / "c.csv")]) == 0  # no gate asked: nothing to decide
+
+
 def test_compare_still_gates_on_a_quiet_regression_and_sizes_its_case_column(tmp_path, capsys):
     case = Case(B=34, S_q=2048, S_kv=2048, H=8, H_kv=2, d_k=64, d_v=64, dtype="bf16")
     base = write_run(tmp_path / "base", [flagged("flashinfer-paged-long-name", 1.0, case=case, run_id="base")])

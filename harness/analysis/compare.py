@@ -29,6 +29,8 @@ VERSION_KEYS = ("torch", "torch_cuda", "cudnn", "python", "xformers", "flash_att
 #: Row columns naming what measured a row (harness.env.harness_identity): the measurement rules change between versions.
 IDENTITY_KEYS = ("harness_version", "harness_commit")
 EXIT_REGRESSION = 1
+#: compare --fail-above's exit when no pair could be judged: a gate on a contended machine neither passes nor fails.
+EXIT_UNDECIDED = 3
 
 
 def parse_threshold(text: str) -> float:
@@ -129,6 +131,16 @@ class Comparison:
     def failed(self) -> bool:
         """True when a threshold was given and some row regressed past it (or stopped running)."""
         return self.threshold is not None and not self.failures.empty
+
+    @property
+    def judged(self) -> int:
+        """How many pairs measured in both runs were judged by the rule (faster, slower or within noise)."""
+        return int(self.table["verdict"].isin((FASTER, SLOWER, SAME)).sum()) if "verdict" in self.table.columns else 0
+
+    @property
+    def undecided(self) -> bool:
+        """True when a threshold was given, nothing failed, and every pair both runs measured was left unjudged (contended or suspect)."""
+        return self.threshold is not None and not self.failed and self.judged == 0 and len(not_judged(self.table)) > 0
 
 
 #: Verdicts of a pair of `ok` rows.
@@ -257,9 +269,12 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
         speed = f"{ratio:.3f}x slower" if ratio > 1 else (f"{1 / ratio:.3f}x faster" if ratio < 1 else "the same")
         out.write(f"{g['backend']}: geometric mean {speed} over {g['cases']} cases ({g[FASTER]} faster, {g[SLOWER]} slower, {g[SAME]} not different)\n")
     if result.threshold is not None:
-        judged = f" of the {len(table) - len(skipped)} judged" if len(skipped) else ""
+        judged = f" of the {result.judged} judged" if len(skipped) else ""
         if result.failed:
             out.write(f"FAIL: {len(result.failures)}{judged} rows slower by the rule and by more than {100 * result.threshold:g}%, or stopped running\n")
+        elif result.undecided:
+            out.write(f"UNDECIDED: not one of the {len(skipped)} pairs both runs measured could be judged (a side of each was contended or suspect): "
+                      f"the gate neither passes nor fails them (exit {EXIT_UNDECIDED}); measure again on a quiet machine\n")
         else:
             out.write(f"ok: no row{judged} slower by the rule and by more than {100 * result.threshold:g}%\n")
 
@@ -275,7 +290,7 @@ def comparison_document(result: Comparison, base_name: str, new_name: str) -> di
         return None if value is None or (isinstance(value, float) and value != value) else (value.item() if hasattr(value, "item") else value)
 
     return {"base": base_name, "new": new_name, "rule": RULE_TEXT, "variation": result.variation.to_dict() if result.variation else None,
-            "threshold": result.threshold, "failed": result.failed, "warnings": result.warnings, "environment_differences": result.env_differences,
+            "threshold": result.threshold, "failed": result.failed, "undecided": result.undecided, "judged": result.judged, "warnings": result.warnings, "environment_differences": result.env_differences,
             "harness_differences": result.harness_differences, "not_judged": len(not_judged(result.table)),
             "rows": [{k: cell(v) for k, v in row.items()} for row in result.table.to_dict("records")],
             "summary": [{k: cell(v) for k, v in row.items()} for row in result.summary.to_dict("records")]}

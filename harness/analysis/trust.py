@@ -19,7 +19,7 @@ import pandas as pd
 #: The flags that keep a measured row from deciding, each with why, as a user reads it.
 UNTRUSTED_FLAGS: Mapping[str, str] = {
     "contended": "another process took the CPU or the GPU during its samples",
-    "suspect": "its samples spread too widely (IQR at least 25 % of the median)",
+    "suspect": "its samples spread too widely: an IQR at least 25 % of the median",
 }
 
 

@@ -32,7 +32,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Compare two runs row by row; exit 1 when --fail-above is given and some row regressed past it."""
-    from harness.analysis.compare import EXIT_REGRESSION, compare_runs, comparison_document, parse_threshold, print_comparison
+    from harness.analysis.compare import EXIT_REGRESSION, EXIT_UNDECIDED, compare_runs, comparison_document, parse_threshold, print_comparison
     from harness.results.store import write_file
 
     threshold = parse_threshold(args.fail_above) if args.fail_above is not None else None
@@ -51,7 +51,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(json.dumps({**comparison_document(result, base.name, new.name), "csv": str(out)}, indent=1, default=str))
     else:
         print(f"csv: {out}")
-    return EXIT_REGRESSION if result.failed else 0
+    return EXIT_REGRESSION if result.failed else (EXIT_UNDECIDED if result.undecided else 0)
 
 
 #: How a comparison CSV starts (`compare_frames`' first columns): the one kind of existing file `compare --out` replaces.
@@ -129,7 +129,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("base", metavar="BASE", help="the reference run folder")
     p.add_argument("new", metavar="NEW", help="the run folder to judge")
     p.add_argument("--fail-above", metavar="PCT", help="exit 1 if a row is slower by the difference rule and by more than PCT (e.g. 5%%), or stopped running; "
-                                                       "a pair contended or suspect in either run is not judged")
+                                                       "a pair contended or suspect in either run is not judged; exit 3 when no pair could be judged")
     p.add_argument("--out", help="CSV to write (default: reports/compare-BASE-vs-NEW.csv)")
     p.add_argument("--force", action="store_true", help="compare even when the runs measured different devices")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON document (rows, per-backend summary, gate) instead of text")
