@@ -7,7 +7,8 @@ the peaks stored with a run; nothing rewrites a record. Rules that every table o
   (`harness.analysis.trust`), and every choosing table says how many it left out;
 - a fit needs at least three points, and says so when it has fewer;
 - a crossover outside the sweep is a bound ("S* > 2048"), never an extrapolated number;
-- a percentage of peak above 100 % is flagged impossible, never shown as a win.
+- a percentage of peak above 100 % is flagged impossible (at the top of the row's interval, against the best ceiling
+  the run measured, unless that ceiling was itself contended), never shown as a win.
 
 What a backend is (an attention core or not, whether it materialises the scores, the baseline) is
 what it declared (`Backend.capabilities`), as the run's manifest recorded it, never a list of names.
@@ -189,16 +190,26 @@ def derive_columns(frame: pd.DataFrame, capabilities: Mapping[str, Mapping[str, 
 
 
 def with_roofline(frame: pd.DataFrame, peaks: Mapping[str, dict[str, Any] | None]) -> pd.DataFrame:
-    """Add pct_peak_flops, pct_peak_bw, bound, attainable TFLOP/s and `impossible` from each row's run peaks."""
+    """Add pct_peak_flops, pct_peak_bw, bound, attainable TFLOP/s, the clock-scaled and datasheet shares and `impossible` from each row's run peaks."""
+    from harness.analysis.datasheets import datasheet_of
+
+    def column(name: str) -> pd.Series:
+        return frame[name] if name in frame.columns else pd.Series([None] * len(frame), index=frame.index)
+
     rows = []
-    for run_id, dtype, tflops, gbps, intensity, status in zip(
-        frame["run_id"], frame["dtype"], frame["tflops"], frame["gbps"], frame["arithmetic_intensity"], frame["status"]
+    for run_id, dtype, tflops, gbps, intensity, status, median, high, sm, mem, model in zip(
+        frame["run_id"], frame["dtype"], frame["tflops"], frame["gbps"], frame["arithmetic_intensity"], frame["status"],
+        column("latency_ms_median"), column("latency_ms_ci95_high"), column("gpu_sm_clock_mhz_median"),
+        column("gpu_mem_clock_mhz_median"), column("device_model"),
     ):
         run_peaks = peaks.get(run_id)
         measured = status == "ok"
+        slowest = num(high) / num(median) if num(high) and num(median) else None
         rows.append(roofline.roofline_row(
             num(tflops) if measured else None, num(gbps) if measured else None, num(intensity),
             roofline.peak_tflops(run_peaks, dtype), roofline.peak_gbps(run_peaks),
+            slowest=slowest, peaks=run_peaks, dtype=dtype, sm_clock_mhz=sm, mem_clock_mhz=mem,
+            sheet=datasheet_of(model if isinstance(model, str) else None),
         ))
     extra = pd.DataFrame(rows, index=frame.index)
     return pd.concat([frame.drop(columns=[c for c in extra.columns if c in frame.columns]), extra], axis=1)

@@ -14,26 +14,18 @@ from typing import Any
 import pandas as pd
 
 from harness import analysis
-from harness.analysis import roofline
 from harness.analysis.difference import RULE_TEXT, Variation
 from harness.report import figures as figs
 from harness.report.flags import emulated_bf16_note, flag_summary, flags_section, trust_summary
 from harness.report.page import commands, esc, fmt
 from harness.report.profiling import profiling_section
 from harness.report.repeats import repeats_section
+from harness.report.roofline import roofline_section
 from harness.report.runtime import runtime_section
 from harness.report.serving import serving_sections
 from harness.report.state_energy import state_energy_section, state_summary
 from harness.report.telemetry import telemetry_html
 from harness.report.writer import Csv, Section, Table
-
-
-def _pct(value: Any, row: Any) -> tuple[str, str]:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "", ""
-    if value > roofline.IMPOSSIBLE_PCT:
-        return f"{value:.1f} % impossible", "impossible"
-    return f"{value:.1f} %", ""
 
 
 def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, baseline: str) -> Section:
@@ -53,9 +45,14 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
     warnings = list(data.notes)
     impossible = ok[ok["impossible"].fillna(False).astype(bool)]
     if len(impossible):
-        warnings.append(f"{len(impossible)} measured rows exceed a measured peak (over 100 %): they are impossible, so either the ceiling "
-                        "measurement was disturbed (a shared or throttled machine) or the FLOP/byte count is wrong. They are flagged in the "
-                        "roofline table and are not wins.")
+        beaten = "; ".join(sorted(set(impossible["impossible_ceiling"].dropna()))) if "impossible_ceiling" in impossible else ""
+        warnings.append(f"{len(impossible)} measured rows are above the best ceiling this run measured ({beaten}), even at the top of their "
+                        "95 % intervals: they are impossible, so the FLOP or byte count is wrong or the ceiling measurement was disturbed. "
+                        "They are flagged in the roofline table and are not wins.")
+    above_busy = ok[ok["above_contended_ceiling"].fillna(False).astype(bool)] if "above_contended_ceiling" in ok.columns else ok.iloc[0:0]
+    if len(above_busy):
+        warnings.append(f"{len(above_busy)} measured rows are above a ceiling that was measured while the machine was contended: that "
+                        "ceiling bounds nothing, so their % of peak is not known (re-run on a quiet machine to measure the peaks).")
     missing = [rid for rid, p in data.peaks.items() if not p or not p.get("matmul")]
     if missing:
         warnings.append(f"no measured peaks for {', '.join(missing)}: % of peak and the bound are left empty.")
@@ -146,44 +143,6 @@ def _sdpa_choices(ok: pd.DataFrame) -> pd.DataFrame:
     rows = ok[ok["backend"] == "sdpa"]
     kernels = rows["notes"].map(lambda n: n.get("sdpa_kernel") if isinstance(n, dict) else None)
     return pd.DataFrame({"case_id": rows["case_id"], "sdpa_kernel": kernels})[kernels.notna()]
-
-
-def _roofline(data, ok, colors) -> Section:
-    body = ["<p>Ceilings measured on this device at the start of the run (fastest sample of a large matrix product per dtype, "
-            "and of a large copy counting bytes read plus written). A row's bound is compute when its arithmetic intensity "
-            "(FLOPs per byte of the minimum traffic) is at or above the ridge point, memory otherwise; "
-            "<em>% of roof</em> is against the lower of the two ceilings at that intensity.</p>"]
-    peak_rows = []
-    for rid, peaks in data.peaks.items():
-        if not peaks:
-            peak_rows.append({"run": rid, "what": "(not measured)"})
-            continue
-        for dtype, entry in (peaks.get("matmul") or {}).items():
-            source = roofline.ceiling_dtype(peaks, dtype)
-            peak_rows.append({"run": rid, "what": f"matmul {dtype}", "size": f"n={entry.get('n')}", "peak": entry.get("tflops"), "unit": "TFLOP/s",
-                              "median": entry.get("tflops_median"), "ceiling": roofline.peak_tflops(peaks, dtype),
-                              "ceiling_from": f"{source} (widened: faster than {dtype}'s own product here)" if source not in (None, dtype) else source})
-        if peaks.get("copy"):
-            c = peaks["copy"]
-            peak_rows.append({"run": rid, "what": "copy", "size": f"{c.get('bytes', 0) / 2**20:.0f} MiB", "peak": c.get("gbps"), "unit": "GB/s", "median": c.get("gbps_median")})
-        for what, err in (peaks.get("errors") or {}).items():
-            peak_rows.append({"run": rid, "what": what, "size": "", "peak": None, "unit": f"failed: {err}"})
-    peaks_frame = pd.DataFrame(peak_rows)
-    body.append(Csv(peaks_frame, "peaks.csv"))
-    body.append(Table(peaks_frame, scroll=False))
-    for f in figs.tflops_figures(data.frame, data.peaks, colors):
-        body.append(f)
-    if not ok.empty:
-        cols = ["case_id", "backend", "tflops", "pct_peak_flops", "gbps", "pct_peak_bw", "arithmetic_intensity", "ridge_flop_per_byte", "bound", "pct_roof", "impossible"]
-        roof = ok[cols]
-        body.append(Csv(roof, "roofline.csv"))
-        flagged = roof[roof["impossible"].fillna(False).astype(bool)]
-        if len(flagged):
-            body.append(f'<div class="warn">{len(flagged)} rows are above 100 % of a measured peak: impossible, flagged in red below.</div>')
-        body.append(Table(roof, headers=["case", "backend", "TFLOP/s", "% peak FLOP/s", "GB/s", "% peak BW", "FLOP/byte", "ridge", "bound", "% of roof", "impossible"],
-                          formats={"pct_peak_flops": _pct, "pct_peak_bw": _pct, "pct_roof": _pct,
-                                   "impossible": lambda v, r: ("IMPOSSIBLE", "impossible") if v is True or v == 1 else ("", "")}))
-    return Section("roofline", "Roofline: how close to what the hardware allows", body, nav="Roofline")
 
 
 def _crossover(frame, cross, colors) -> Section:
@@ -333,7 +292,7 @@ def sections(data: analysis.RunData, baseline: str, variation: Variation | None 
         *serving_sections(frame, colors, baseline),
         flags_section(frame, data.env),
         state_energy_section(frame, baseline, colors),
-        _roofline(data, ok, colors),
+        roofline_section(data, ok, colors),
         _crossover(frame, analysis.crossovers(frame), colors),
         _scaling(frame, fits),
         _memory(frame, analysis.memory_vs_model(frame), fits, colors),

@@ -226,8 +226,11 @@ class Environment(Document):
               "telemetry_before": _TELEMETRY, "telemetry_after": _TELEMETRY, "nodes": object_of(_object)}
 
 
-_MATMUL = fields_of(n=optional(_count), tflops=optional(_positive), tflops_median=optional(_positive))
-_COPY = fields_of(bytes=_count, gbps=optional(_positive), gbps_median=optional(_positive))
+#: What a ceiling ran under, read by the analysis: a ceiling measured while contended is not called a bound, and a GPU
+#: row's share is also read at its own SM clock against the clock its ceiling ran at.
+_CEILING_STATE = {"contended": optional(_boolean), "sm_clock_mhz": optional(_positive), "mem_clock_mhz": optional(_positive)}
+_MATMUL = fields_of(n=optional(_count), tflops=optional(_positive), tflops_median=optional(_positive), product=optional(_string), **_CEILING_STATE)
+_COPY = fields_of(bytes=_count, gbps=optional(_positive), gbps_median=optional(_positive), **_CEILING_STATE)
 
 
 @dataclass

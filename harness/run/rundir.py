@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from harness.env import fingerprint, gpu_telemetry
 from harness.errors import UserError
@@ -252,12 +252,12 @@ class RunFolder:
         env = read_document(env_path, Environment).to_dict() if os.path.lexists(env_path) else {}
         write_env(self.path, {**env, "telemetry_after": gpu_telemetry() if self.device == "cuda" else None})
 
-    def write_peaks(self, dtypes: list[str]) -> Path:
+    def write_peaks(self, dtypes: list[str], cases: Sequence[Any] = (), threads: int | None = None) -> Path:
         """Measure the device's ceilings into `peaks.json`, before any worker starts so nothing competes with them."""
-        return write_peaks(self.path, self.device, dtypes)
+        return write_peaks(self.path, self.device, dtypes, cases, threads)
 
 
-def write_peaks(run_dir: Path, device: str, dtypes: list[str]) -> Path:
+def write_peaks(run_dir: Path, device: str, dtypes: list[str], cases: Sequence[Any] = (), threads: int | None = None) -> Path:
     """Measure the device's matmul and copy ceilings into `run_dir/peaks.json`; a failed measurement leaves a file saying why.
 
     CUDA is measured in a child process so that the supervisor never holds a CUDA context (and
@@ -265,7 +265,7 @@ def write_peaks(run_dir: Path, device: str, dtypes: list[str]) -> Path:
     """
     path = Path(run_dir) / PEAKS
     if device != "cuda":
-        write_file(path, json.dumps(device_peaks.measure_peaks(device, dtypes), indent=1))
+        write_file(path, json.dumps(device_peaks.measure_peaks(device, dtypes, cases, threads), indent=1))
         return path
     done = run_child(child_command("peaks", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)), timeout_s=600)
     if done.returncode != 0 or not path.exists():

@@ -152,7 +152,8 @@ class Supervisor:
     def _write_environment(self, folder: RunFolder, suite: Suite) -> None:
         """env.json and peaks.json of a new run, before any pair runs (so nothing competes with the peaks)."""
         folder.write_env_before()
-        folder.write_peaks(sorted({c.dtype for c in suite.cases}))
+        # The CPU ceiling is the best of products the suite's own cases perform, at the run's thread count.
+        folder.write_peaks(sorted({c.dtype for c in suite.cases}), suite.cases, self.config.options.threads)
 
     def _write_env_after(self, folder: RunFolder) -> None:
         """What env.json gets after the last pair."""
