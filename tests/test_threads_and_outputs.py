@@ -3,6 +3,8 @@ the run's last line and the pytest route say which rows were contended, whose me
 
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import shlex
@@ -113,7 +115,8 @@ def test_every_row_and_the_manifest_record_the_threads_the_run_set(busy_run):
 def test_the_runs_last_count_line_names_the_contended_rows(busy_run):
     done = busy_run[3]
     counted = next(line for line in done.stdout.splitlines() if " pairs recorded " in line)
-    assert counted.startswith("2 of 2 pairs recorded (2 ok; 2 contended: their medians decide no answer) in "), counted
+    # Every row is forced contended; a busy machine may make one suspect too ("2 contended, 1 suspect: …").
+    assert re.match(r"2 of 2 pairs recorded \(2 ok; 2 contended(, [12] suspect)?: their medians decide no answer\) in ", counted), counted
 
 
 @pytest.mark.slow
