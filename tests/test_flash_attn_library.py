@@ -14,16 +14,8 @@ emulated (tests/library_contracts.flash_emulator): no real kernel runs without a
 from __future__ import annotations
 
 import ast
-import functools
-import importlib
-import inspect
-import os
 import re
-import sys
 import types
-import zipfile
-from importlib import metadata
-from pathlib import Path
 
 import pytest
 
@@ -35,68 +27,14 @@ from harness.suite.cases import Case
 from harness.suite.inputs import make_inputs
 from tests.library_contracts import flash_emulator
 from tests.ragged_fixtures import agrees, ragged_batch, serving_case
-from tests.real_signatures import function_from_source, read_members, signature_from_source
+from tests.flash_attn_sources import BACKENDS, fa4_text, real_signature, sdist_text
+from tests.real_signatures import function_from_source
 
-SDIST_ENV = "ATTNBENCH_FLASH_ATTN_SDIST"
-#: Where setup puts the sources these tests read (the environment's own share/ folder), unless the variables say.
-SOURCES = Path(sys.prefix) / "share" / "attnbench"
-SDIST = Path(os.environ.get(SDIST_ENV) or SOURCES / "flash_attn-2.8.3.tar.gz")
-FA4_WHEEL_ENV = "ATTNBENCH_FLASH_ATTN4_WHEEL"
-FA4_WHEEL = Path(os.environ.get(FA4_WHEEL_ENV) or SOURCES / "flash_attn_4-4.0.0b36-py3-none-any.whl")
-BACKENDS = {2: FlashAttn2Backend, 3: FlashAttn3Backend, 4: FlashAttn4Backend}
 #: hopper/flash_api.cpp (v2.8.3) :748-749, the condition FA3 checks when d_v ≠ d_k (its :745 bounds d_k by 256).
 FA3_CPP_DV_CONDITION = ("(head_size > 128 && head_size <= 192 && head_size_v > 96 && head_size_v <= 128) || "
                         "(head_size <= 64 && head_size_v <= 512)")
 FA3_DV_MESSAGE = ("If V headdim is different from Q/K dim, we only support Q/K headdim in (128, 192] and V headdim in (96, 128], "
                   "or (Q/K <= 64 and V <= 512).")
-
-
-#: The sdist's files these tests read.
-SDIST_FILES = ("flash_attn/flash_attn_interface.py", "csrc/flash_attn/flash_api.cpp", "hopper/flash_attn_interface.py", "hopper/setup.py")
-
-
-@functools.lru_cache(maxsize=None)
-def _sdist_files() -> dict[str, str]:
-    return read_members(SDIST, SDIST_FILES) if SDIST.exists() else {}
-
-
-def sdist_text(relative: str) -> str:
-    """A file of flash-attn 2.8.3's sdist; skips when the sdist is not on this machine."""
-    if not SDIST.exists():
-        pytest.skip(f"flash-attn 2.8.3 sdist not at {SDIST} (set {SDIST_ENV}; fetch with: pip download --no-deps "
-                    "--no-build-isolation --no-binary :all: flash-attn==2.8.3, FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE)")
-    text = _sdist_files().get(relative)
-    assert text is not None, f"{relative} is not in {SDIST}"
-    return text
-
-
-@functools.lru_cache(maxsize=None)
-def fa4_text() -> str:
-    """flash-attn-4's flash_attn/cute/interface.py: as installed, else from its wheel; skips when neither is here."""
-    try:
-        return Path(metadata.distribution("flash-attn-4").locate_file("flash_attn/cute/interface.py")).read_text()
-    except metadata.PackageNotFoundError:
-        pass
-    if not FA4_WHEEL.exists():
-        pytest.skip(f"flash-attn-4 is neither installed nor at {FA4_WHEEL} (set {FA4_WHEEL_ENV}; fetch with: "
-                    "pip download --no-deps flash-attn-4==4.0.0b36)")
-    with zipfile.ZipFile(FA4_WHEEL) as wheel:  # a pure-Python wheel: the source as it would install
-        return wheel.read("flash_attn/cute/interface.py").decode()
-
-
-def source(generation: int) -> str:
-    """The Python interface FlashAttention `generation` is called through."""
-    return {2: lambda: sdist_text("flash_attn/flash_attn_interface.py"),
-            3: lambda: sdist_text("hopper/flash_attn_interface.py"), 4: fa4_text}[generation]()
-
-
-@functools.lru_cache(maxsize=None)
-def real_signature(generation: int, function: str) -> inspect.Signature:
-    """The library's own signature of `function`: imported where it imports, else built from its source."""
-    try:
-        return inspect.signature(getattr(importlib.import_module(BACKENDS[generation].module), function))
-    except Exception:  # not installed, a bare namespace, or no CUTLASS DSL / CUDA extension here
-        return signature_from_source(source(generation), function)
 
 
 def body(text: str, function: str) -> str:

@@ -199,3 +199,13 @@ def test_the_torch_free_element_sizes_are_torchs():
 
     assert set(DTYPE_BYTES) == set(DTYPES)
     assert {name: getattr(torch, DTYPES[name]).itemsize for name in DTYPES} == DTYPE_BYTES
+
+
+@pytest.mark.parametrize("variant", [{"softcap": 30.0}, {"sinks": True}, {"sinks": True, "window": 16}, {"alibi": True}, {"scale": 0.5}])
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_score_variants_flops_match_a_brute_force_count_of_the_products(variant, causal):
+    # The convention (harness.attention.theory): a variant is elementwise or one logit per row, so FLOPs count the two
+    # products over the visible pairs only; a window beside the sinks hides keys, and the count follows it.
+    c = case(B=2, S_q=24, S_kv=40, H=4, H_kv=2, d_k=16, d_v=8, causal=causal or "window" in variant, **variant)
+    pairs = brute_force_pairs([c.S_q] * c.B, [c.S_kv] * c.B, c.causal, c.window)
+    assert theory.flops(c) == 2 * c.H * (c.d_k + c.d_v) * pairs

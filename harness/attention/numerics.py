@@ -151,8 +151,8 @@ def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor
     device, scale = reference_device(case), default_scale(case)
     rows = query_rows(case)
     target = cached(references, ("fwd", case), inputs, lambda: expected(
-        forward(case, inputs, reference_kernel(scale), torch.float64, device, rows),
-        forward(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, rows),
+        forward(case, inputs, reference_kernel(scale, case.softcap), torch.float64, device, rows),
+        forward(case, inputs, eager_kernel(scale, case.softcap), inputs.q.dtype, inputs.q.device, rows),
         case.dtype,
     ))
     out = output_bhsd if rows is None else output_bhsd[:, :, rows.to(output_bhsd.device)]
@@ -190,8 +190,8 @@ def check_ragged_forward(case: Case, inputs: RaggedInputs, output_packed: torch.
         return Agreement(None, None, None, False, f"output shape {tuple(output_packed.shape)}, expected the packed {shape}")
     device, scale, rows = reference_device(case), default_scale(case), ragged_rows(case)
     target = cached(references, ("ragged-fwd", case.replace(layout="packed", page_size=None)), inputs, lambda: expected(
-        ragged_forward(case, inputs, reference_kernel(scale), torch.float64, device, rows),
-        ragged_forward(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, rows),
+        ragged_forward(case, inputs, reference_kernel(scale, case.softcap), torch.float64, device, rows),
+        ragged_forward(case, inputs, eager_kernel(scale, case.softcap), inputs.q.dtype, inputs.q.device, rows),
         case.dtype,
     ))
     out = output_packed if rows is None else output_packed[rows.to(output_packed.device)]
@@ -224,8 +224,8 @@ def check_gradients(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[to
     heads = {name: case.group_size if name == "dq" else 1 for name in GRADIENT_NAMES}  # per slice: g query heads, one K/V head
 
     def targets() -> list[tuple[tuple[int, ...], Expected]]:
-        ref = gradients(case, inputs, reference_kernel(scale), torch.float64, device, slices)
-        lp = gradients(case, inputs, eager_kernel(scale), inputs.q.dtype, inputs.q.device, slices)
+        ref = gradients(case, inputs, reference_kernel(scale, case.softcap), torch.float64, device, slices)
+        lp = gradients(case, inputs, eager_kernel(scale, case.softcap), inputs.q.dtype, inputs.q.device, slices)
         picked = []
         for name, r, low in zip(GRADIENT_NAMES, ref, lp):
             shape = tuple(r.shape)
@@ -270,7 +270,7 @@ def check_backward(case: Case, inputs: AttentionInputs, grads_bhsd: Sequence[tor
 
 
 def weights_violations(case: Case, weights: torch.Tensor) -> list[str]:
-    """What is wrong with attention weights `[B, H, S_q, S_kv]` for a case: rows must sum to 1, hidden positions be exactly 0.
+    """What is wrong with attention weights `[B, H, S_q, S_kv]` for a case: rows must sum to 1 (at most 1 with sinks), hidden positions be exactly 0.
 
     A row's tolerance is the textbook bound on its two roundings: the softmax denominator is a sum
     of S_kv positive terms accumulated in at least fp32 (relative error ≤ (S_kv − 1)·u), and each
@@ -299,7 +299,12 @@ def weights_violations(case: Case, weights: torch.Tensor) -> list[str]:
     want = mask.any(dim=-1).expand_as(sums).to(torch.float64)
     off = (sums - want).abs()
     tol = EPS[case.dtype] + case.S_kv * EPS["fp64" if case.dtype == "fp64" else "fp32"]
-    if bool((off > tol).any()):
+    if case.sinks:
+        # The sink's own share of each row is no key's weight: a row sums to less than 1 (by that share), never more.
+        over = sums - want
+        if bool((over > tol).any()):
+            problems.append(f"{int((over > tol).sum())} rows sum to more than 1 (worst by {float(over.max()):.3g}, tolerance {tol:.3g})")
+    elif bool((off > tol).any()):
         problems.append(f"{int((off > tol).sum())} rows do not sum to 1 (worst off by {float(off.max()):.3g}, tolerance {tol:.3g})")
     return problems
 

@@ -6,15 +6,15 @@ cases are sampled (query rows forward, slices backward) so a float64 pass stays 
 
 from __future__ import annotations
 
-import math
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from harness.attention.eager import naive_attention
+from harness.attention.variants import alibi_bias, alibi_slopes
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, visible_mask
+from harness.suite.inputs import AttentionInputs, query_positions, visible_mask
 from harness.suite.ragged import RaggedInputs, sequence_mask
 
 #: Above this many score elements (B·H·S_q·S_kv) the reference samples query rows (forward) or
@@ -42,8 +42,8 @@ def reference_device(case: Case) -> torch.device:
 
 
 def default_scale(case: Case) -> float:
-    """The softmax scale every backend is asked for: 1/√d_k."""
-    return 1.0 / math.sqrt(case.d_k)
+    """The softmax scale every backend is asked for: the case's `scale`, else 1/√d_k (`Case.softmax_scale`)."""
+    return case.softmax_scale
 
 
 def query_rows(case: Case) -> torch.Tensor | None:
@@ -55,38 +55,65 @@ def query_rows(case: Case) -> torch.Tensor | None:
     return torch.as_tensor(sorted({0, case.S_q - 1, *rows.tolist()}))
 
 
+class Terms(NamedTuple):
+    """What a slice's score variants read beside q, k, v: its heads' sink logits and ALiBi slopes `[heads]`, its rows' key positions `[B, rows]`."""
+
+    sinks: torch.Tensor | None = None
+    slopes: torch.Tensor | None = None
+    q_pos: torch.Tensor | None = None
+
+
+NO_TERMS = Terms()
+
+
 def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, *, return_weights: bool = False
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float, *, return_weights: bool = False,
+    softcap: float | None = None, terms: Terms = NO_TERMS,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q·Kᵀ·scale, masked)·V in the inputs' precision, `[B, H, S, d]`; query head h reads K/V head h // (H/H_kv).
 
     `mask` is boolean, True where visible, broadcastable to `[B, 1, S_q, S_kv]`. A query row with
     no visible key gives zero weights and a zero output (FlashAttention's convention), with finite
-    gradients, so the reference is defined everywhere.
+    gradients, so the reference is defined everywhere. The score variants from their definitions
+    (harness.attention.variants): `softcap` c maps each scaled score s to c·tanh(s/c); `terms.slopes`
+    with `terms.q_pos` subtract slope_h·|pos(i) − j|; `terms.sinks` join each row's denominator as one
+    logit more whose weight is dropped.
     """
     H, H_kv = q.shape[1], k.shape[1]
     kv_head = torch.arange(H, device=q.device) // (H // H_kv)
     k, v = k.index_select(1, kv_head), v.index_select(1, kv_head)
     scores = torch.matmul(q * scale, k.transpose(-2, -1))
+    S_kv = scores.shape[-1]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if terms.slopes is not None:
+        key = torch.arange(S_kv, device=q.device, dtype=scores.dtype)
+        distance = (terms.q_pos.to(q.device, scores.dtype)[:, None, :, None] - key).abs()
+        scores = scores - terms.slopes.to(q.device, scores.dtype)[None, :, None, None] * distance
     empty = None
     if mask is not None:
         empty = ~mask.any(dim=-1, keepdim=True)
         # Empty rows keep their finite scores (their weights are zeroed below), so that neither softmax
         # nor its gradient ever sees a row of −inf only. In place: matmul's backward does not need its output.
         scores.masked_fill_(~mask & ~empty if bool(empty.any()) else ~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    if terms.sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        sink = terms.sinks.to(q.device, scores.dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :S_kv]
     if empty is not None and bool(empty.any()):
         weights = weights.masked_fill(empty, 0.0)
     out = torch.matmul(weights, v)
     return (out, weights) if return_weights else out
 
 
-Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+#: A slice kernel: (q, k, v, mask[, terms]) → output, `[1, heads, rows, d]` in and out.
+Kernel = Callable[..., torch.Tensor]
 
 
-def reference_kernel(scale: float) -> Kernel:
+def reference_kernel(scale: float, softcap: float | None = None) -> Kernel:
     """The float64 reference as a slice kernel."""
-    return lambda q, k, v, m: reference_attention(q, k, v, m, scale)
+    return lambda q, k, v, m, terms=NO_TERMS: reference_attention(q, k, v, m, scale, softcap=softcap, terms=terms)
 
 
 #: Dtypes whose CPU matmul the rule's `lp` computes as `fp32_accumulated_matmul`.
@@ -103,12 +130,15 @@ def fp32_accumulated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a.float(), b.float()).to(a.dtype)
 
 
-def eager_kernel(scale: float) -> Kernel:
+def eager_kernel(scale: float, softcap: float | None = None) -> Kernel:
     """Eager attention in the inputs' dtype (the rule's `lp`) as a slice kernel; on the CPU a bf16/fp16 matmul accumulates in fp32 explicitly."""
 
-    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None, terms: Terms = NO_TERMS) -> torch.Tensor:
         widened = q.device.type == "cpu" and q.dtype in WIDENED_ON_CPU
-        return naive_attention(q, k, v, m, scale=scale, matmul=fp32_accumulated_matmul if widened else torch.matmul)
+        bias = None if terms.slopes is None else alibi_bias(terms.slopes, terms.q_pos.to(q.device), k.shape[2], q.dtype)
+        sinks = None if terms.sinks is None else terms.sinks.to(q.device)
+        return naive_attention(q, k, v, m, scale=scale, matmul=fp32_accumulated_matmul if widened else torch.matmul,
+                               softcap=softcap, sinks=sinks, bias=bias)
 
     return kernel
 
@@ -122,6 +152,21 @@ def _cast(inputs: AttentionInputs, dtype: torch.dtype, device: torch.device) -> 
     return tuple(t.detach().to(device=device, dtype=dtype) for t in (inputs.q, inputs.k, inputs.v))
 
 
+def slice_terms(case: Case, inputs: AttentionInputs | RaggedInputs, heads: slice, q_pos: torch.Tensor | None) -> Terms:
+    """The variant terms of the query heads `heads` whose rows sit at key positions `q_pos` `[B, rows]` (None: no ALiBi)."""
+    sinks = inputs.sinks.detach().cpu()[heads] if case.sinks else None
+    slopes = alibi_slopes(case.H)[heads] if case.alibi else None
+    return Terms(sinks, slopes, q_pos if case.alibi else None)
+
+
+def _positions(case: Case, rows: torch.Tensor | None) -> torch.Tensor | None:
+    """Every query row's key position `[B, rows]` (sampled rows keep their own), or None when the case has no ALiBi."""
+    if not case.alibi:
+        return None
+    positions = torch.as_tensor(query_positions(case))
+    return positions if rows is None else positions[:, rows.cpu()]
+
+
 def forward(case: Case, inputs: AttentionInputs, kernel: Kernel, dtype: torch.dtype, device: torch.device, rows: torch.Tensor | None) -> torch.Tensor:
     """The output `[B, H, rows, d_v]`, computed one (batch, K/V head) slice at a time into a poisoned buffer."""
     q, k, v = _cast(inputs, dtype, device)
@@ -131,10 +176,13 @@ def forward(case: Case, inputs: AttentionInputs, kernel: Kernel, dtype: torch.dt
         q = q[:, :, rows]
         mask = mask[:, :, rows] if mask is not None else None
     g = case.group_size
+    positions = _positions(case, rows)
     out = poisoned_like(q.new_empty(case.B, case.H, q.shape[2], case.d_v))
     for b, h in all_slices(case):
         heads = slice(h * g, (h + 1) * g)
-        out[b : b + 1, heads] = kernel(q[b : b + 1, heads], k[b : b + 1, h : h + 1], v[b : b + 1, h : h + 1], None if mask is None else mask[b : b + 1])
+        terms = slice_terms(case, inputs, heads, None if positions is None else positions[b : b + 1])
+        out[b : b + 1, heads] = kernel(q[b : b + 1, heads], k[b : b + 1, h : h + 1], v[b : b + 1, h : h + 1],
+                                       None if mask is None else mask[b : b + 1], terms)
     return out
 
 
@@ -147,11 +195,13 @@ def gradients(
     mask = visible_mask(case, device=device)
     dq, dk, dv = poisoned_like(q), poisoned_like(k), poisoned_like(v)
     g = case.group_size
+    positions = _positions(case, None)
     with torch.enable_grad():
         for b, h in slices:
             heads = slice(h * g, (h + 1) * g)
             leaves = [t.clone().requires_grad_(True) for t in (q[b : b + 1, heads], k[b : b + 1, h : h + 1], v[b : b + 1, h : h + 1])]
-            out = kernel(*leaves, None if mask is None else mask[b : b + 1])
+            terms = slice_terms(case, inputs, heads, None if positions is None else positions[b : b + 1])
+            out = kernel(*leaves, None if mask is None else mask[b : b + 1], terms)
             gq, gk, gv = torch.autograd.grad(out, leaves, grad_out[b : b + 1, heads])
             dq[b : b + 1, heads], dk[b : b + 1, h : h + 1], dv[b : b + 1, h : h + 1] = gq, gk, gv
     return dq, dk, dv
@@ -267,6 +317,8 @@ def ragged_forward(case: Case, inputs: RaggedInputs, kernel: Kernel, dtype: torc
         mask = sequence_mask(q_len, kv_len, case.causal, case.window, device)
         qi = q[cu_q[i]:cu_q[i + 1]].index_select(0, local).transpose(0, 1)[None]  # [1, H, rows, d_k]
         ki, vi = (t[cu_kv[i]:cu_kv[i + 1]].transpose(0, 1)[None] for t in (k, v))
-        result = kernel(qi, ki, vi, None if mask is None else mask.index_select(0, local)[None, None])
+        q_pos = (local.cpu() + kv_len - q_len)[None]  # each request's queries sit at the end of its own keys
+        terms = slice_terms(case, inputs, slice(None), q_pos)
+        result = kernel(qi, ki, vi, None if mask is None else mask.index_select(0, local)[None, None], terms)
         out[picked.to(device)] = result[0].transpose(0, 1)
     return out

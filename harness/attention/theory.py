@@ -2,6 +2,10 @@
 
 Every throughput figure in a record is derived from these formulas and nothing else, so that a
 disputed count (causal, S_q ≠ S_kv) is settled in one place.
+
+Score variants (harness.attention.variants): softcap and ALiBi are elementwise on the scores and add no
+matmul FLOPs (softmax and scaling are not counted either), and a model's own `scale` costs nothing; sinks
+add one logit per row to the softmax (no FLOPs counted) and H·4 bytes read (one float32 logit per head).
 """
 
 from __future__ import annotations
@@ -145,7 +149,8 @@ def touched_bytes(case: Case) -> dict[str, int]:
     least one query sees (padding and a sliding window shrink them; causal does not, since the last
     query sees every key). MLA reads V inside K's latent, so V costs nothing extra. A ragged batch counts
     its requests' real tokens in every layout (a padded row's padding is waste, not work); a paged one
-    also reads its block table, one int32 per page a request's keys span ("table").
+    also reads its block table, one int32 per page a request's keys span ("table"); a case with sinks its
+    H float32 sink logits ("sinks").
     """
     size = element_size(case)
     counts = mask_counts(case)
@@ -156,6 +161,8 @@ def touched_bytes(case: Case) -> dict[str, int]:
         "v": 0 if case.mla else kv_rows * case.H_kv * case.d_v * size,
         "o": q_rows * case.H * case.d_v * size,
     }
+    if case.sinks:
+        touched["sinks"] = 4 * case.H
     if case.layout == "paged":
         touched["table"] = 4 * sum(-(-n // case.page_size) for n in case.seq_lens_kv)
     return touched
@@ -169,8 +176,8 @@ def min_bytes(case: Case) -> int:
     `(q + o + Σ_b len_b·H_kv·(d_k + d_v))·bytes`, the formula FlashInfer's decode benchmarks use.
     """
     t = touched_bytes(case)
-    fwd = t["q"] + t["k"] + t["v"] + t["o"] + t.get("table", 0)
-    bwd = 2 * (t["q"] + t["k"] + t["v"]) + 2 * t["o"]
+    fwd = t["q"] + t["k"] + t["v"] + t["o"] + t.get("table", 0) + t.get("sinks", 0)
+    bwd = 2 * (t["q"] + t["k"] + t["v"]) + 2 * t["o"] + t.get("sinks", 0)
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[case.mode]
 
 

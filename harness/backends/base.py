@@ -8,6 +8,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from harness.attention.variants import variants_of
 from harness.backends.capabilities import CAPABILITIES, CAPABILITY_DEFAULTS  # noqa: F401 - CAPABILITIES: its old home
 
 from harness.suite.cases import Case
@@ -118,6 +119,11 @@ class Backend:
     #: (a ragged batch padded to its longest sequence and masked), "packed" (tokens concatenated with
     #: cumulative offsets) and "paged" (the KV cache in scattered fixed-size pages behind a block table).
     layouts: ClassVar[frozenset[str]] = frozenset({"dense"})
+    #: The score variants (harness.attention.variants: softcap, sinks, alibi, scale) `prepare` computes exactly;
+    #: a case using any other is refused (`variant_refusal`), never approximated.
+    score_variants: ClassVar[frozenset[str]] = frozenset()
+    #: Why the backend lacks a variant, in a few words, where it is the library's limit rather than the adapter's.
+    variant_reasons: ClassVar[dict[str, str]] = {}
 
     def costs(self, case: Case) -> tuple[int, int] | None:
         """(FLOPs, bytes) of one call when they are not the attention's (theory.flops, min_bytes); None otherwise."""
@@ -160,8 +166,22 @@ _LAYOUT_WORDS = {"dense": "dense (rectangular) batches", "padded": "padded batch
                  "paged": "paged batches (a KV cache in pages behind a block table)"}
 
 
+def variant_refusal(backend: Backend, case: Case) -> str | None:
+    """Why `backend` cannot serve the case's score variants, or None: the first one it does not declare, with why."""
+    for variant in sorted(variants_of(case) - backend.score_variants):
+        why = backend.variant_reasons.get(variant, "its adapter does not pass it to the kernel")
+        return f"{backend.name} does not support {variant} ({why})"
+    return None
+
+
 def layout_refusal(backend: Backend, case: Case) -> str | None:
-    """Why `backend` cannot serve the case's layout, or None: a layout it does not declare, or a ragged batch's backward pass."""
+    """Why `backend` cannot serve the case's layout, or None: a layout it does not declare, or a ragged batch's backward pass.
+
+    The score variants it does not declare are refused first (`variant_refusal`): every backend's supports reaches here.
+    """
+    variant = variant_refusal(backend, case)
+    if variant:
+        return variant
     if case.layout not in backend.layouts:
         takes = ", ".join(layout for layout in ("dense", "padded", "packed", "paged") if layout in backend.layouts)
         return f"{backend.name} does not take {_LAYOUT_WORDS.get(case.layout, case.layout)} (it takes: {takes})"

@@ -24,13 +24,13 @@ case needs to be refused for alignment.
 from __future__ import annotations
 
 import importlib
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import torch
 
 from harness.backends.base import Backend, Prepared
+from harness.backends.flash_attn_variants import SCORE_VARIANTS, VARIANT_REASONS, arch_refusal, variant_kwargs
 from harness.backends.flash_rules import head_dim_refusal, is_refusal, paged_refusal
 from harness.backends.layouts import Varlen, from_bshd, is_causal, pack, to_bshd, unpack, varlen, window_size
 from harness.backends.ragged_args import (
@@ -70,8 +70,7 @@ def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None =
     Padding: `flash_attn_varlen_func` with packed rows and `cu_seqlens`; queries are packed with the
     keys' lengths in self-attention over a padded batch (S_q = S_kv), else all S_q query rows are real.
     """
-    scale = 1.0 / math.sqrt(case.d_k)
-    kwargs: dict[str, Any] = {"softmax_scale": scale, "causal": is_causal(case), "window_size": window_size(case, none=none_window)}
+    kwargs: dict[str, Any] = {"softmax_scale": case.softmax_scale, "causal": is_causal(case), "window_size": window_size(case, none=none_window)}
 
     def leaf(t: torch.Tensor) -> torch.Tensor:
         return t.detach().requires_grad_(requires_grad)
@@ -218,6 +217,9 @@ class _FlashBase(Backend):
         words = head_dim_refusal(self.generation, case.d_k, case.d_v, backward=case.mode != "fwd", major=major)
         if words:
             return f"{self.name} {words}; case has d_k={case.d_k}, d_v={case.d_v}"
+        words = arch_refusal(self.generation, case, major)  # the variants the base let through, on this GPU
+        if words:
+            return f"{self.name} {words}"
         reason = layout_refusal(self, case)
         if reason:
             return reason
@@ -240,10 +242,11 @@ class _FlashBase(Backend):
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Translate the inputs, make one untimed trial call, then time that call."""
         if isinstance(inputs, RaggedInputs):
-            return self._prepare_ragged(inputs)
+            return self._prepare_ragged(case, inputs)
         call = flash_call(case, inputs, none_window=self.none_window, requires_grad=case.mode != "fwd")
         kernel = getattr(self._import(), call.function)
-        q, k, v, kwargs = call.q, call.k, call.v, call.kwargs
+        q, k, v = call.q, call.k, call.v
+        kwargs = {**call.kwargs, **variant_kwargs(self.generation, case, inputs.sinks, q.device)}
 
         def fn() -> torch.Tensor:
             return first(kernel(q, k, v, **kwargs))
@@ -261,11 +264,12 @@ class _FlashBase(Backend):
         notes = {**call.layout, "kernel": f"{self.module}.{call.function}"}
         return Prepared(fn=fn, leaves=(q, k, v), to_bhsd=call.q_to_bhsd, from_bhsd=call.grad_from_bhsd, notes=notes, check=check)
 
-    def _prepare_ragged(self, inputs: RaggedInputs) -> Prepared:
+    def _prepare_ragged(self, case: Case, inputs: RaggedInputs) -> Prepared:
         """A packed or paged batch: one call of the function `flash_ragged_call` names, output as packed rows."""
         call = flash_ragged_call(inputs, self.generation)
         kernel = getattr(self._import(), call.function)
-        args, kwargs = call.args, call.kwargs
+        args = call.args
+        kwargs = {**call.kwargs, **variant_kwargs(self.generation, case, inputs.sinks, inputs.q.device)}
 
         def fn() -> torch.Tensor:
             return first(kernel(*args, **kwargs))
@@ -296,6 +300,7 @@ class FlashAttn2Backend(_FlashBase):
     dist = "flash-attn"
     majors = (8, 9, 10, 11, 12)
     arch_words = "an Ampere or newer GPU (sm80+)"
+    score_variants, variant_reasons = SCORE_VARIANTS[2], VARIANT_REASONS[2]
 
     def available(self) -> str | None:
         """As the base, and the installed `flash_attn` must be a 2.x release."""
@@ -319,6 +324,7 @@ class FlashAttn3Backend(_FlashBase):
     majors = (8, 9)
     arch_words = "an Ampere or Hopper GPU (sm80, sm90)"
     generation = 3
+    score_variants, variant_reasons = SCORE_VARIANTS[3], VARIANT_REASONS[3]
 
 
 @register
@@ -334,6 +340,7 @@ class FlashAttn4Backend(_FlashBase):
     arch_words = "an Ampere, Hopper or Blackwell GPU (sm80-sm120)"
     none_window = None
     generation = 4
+    score_variants, variant_reasons = SCORE_VARIANTS[4], VARIANT_REASONS[4]
 
     def version(self) -> str:
         """The installed flash-attn-4 version."""

@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from harness.backends.base import Backend, Prepared
+from harness.backends.flashinfer_variants import SCORE_VARIANTS, VARIANT_REASONS, variant_plan_args, variant_refusal
 from harness.backends.ragged_args import is_paged, layout_refusal, lengths_int32, pages_used, softmax_scale, timed_setup
 from harness.backends.registry import register
 from harness.errors import Unsupported
@@ -214,6 +215,7 @@ class FlashinferBackend(Backend):
     native_gqa = True
     supports_backward = False
     layouts = frozenset({"dense", "packed", "paged"})
+    score_variants, variant_reasons = SCORE_VARIANTS, VARIANT_REASONS
 
     def version(self) -> str:
         """The installed FlashInfer version."""
@@ -246,7 +248,7 @@ class FlashinferBackend(Backend):
             return "flashinfer's MLA kernels are separate wrappers (BatchMLAPagedAttentionWrapper), not adapted here"
         if case.padding:
             return "flashinfer serves a ragged batch unpadded (the packed layout); a padded dense case is not translated"
-        return None
+        return variant_refusal(case)
 
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Translate (untimed), build the wrapper on a workspace, time `plan()` into plan_s, and time `run()`."""
@@ -255,6 +257,7 @@ class FlashinferBackend(Backend):
             call = flashinfer_call(inputs, torch_dtype(case.dtype))
         else:
             call = flashinfer_dense_call(case, inputs)
+        call.plan_args.update(variant_plan_args(case))
         device = inputs.q.device
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         wrapper = getattr(flashinfer, call.wrapper)(workspace, "NHD", **call.init_args)

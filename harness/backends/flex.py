@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from harness.backends.base import Backend, Prepared
+from harness.backends.flex_variants import FLEX_VARIANTS, request_offsets, score_mod_for, with_sinks
 from harness.backends.ragged_args import is_paged, layout_refusal, pages_used, timed_setup
 from harness.backends.registry import register
 from harness.suite.cases import Case
@@ -73,11 +74,7 @@ def ragged_mask_mod(inputs: RaggedInputs) -> Callable[..., Any]:
     """The mask of a packed or paged batch as a `mask_mod` over (packed query row, key slot in storage order)."""
     device = inputs.q.device
     B = inputs.batch_size
-    lens_q = torch.as_tensor(inputs.seq_lens_q, device=device)
-    lens_kv = torch.as_tensor(inputs.seq_lens_kv, device=device)
-    document = torch.repeat_interleave(torch.arange(B, device=device), lens_q)
-    q_start = inputs.cu_seqlens_q[:-1].to(device=device, dtype=torch.int64)
-    shift = lens_kv - lens_q  # bottom-right: query j of a sequence sits at key position j + shift
+    document, q_start, lens_kv, shift = request_offsets(inputs)  # bottom-right: query j of a sequence sits at key position j + shift
     causal = inputs.causal
     if not is_paged(inputs):
         kv_document = torch.repeat_interleave(torch.arange(B, device=device), lens_kv)
@@ -154,6 +151,7 @@ class FlexBackend(Backend):
     description = "torch.compile(flex_attention) with a BlockMask; compile time in compile_s"
     native_gqa = True
     layouts = frozenset({"dense", "packed", "paged"})
+    score_variants = FLEX_VARIANTS
 
     def available(self) -> str | None:
         """Needs torch.nn.attention.flex_attention (torch ≥ 2.5) and a compiler for this machine's device."""
@@ -170,6 +168,9 @@ class FlexBackend(Backend):
             return reason
         if case.dtype == "fp64":
             return "flex_attention has no fp64 kernel"
+        if case.device == "cpu" and case.sinks:
+            return (f"flex does not support sinks on CPU (torch {torch.__version__}'s CPU flex_attention has no return_lse, "
+                    "the log-sum-exp a sink's share is computed from)")
         if case.device == "cpu" and case.mode != "fwd":
             return f"flex_attention has no backward on CPU in torch {torch.__version__} (torch raises NotImplementedError); backward runs on CUDA"
         if case.device == "cuda" and min(case.d_k, case.d_v) < 16:
@@ -197,10 +198,13 @@ class FlexBackend(Backend):
             notes["block_sparsity"] = round(float(block_mask.sparsity()), 2)
         compiled = fresh_compile(flex_attention)
         gqa = k.shape[1] != q.shape[1]
-        scale = 1.0 / (q.shape[-1] ** 0.5)
+        scale, score_mod, sinks = case.softmax_scale, score_mod_for(case, inputs), inputs.sinks
 
         def fn() -> torch.Tensor:
-            return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+            if sinks is None:
+                return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+            out, lse = compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa, return_lse=True)
+            return with_sinks(out, lse, sinks)
 
         try:
             compile_s = compile_timed(fn, case, (q, k, v))

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from harness.backends.base import Backend, Prepared
-from harness.backends.ragged_views import padded, paged_gather, per_request, request_masks, requests
+from harness.backends.ragged_views import padded, paged_gather, request_masks, requests
 from harness.backends.registry import register
 from harness.attention.eager import naive_attention
+from harness.attention.variants import case_alibi_bias, request_alibi_bias
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, visible_mask
 from harness.suite.ragged import RaggedInputs
+
+
+def variant_arguments(case: Case, inputs: AttentionInputs | RaggedInputs) -> dict[str, Any]:
+    """naive_attention's score-variant arguments for a dense case: the scale, softcap, sinks and the ALiBi bias (built untimed)."""
+    kwargs: dict[str, Any] = {"scale": case.softmax_scale, "softcap": case.softcap, "sinks": inputs.sinks}
+    if case.alibi:
+        kwargs["bias"] = case_alibi_bias(case, inputs.q.device, inputs.q.dtype)
+    return kwargs
 
 
 @register
@@ -24,6 +35,7 @@ class NaiveBackend(Backend):
     materializes_scores = True
     returns_weights = True
     layouts = frozenset({"dense", "padded", "packed", "paged"})
+    score_variants = frozenset({"softcap", "sinks", "alibi", "scale"})
 
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Build the mask once (untimed) and return the eager computation; a ragged batch padded, request by request, or gathered."""
@@ -31,32 +43,45 @@ class NaiveBackend(Backend):
             return self._prepare_ragged(case, inputs)
         q, k, v = inputs.q, inputs.k, inputs.v
         mask = visible_mask(case, device=q.device)
-        return Prepared(fn=lambda: naive_attention(q, k, v, mask), leaves=(q, k, v))
+        kwargs = variant_arguments(case, inputs)
+        return Prepared(fn=lambda: naive_attention(q, k, v, mask, **kwargs), leaves=(q, k, v))
 
     @staticmethod
     def _prepare_ragged(case: Case, inputs: RaggedInputs) -> Prepared:
         """padded: one masked rectangle; packed: a loop over the requests; paged: the pages gathered, then that loop."""
+        device, dtype = inputs.q.device, inputs.q.dtype
+        common = {"scale": case.softmax_scale, "softcap": case.softcap, "sinks": inputs.sinks}
+        biases = [request_alibi_bias(case.H, q_len, kv_len, device, dtype) if case.alibi else None
+                  for q_len, kv_len in zip(inputs.seq_lens_q, inputs.seq_lens_kv)]
         if case.layout == "padded":
             rect = padded(inputs, case.window)
-            return Prepared(fn=lambda: naive_attention(rect.q, rect.k, rect.v, rect.mask), to_bhsd=rect.packed_output,
+            bias = None
+            if case.alibi:
+                # Each request's own bias in its corner of the rectangle; the padding is masked, so its bias never counts.
+                bias = torch.zeros(inputs.batch_size, case.H, case.S_q, case.S_kv, device=device, dtype=dtype)
+                for i, own in enumerate(biases):
+                    bias[i, :, :own.shape[2], :own.shape[3]] = own[0]
+            return Prepared(fn=lambda: naive_attention(rect.q, rect.k, rect.v, rect.mask, bias=bias, **common), to_bhsd=rect.packed_output,
                             notes={"padded_to": [case.S_q, case.S_kv]})
 
-        def attend(r):
-            return naive_attention(r.q, r.k, r.v, r.mask)
-
         masks = request_masks(inputs, case.window)
+
+        def attend_all(batch: list) -> torch.Tensor:
+            # As ragged_views.per_request, with each request's own bias beside it.
+            return torch.cat([naive_attention(r.q, r.k, r.v, r.mask, bias=b, **common)[0].transpose(0, 1) for r, b in zip(batch, biases)])
+
         if case.layout == "packed":
             batch = requests(inputs, inputs.k, inputs.v, masks)
-            return Prepared(fn=lambda: per_request(attend, batch), notes={"packed_via": "per_request_loop"})
+            return Prepared(fn=lambda: attend_all(batch), notes={"packed_via": "per_request_loop"})
         gather = paged_gather(inputs)
 
         def paged_step() -> torch.Tensor:
             k, v = gather()
-            return per_request(attend, requests(inputs, k, v, masks))
+            return attend_all(requests(inputs, k, v, masks))
 
         return Prepared(fn=paged_step, notes={"paged_via": "gather_then_per_request_loop"})
 
     def weights(self, case: Case, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The output and the attention weights `[B, H, S_q, S_kv]` for a case (not timed)."""
         mask = visible_mask(case, device=inputs.q.device)
-        return naive_attention(inputs.q, inputs.k, inputs.v, mask, return_weights=True)
+        return naive_attention(inputs.q, inputs.k, inputs.v, mask, return_weights=True, **variant_arguments(case, inputs))

@@ -67,8 +67,14 @@ def kernel_block_table(inputs: RaggedInputs) -> torch.Tensor:
     return torch.where(table < 0, torch.zeros_like(table), table).contiguous()
 
 
-def softmax_scale(inputs: RaggedInputs) -> float:
-    """The harness's softmax scale, 1/sqrt(d_k), from the query's head dim."""
+def softmax_scale(inputs: RaggedInputs, case: Case | None = None) -> float:
+    """The softmax scale: the case's own `scale` where it is given a case that sets one, else 1/sqrt(d_k) from the query's head dim.
+
+    Without a scale this is `Case.softmax_scale` for the inputs the case makes (d_k is the query's head dim), read from the
+    tensors so that a batch built apart from its case is still scaled by the head dim it really has.
+    """
+    if case is not None and getattr(case, "scale", None) is not None:
+        return float(case.scale)
     return 1.0 / math.sqrt(inputs.q.shape[-1])
 
 

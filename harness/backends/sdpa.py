@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from harness.attention.variants import case_alibi_bias
 from harness.backends.base import Backend, Prepared, expand_kv
 from harness.backends.registry import register
 from harness.suite.cases import Case
@@ -30,8 +31,22 @@ from harness.backends.sdpa_ragged import prepare_ragged
 _HAS_ENABLE_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 
 
-def _mask_arguments(case: Case, device: torch.device) -> dict[str, Any]:
-    """SDPA's mask arguments for a case: is_causal for square causal, a lower-right CausalBias, or a bool mask."""
+def _mask_arguments(case: Case, device: torch.device, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """SDPA's mask arguments for a case: is_causal for square causal, a lower-right CausalBias, or a bool mask.
+
+    With ALiBi, one float mask in the inputs' dtype: the bias, −inf where the boolean mask hides a key.
+    A model's own scale goes in SDPA's `scale=`.
+    """
+    own_scale = {"scale": case.scale} if case.scale is not None else {}
+    if case.alibi:
+        bias = case_alibi_bias(case, device, dtype)
+        visible = visible_mask(case, device=device)
+        return {"attn_mask": bias if visible is None else bias.masked_fill(~visible, float("-inf")), **own_scale}
+    return {**_boolean_mask_arguments(case, device), **own_scale}
+
+
+def _boolean_mask_arguments(case: Case, device: torch.device) -> dict[str, Any]:
+    """The mask arguments of a case without ALiBi (see _mask_arguments)."""
     if case.padding or case.window is not None:
         return {"attn_mask": visible_mask(case, device=device)}
     if case.causal and case.S_q == case.S_kv:
@@ -132,6 +147,10 @@ def _refusal_reason(exc: Exception, caught: list[warnings.WarningMessage]) -> st
 
 class _SdpaBase(Backend):
     family = "sdpa"
+    #: Every SDPA kernel takes `scale=`; ALiBi goes in as a float attn_mask where the kernel takes one.
+    score_variants = frozenset({"scale", "alibi"})
+    variant_reasons = {"softcap": "SDPA has no softcap: scores cannot be transformed before the softmax",
+                       "sinks": "SDPA has no sink logits: its softmax denominator covers the keys alone"}
     #: Padded with a mask, packed as nested jagged tensors or request by request, paged gathered first (harness.backends.sdpa_ragged).
     layouts = frozenset({"dense", "padded", "packed", "paged"})
     #: The forced kernel (`torch.nn.attention.SDPBackend` member name), or None for torch's choice.
@@ -179,7 +198,7 @@ class _SdpaBase(Backend):
         if case.ragged:
             return prepare_ragged(case, inputs, self._run, self._refusal, _HAS_ENABLE_GQA and case.H_kv != case.H, self.name, self.kernel,
                                   lambda q, k, v, kwargs: self._prepare_rectangle(case, q, k, v, kwargs))
-        return self._prepare_rectangle(case, inputs.q, inputs.k, inputs.v, _mask_arguments(case, inputs.q.device))
+        return self._prepare_rectangle(case, inputs.q, inputs.k, inputs.v, _mask_arguments(case, inputs.q.device, inputs.q.dtype))
 
     def _prepare_rectangle(self, case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict[str, Any]) -> Prepared:
         """The call on `[B, H, S, d]` tensors with these mask arguments: a dense case's, or a padded batch's rectangle."""
@@ -244,6 +263,8 @@ class SdpaFlashBackend(_SdpaBase):
     kernel = "FLASH_ATTENTION"
     description = "SDPA forced to the FlashAttention kernel"
     native_gqa = _HAS_ENABLE_GQA
+    score_variants = frozenset({"scale"})
+    variant_reasons = {**_SdpaBase.variant_reasons, "alibi": "SDPA's flash kernel takes no attn_mask, so no ALiBi bias"}
 
 
 @register
@@ -268,6 +289,8 @@ class SdpaCudnnBackend(_SdpaBase):
     kernel = "CUDNN_ATTENTION"
     description = "SDPA forced to the cuDNN attention kernel"
     devices = ("cuda",)
+    score_variants = frozenset({"scale"})
+    variant_reasons = {**_SdpaBase.variant_reasons, "alibi": "not verified that SDPA's cuDNN kernel takes a float attn_mask"}
 
     def available(self) -> str | None:
         """Needs a CUDA device and torch ≥ 2.4."""

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from harness.attention.variants import request_alibi_bias
 from harness.backends.base import Prepared
 from harness.backends.ragged_views import padded, paged_gather, requests
 from harness.errors import Unsupported, one_line
@@ -36,6 +37,7 @@ Probe = Callable[[Callable[[], torch.Tensor]], str | None]
 NJT_MATH_READS = ("torch runs SDPA on nested jagged tensors through its math path {where}, and that path reads every request's "
                   "length back to the host at each call (it splits the batch by them)")
 NJT_MASKED = "torch's SDPA takes nested jagged tensors without a causal flag or a mask only"
+NJT_ALIBI = "ALiBi is a float attn_mask, and torch's SDPA takes nested jagged tensors without a mask only"
 
 
 def request_arguments(q_len: int, kv_len: int, causal: bool, window: int | None, device: torch.device,
@@ -67,6 +69,14 @@ def request_arguments(q_len: int, kv_len: int, causal: bool, window: int | None,
     return {**kwargs, "attn_mask": mask[None, None]}, "bool_mask"
 
 
+def alibi_arguments(case: Case, q_len: int, kv_len: int, device: torch.device, gqa: bool) -> tuple[dict[str, Any], str]:
+    """One request's SDPA arguments with ALiBi: its bias as a float mask, −inf where its own mask hides a key; form `alibi_mask`."""
+    bias = request_alibi_bias(case.H, q_len, kv_len, device, torch.float32)
+    visible = sequence_mask(q_len, kv_len, case.causal, case.window, device)
+    bias = bias if visible is None else bias.masked_fill(~visible, float("-inf"))
+    return {**({"enable_gqa": True} if gqa else {}), "attn_mask": bias}, "alibi_mask"
+
+
 def nested_rows(values: torch.Tensor, offsets: torch.Tensor, lengths: tuple[int, ...]) -> torch.Tensor:
     """Packed `[T, H, d]` rows as a nested jagged `[B, H, j, d]` view, with its min and max length given so torch never reads them back."""
     return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min(lengths), max_seqlen=max(lengths)).transpose(1, 2)
@@ -75,9 +85,11 @@ def nested_rows(values: torch.Tensor, offsets: torch.Tensor, lengths: tuple[int,
 def _loop_step(run: Run, inputs: RaggedInputs, case: Case, gqa: bool, kv: Callable[[], tuple[torch.Tensor, torch.Tensor]],
                fixed_kv: bool) -> tuple[Callable[[], torch.Tensor], dict[str, int]]:
     """One SDPA call per request over the keys and values `kv()` gives, the packed output; and how many requests got each mask form."""
-    chosen = [request_arguments(q_len, kv_len, case.causal, case.window, inputs.q.device, gqa)
+    chosen = [alibi_arguments(case, q_len, kv_len, inputs.q.device, gqa) if case.alibi
+              else request_arguments(q_len, kv_len, case.causal, case.window, inputs.q.device, gqa)
               for q_len, kv_len in zip(inputs.seq_lens_q, inputs.seq_lens_kv)]
-    arguments = [kwargs for kwargs, _ in chosen]
+    own_scale = {"scale": case.scale} if case.scale is not None else {}
+    arguments = [{**kwargs, **own_scale, **_float_mask_dtype(kwargs, inputs.q.dtype)} for kwargs, _ in chosen]
     unmasked = [None] * inputs.batch_size
     # Packed keys are the inputs' own, so their views are built once; gathered ones are new at each call.
     fixed = requests(inputs, inputs.k, inputs.v, unmasked) if fixed_kv else None
@@ -105,7 +117,7 @@ def _nested_step(run: Run, inputs: RaggedInputs, case: Case, kv: Callable[[], tu
 
     def step() -> torch.Tensor:
         k, v = fixed if fixed is not None else nested_kv(*kv())
-        return run(q, k, v, {}).transpose(1, 2).values()
+        return run(q, k, v, {"scale": case.scale} if case.scale is not None else {}).transpose(1, 2).values()
 
     return step
 
@@ -126,6 +138,8 @@ def host_sync(fn: Callable[[], torch.Tensor]) -> str | None:
 
 def _nested_refusal(case: Case, kernel: str | None) -> str | None:
     """Why the batch is not even tried as one NJT call (a mask, or a path torch runs by reading the host), or None."""
+    if case.alibi:
+        return NJT_ALIBI
     if case.causal or case.window is not None:
         return NJT_MASKED
     if case.device != "cuda":
@@ -147,7 +161,7 @@ def prepare_ragged(case: Case, inputs: RaggedInputs, run: Run, probe: Probe, gqa
     `kernel` the forced one or None for torch's choice, which may differ from request to request)."""
     if case.layout == "padded":
         rect = padded(inputs, case.window)
-        prepared = prepare_rectangle(rect.q, rect.k, rect.v, {"attn_mask": rect.mask})
+        prepared = prepare_rectangle(rect.q, rect.k, rect.v, _padded_arguments(case, inputs, rect.mask))
         prepared.to_bhsd = rect.packed_output
         prepared.notes["padded_to"] = [case.S_q, case.S_kv]
         prepared.notes["mask_forms"] = {"bool_mask": inputs.batch_size}
@@ -171,3 +185,21 @@ def prepare_ragged(case: Case, inputs: RaggedInputs, run: Run, probe: Probe, gqa
     if refusal is not None:
         raise Unsupported(f"{name}: {refusal}")
     return Prepared(fn=loop, notes={**notes, "packed_via": "per_request_loop", "mask_forms": forms})
+
+
+def _float_mask_dtype(kwargs: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """A float attn_mask in the queries' dtype (SDPA wants them alike); nothing to change otherwise."""
+    mask = kwargs.get("attn_mask")
+    return {"attn_mask": mask.to(dtype)} if isinstance(mask, torch.Tensor) and mask.is_floating_point() else {}
+
+
+def _padded_arguments(case: Case, inputs: RaggedInputs, mask: torch.Tensor) -> dict[str, Any]:
+    """A padded rectangle's arguments: its bool mask, or with ALiBi each request's own bias in its corner (−inf where hidden)."""
+    own_scale = {"scale": case.scale} if case.scale is not None else {}
+    if not case.alibi:
+        return {"attn_mask": mask, **own_scale}
+    device, dtype = inputs.q.device, inputs.q.dtype
+    bias = torch.zeros(inputs.batch_size, case.H, case.S_q, case.S_kv, device=device, dtype=dtype)
+    for i, (q_len, kv_len) in enumerate(zip(inputs.seq_lens_q, inputs.seq_lens_kv)):
+        bias[i, :, :q_len, :kv_len] = request_alibi_bias(case.H, q_len, kv_len, device, dtype)[0]
+    return {"attn_mask": bias.masked_fill(~mask, float("-inf")), **own_scale}

@@ -31,6 +31,7 @@ from harness.backends.base import Backend, Prepared
 from harness.backends.layouts import from_bshd, kv_to_bmghk, pack, to_bshd, unpack, varlen
 from harness.backends.ragged_args import is_paged, kernel_block_table, layout_refusal, softmax_scale
 from harness.backends.registry import register
+from harness.backends.xformers_variants import SCORE_VARIANTS, VARIANT_REASONS, head_dim_refusal
 from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs
 from harness.errors import Unsupported, one_line
@@ -277,14 +278,15 @@ class XformersBackend(Backend):
     devices = ("cuda",)
     native_gqa = True
     layouts = frozenset({"dense", "packed", "paged"})
+    score_variants, variant_reasons = SCORE_VARIANTS, VARIANT_REASONS
 
     def version(self) -> str:
         """The installed xFormers version."""
         return xformers_version()
 
     def supports(self, case: Case) -> str | None:
-        """A CUDA case in a layout it serves (serving layouts forward only)."""
-        return super().supports(case) or layout_refusal(self, case)
+        """A CUDA case in a layout it serves (serving layouts forward only), head dims an operator takes."""
+        return super().supports(case) or layout_refusal(self, case) or head_dim_refusal(case.d_k, case.d_v)
 
     def available(self) -> str | None:
         """A CUDA device (xFormers has no CPU kernel), xFormers installed, and its compiled extensions loaded."""
@@ -312,6 +314,7 @@ class XformersBackend(Backend):
             if bias is not None and hasattr(bias, "to"):
                 bias = bias.to(inputs.q.device)
             call = xformers_call(case, inputs, bias, requires_grad=case.mode != "fwd")
+        call.scale = case.softmax_scale  # the case's own scale (1/√d_k unless it sets one), dense or ragged
         notes = dict(call.notes)
         notes["attn_bias"] = type(bias).__name__ if bias is not None else None
         backward = case.mode != "fwd"

@@ -77,9 +77,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.model is not None:
         if args.suite is not None:
             raise UserError("give --suite or --model, not both")
-        args.suite = f"model:{args.model}" + (f":{args.seq}" if args.seq else "")
-    elif args.seq is not None:
-        raise UserError("--seq goes with --model")
+        args.suite = f"model:{args.model}" + (f":{args.seq}" if args.seq else "") + (f":tp={args.tp}" if args.tp else "")
+    elif args.seq is not None or args.tp is not None:
+        raise UserError(f"{'--seq' if args.seq is not None else '--tp'} goes with --model")
     if args.resume is None and args.suite is None:
         raise UserError("give --suite NAME or --model PRESET (or --resume RUN_DIR)")
     options = RunOptions.from_flags(RunOptions.flag_values(args))  # refuses --traces without --profile, a bad --cooldown
@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", help="built-in suite (quick, default, …), 'auto' (by device), a .toml file, or a run folder (its pairs as its manifest holds them: what a row's repro runs)")
     p.add_argument("--model", help="a published model's attention instead of a suite (harness/suite/presets.py: llama3-405b, mistral-7b, deepseek-v3, …)")
     p.add_argument("--seq", help="with --model: comma-separated sequence lengths (default 1024,4096,16384; CPU: 128)")
+    p.add_argument("--tp", help="with --model: tensor-parallel degrees such as 1,2,4,8: each GPU's shapes (H/TP query heads, "
+                               "H_kv/TP KV heads, one replicated where H_kv < TP; default 1)")
     p.add_argument("--device", choices=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--backends", type=comma_list, help="comma-separated backend names (default: the suite's, else all)")
     p.add_argument("--out", default="results", help="parent folder of run folders (default: results)")

@@ -144,6 +144,9 @@ class ReadResult:
         return f"{self.path or RECORDS}: dropped a truncated last line (a run stopped mid-write); resume the run to redo that pair"
 
 
+#: Case fields added after records were first written: a record without them is read with their defaults (no softcap, no
+#: sinks, no ALiBi, the default scale), which is what every case measured before they existed computed.
+CASE_FIELDS_ADDED = ("softcap", "sinks", "alibi", "scale")
 #: Record fields that, when present (always, in a record attnbench writes), are strings: what compare and report join and print on.
 KEY_FIELDS = ("case_id", "backend", "status")
 
@@ -161,7 +164,7 @@ def _checked(record: dict[str, Any]) -> tuple[str | None, Record | None]:
     present = [name for name in CASE_FIELDS if name in record]
     if not present:
         return None, None
-    missing = [name for name in CASE_FIELDS if name not in record]
+    missing = [name for name in CASE_FIELDS if name not in record and name not in CASE_FIELDS_ADDED]
     if missing:
         return f"record has no field {missing[0]!r} (a record carries all its case's fields: {', '.join(CASE_FIELDS)})", None
     try:

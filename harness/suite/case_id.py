@@ -45,6 +45,25 @@ def numbered(field: str, prefix: str, default: Any = None) -> Token:
                  lambda t: int(t[len(prefix):]) if t.startswith(prefix) and _is_number(t[len(prefix):]) else None)
 
 
+def _float_text(value: float) -> str:
+    """A float as an id writes it: `30` for an integral value, else its repr (`30.5`, `0.125`; the Case's ranges keep out exponents)."""
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _read_float(text: str) -> float | None:
+    """The float an id's number stands for (digits, at most one '.', no exponent or sign), or None."""
+    whole, dot, fraction = text.partition(".")
+    if not _is_number(whole) or (dot and not _is_number(fraction)):
+        return None
+    return float(text)
+
+
+def decimal(field: str, prefix: str) -> Token:
+    """The token of a float field: `prefix<number>` (see _float_text), nothing when the field is None."""
+    return Token(field, f"{prefix}<number>", lambda case: [] if getattr(case, field) is None else [f"{prefix}{_float_text(getattr(case, field))}"],
+                 lambda t: _read_float(t[len(prefix):]) if t.startswith(prefix) else None)
+
+
 def _batch_tokens(case: Any) -> list[str]:
     """`L<batch>` for a ragged case, and `h<hash of the lengths>` when they come from a user's file (an id cannot redraw them)."""
     if case.length_dist is None:
@@ -63,6 +82,10 @@ OPTIONAL_TOKENS = (
     numbered("window", "win"),
     flag("padding", "pad"),
     flag("mla", "mla"),
+    decimal("softcap", "cap"),
+    flag("sinks", "sinks"),
+    flag("alibi", "alibi"),
+    decimal("scale", "scale"),
     Token("mode", "bwd|fwd_bwd", lambda c: [] if c.mode == "fwd" else [c.mode], lambda t: t if t in MODES and t != "fwd" else None),
     Token("layout", "|".join(RAGGED_LAYOUTS), lambda c: [] if c.layout == "dense" else [c.layout], lambda t: t if t in RAGGED_LAYOUTS else None),
     numbered("page_size", "page"),

@@ -75,3 +75,20 @@ def canonical_mode(mode: Any) -> str:
 #: A field's own check of one value where its type says too little (dtype's names and aliases, mode's passes):
 #: the Case applies it, and a suite file's reader applies it to each value of an axis before any case is built.
 VALUE_CHECKS = {"dtype": canonical_dtype, "mode": canonical_mode}
+
+
+#: The ranges of the float fields: their `repr` then has no exponent and no '-', so a value survives an id token
+#: (`cap30.5`, `scale0.125`) and a CSV cell exactly.
+FLOAT_RANGES: dict[str, tuple[float, float]] = {"softcap": (1e-4, 1e6), "scale": (1e-4, 100.0)}
+
+
+def positive_float(name: str, value: Any) -> float:
+    """`value` as a plain finite float within FLOAT_RANGES[name] (ints and numpy floats accepted, bools not), or UserError naming the field."""
+    low, high = FLOAT_RANGES[name]
+    expected = f"a number in [{low:g}, {high:g}] or None (so that an id and a CSV carry it exactly)"
+    if is_bool(value) or not isinstance(value, (int, float)) and not type(value).__name__.startswith(("float", "int")):
+        raise UserError(f"{name} must be {expected}, got {value!r}")
+    number = float(value)
+    if not low <= number <= high:  # also refuses NaN
+        raise UserError(f"{name} must be {expected}, got {value!r}")
+    return number

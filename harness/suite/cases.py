@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from harness.errors import UserError
 from harness.suite.case_id import id_fields, id_tokens
 from harness.suite.case_layout import RAGGED_FIELDS, check_layout, layout_from_record
-from harness.suite.case_values import DEVICES, MAX_INT, MODES, boolean, canonical_dtype, canonical_mode, integer
+from harness.suite.case_values import DEVICES, MAX_INT, MODES, boolean, canonical_dtype, canonical_mode, integer, positive_float
 
 #: MODES and canonical_dtype live in harness.suite.case_values; many callers take them from here, beside the Case.
 __all__ = ["Case", "CASE_FIELDS", "MAX_PADDED_B", "MODES", "canonical_dtype", "case_from_fields", "grid", "parse_case_id"]
@@ -39,6 +39,11 @@ class Case:
     `mla`: K and V are one shared latent cache (DeepSeek's multi-head latent attention with the
     up-projections absorbed): V is the first d_v columns of K, H_kv = 1, d_k = d_c + d_rope, d_v = d_c.
 
+    Score variants (harness.attention.variants): `softcap` c turns each scaled score s into c·tanh(s/c) before
+    masking; `sinks` adds one learned logit per query head (`inputs.sinks`) to every row's softmax denominator;
+    `alibi` adds −slope_h·|pos(i) − j| (Press et al.'s slopes, pos(i) the query's bottom-right key position);
+    `scale` is the softmax scale where a model's is not 1/√d_k (`softmax_scale`).
+
     A ragged case (`layout` padded, packed or paged) is a batch of requests, each with its own query and
     KV lengths (`seq_lens_q`, `seq_lens_kv`), drawn from `length_dist` (harness.suite.batch) by the seed:
     B is the number of requests, S_q and S_kv the longest. The case carries its lengths, so a record
@@ -61,6 +66,10 @@ class Case:
     window: int | None = None
     padding: bool = False
     mla: bool = False
+    softcap: float | None = None
+    sinks: bool = False
+    alibi: bool = False
+    scale: float | None = None
     seed: int = 0
     layout: str = "dense"
     page_size: int | None = None
@@ -88,11 +97,29 @@ class Case:
             raise UserError(f"B={self.B} is too many sequences for a padded case (one length is drawn per sequence): at most {MAX_PADDED_B}")
         if self.mla and (self.H_kv != 1 or self.d_v > self.d_k):
             raise UserError(f"an MLA case has one shared latent cache: needs H_kv=1 and d_v <= d_k, got H_kv={self.H_kv}, d_k={self.d_k}, d_v={self.d_v}")
+        for name in OPTIONAL_FLOAT_FIELDS:
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, positive_float(name, getattr(self, name)))
+        self._check_variants()
         check_layout(self)
         largest = max(self.B * self.H * self.S_q * max(self.d_k, self.d_v), self.B * self.H_kv * self.S_kv * max(self.d_k, self.d_v))
         if largest > MAX_INT:
             raise UserError(f"B={self.B}, H={self.H}, S={self.S_kv}, d={max(self.d_k, self.d_v)}: one input tensor would hold "
                             f"{largest:.3g} elements, more than a tensor can index (2^63 - 1)")
+
+    def _check_variants(self) -> None:
+        """Refuse score variants together that no model has and no definition here covers."""
+        used = [name for name in ("softcap", "sinks", "alibi", "scale") if getattr(self, name) not in (None, False)]
+        if self.mla and used:
+            raise UserError(f"an MLA case has no {used[0]}: DeepSeek's latent attention uses none of softcap, sinks, alibi or scale")
+        if self.alibi and (self.softcap is not None or self.sinks):
+            other = "softcap" if self.softcap is not None else "sinks"
+            raise UserError(f"alibi with {other}: no model combines them, so no definition says in which order they apply")
+
+    @property
+    def softmax_scale(self) -> float:
+        """The scale of the scores: `scale` where the case sets one, else 1/√d_k."""
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.d_k)
 
     @property
     def ragged(self) -> bool:
@@ -143,6 +170,7 @@ _TYPES = {f.name: f.type for f in dataclasses.fields(Case)}
 SIZE_FIELDS = tuple(name for name, kind in _TYPES.items() if kind == "int" and name != "seed")
 BOOL_FIELDS = tuple(name for name, kind in _TYPES.items() if kind == "bool")
 OPTIONAL_INT_FIELDS = tuple(name for name, kind in _TYPES.items() if kind == "int | None" and name not in RAGGED_FIELDS)
+OPTIONAL_FLOAT_FIELDS = tuple(name for name, kind in _TYPES.items() if kind == "float | None")
 
 
 def parse_case_id(case_id: str, device: str = "cpu") -> Case:
@@ -173,6 +201,10 @@ def case_from_fields(fields: Mapping[str, Any]) -> Case:
                 kwargs[name] = int(value)
             else:
                 raise UserError(f"{name} must be an integer, got {value!r}")
+    for name in OPTIONAL_FLOAT_FIELDS:
+        value = kwargs.get(name)
+        if (isinstance(value, float) or type(value).__name__.startswith("float")) and value != value:  # NaN: unset
+            kwargs[name] = None
     return Case(**layout_from_record(kwargs))
 
 

@@ -28,7 +28,7 @@ from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
 from harness.suite.budget_fields import budget_from_fields
 from harness.suite.frozen import lengths_folder
 from harness.results.documents import read_regular
-from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases
+from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases, tp_note
 
 
 @dataclass(frozen=True)
@@ -113,15 +113,29 @@ def builtin_suites() -> list[str]:
     return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith(("_", "test_", "conftest")))
 
 
-def model_suite(spec: str) -> Suite:
-    """The suite `model:<name>[:<S>,<S>…]`: a preset's prefill (fwd, causal) and decode cases in bf16 on CUDA.
+def _tp_list(spec: str, text: str) -> tuple[int, ...]:
+    """The tensor-parallel degrees of `tp=1,8` in a model suite's spec; UserError in one line for anything else."""
+    try:
+        tps = tuple(int(t) for t in text.removeprefix("tp=").split(","))
+    except ValueError:
+        tps = ()
+    if not tps or any(t < 1 for t in tps):
+        raise UserError(f"model suite {spec!r}: --tp takes positive integers such as 1,2,4,8, got {text.removeprefix('tp=')!r}")
+    return tuple(dict.fromkeys(tps))
 
-    On a CPU the same heads run in fp32, at S = 128 by default or at the lengths given.
+
+def model_suite(spec: str) -> Suite:
+    """The suite `model:<name>[:<S>,<S>…][:tp=<N>,<N>…]`: a preset's prefill (fwd, causal) and decode cases in bf16 on CUDA.
+
+    On a CPU the same heads run in fp32, at S = 128 by default or at the lengths given. With `tp=`, each degree's
+    per-GPU shapes (H/TP query heads, H_kv/TP KV heads or one replicated: `presets.tp_heads`), said in the description.
     """
     parts = spec.split(":")
+    tps = _tp_list(spec, parts.pop()) if len(parts) > 2 and parts[-1].startswith("tp=") else (1,)
     if len(parts) not in (2, 3) or parts[0] != "model":
-        raise UserError(f"model suite {spec!r}: expected model:<name> or model:<name>:<S>,<S>,…")
+        raise UserError(f"model suite {spec!r}: expected model:<name>[:<S>,<S>,…][:tp=<N>,…]")
     preset = get_preset(parts[1])
+    notes = [tp_note(preset, tp) for tp in tps]  # refuses a TP that does not divide H, in one line, before any case is built
     seq, cpu_seq = DEFAULT_SEQ, CPU_SEQ
     if len(parts) == 3:
         try:
@@ -135,16 +149,19 @@ def model_suite(spec: str) -> Suite:
             raise UserError(f"model suite {spec!r}: {preset.name}'s context is {preset.context:,} tokens; "
                             f"{', '.join(f'{s:,}' for s in too_long)} is longer")
         cpu_seq = seq  # asked for by name: the CPU runs those lengths too, not its default
+    tp_name = "" if tps == (1,) else "-tp" + "-".join(map(str, tps))
+    tp_text = "" if tps == (1,) else "; per GPU: " + "; ".join(notes)
     return Suite(
-        name=f"model-{preset.name}", description=f"{preset.name} ({preset.source}): prefill and decode at S {', '.join(map(str, seq))}",
-        cases=tuple(model_cases(preset, seq, device="cuda")),
-        cpu_cases=tuple(model_cases(preset, cpu_seq, dtype="fp32", device="cpu")),
+        name=f"model-{preset.name}{tp_name}",
+        description=f"{preset.name} ({preset.source}): prefill and decode at S {', '.join(map(str, seq))}{tp_text}",
+        cases=tuple(dict.fromkeys(c for tp in tps for c in model_cases(preset, seq, device="cuda", tp=tp))),
+        cpu_cases=tuple(dict.fromkeys(c for tp in tps for c in model_cases(preset, cpu_seq, dtype="fp32", device="cpu", tp=tp))),
         budget=CUDA_BUDGET, cpu_budget=QUICK_BUDGET,
     )
 
 
 def load_suite(name_or_path: str) -> Suite:
-    """A built-in suite by name, `model:<preset>[:<S>,…]` (harness.suite.presets), or a TOML file; UserError for anything else."""
+    """A built-in suite by name, `model:<preset>[:<S>,…][:tp=<N>,…]` (harness.suite.presets), or a TOML file; UserError for anything else."""
     if name_or_path.startswith("model:"):
         return model_suite(name_or_path)
     if not isinstance(name_or_path, str) or not name_or_path.strip():

@@ -23,6 +23,7 @@ class AttentionInputs:
 
     `kv_lens[b]` is the number of real keys of sequence b (the rest is padding), or None
     when the case has no padding. `grad_out` is the upstream gradient for backward modes.
+    `sinks`: the case's learned sink logits, float32 `[H]` (None unless `case.sinks`; harness.suite.inputs.draw_sinks).
     """
 
     q: torch.Tensor
@@ -30,6 +31,27 @@ class AttentionInputs:
     v: torch.Tensor
     kv_lens: torch.Tensor | None = None
     grad_out: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+
+
+def draw_sinks(case: Case, device: str | torch.device) -> torch.Tensor | None:
+    """The sink logits of a case, float32 `[H]`, standard normal (gpt-oss's learned sinks are O(1)), or None without sinks.
+
+    Drawn from a stream of their own (the seed and a tag), so that q, k and v stay what every case without sinks draws.
+    """
+    if not case.sinks:
+        return None
+    values = np.random.default_rng([case.seed, 0x5172]).standard_normal(case.H).astype(np.float32)
+    return torch.as_tensor(values).to(device)
+
+
+def query_positions(case: Case) -> np.ndarray:
+    """Each query row's own key position `[B, S_q]`: `i + kv_len[b] − q_len[b]` (bottom-right, per sequence, as the mask aligns it).
+
+    Without padding that is `i + S_kv − S_q`: what ALiBi measures a key's distance from.
+    """
+    i = np.arange(case.S_q, dtype=np.int64)[None, :]
+    return i + (kv_lengths(case) - q_lengths(case))[:, None]
 
 
 def kv_lengths(case: Case) -> np.ndarray:
@@ -131,5 +153,5 @@ def make_inputs(case: Case, *, seed: int | None = None, device: str | torch.devi
     v = k[..., : case.d_v].clone() if case.mla else draw(case.B, case.H_kv, case.S_kv, case.d_v)
     grad_out = draw(case.B, case.H, case.S_q, case.d_v) if case.mode != "fwd" else None
     kv_lens = torch.as_tensor(kv_lengths(case), device=device, dtype=torch.int32) if case.padding else None
-    return AttentionInputs(q=q, k=k, v=v, kv_lens=kv_lens, grad_out=grad_out)
+    return AttentionInputs(q=q, k=k, v=v, kv_lens=kv_lens, grad_out=grad_out, sinks=draw_sinks(case, device))
 

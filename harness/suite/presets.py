@@ -2,9 +2,13 @@
 
 Each preset is the attention layer of one published configuration (paper or released config file):
 model width D, query heads H, K/V heads H_kv, head dims, context length, and a sliding window or
-MLA's latent widths where the model has them. `model_cases` turns a preset and sequence lengths into
-cases: prefill (S_q = S_kv = S, causal) and decoding (S_q = 1 against a KV cache of S tokens).
-No estimated or unpublished configurations are included.
+MLA's latent widths where the model has them. A model whose layers differ (sliding-window layers
+beside global ones, a logit softcap, attention sinks, a softmax scale that is not 1/√d_k) lists them
+as layer kinds, each with how many layers have it. `model_cases` turns a preset and sequence lengths
+into cases: prefill (S_q = S_kv = S, causal) and decoding (S_q = 1 against a KV cache of S tokens),
+one set per layer kind, at a tensor-parallel degree (`tp_heads`). No estimated or unpublished
+configurations are included; a layer kind the Case cannot express is named in the preset's `note`
+and left out, never approximated.
 """
 
 from __future__ import annotations
@@ -12,8 +16,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from harness.suite.cases import Case
+from harness.suite.cases import CASE_FIELDS, Case
 from harness.errors import UserError
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One kind of attention layer of a model: the Case fields it sets beyond the preset's heads, and how many layers have it."""
+
+    name: str
+    #: How many of the model's layers are of this kind (None: every layer; the count is not recorded).
+    layers: int | None = None
+    window: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+    scale: float | None = None
+
+    def case_fields(self) -> dict:
+        """The kind's Case fields that differ from a plain causal layer (only those the Case has)."""
+        fields = {"window": self.window, "softcap": self.softcap, "sinks": self.sinks, "scale": self.scale}
+        # Only set values: a plain layer builds the same Case as before the score variants existed.
+        return {k: v for k, v in fields.items() if v not in (None, False) and k in CASE_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -32,17 +55,51 @@ class ModelPreset:
     #: MLA (DeepSeek): latent width (kv_lora_rank), decoupled RoPE width, and the decompressed head dims.
     d_c: int | None = None
     d_rope: int | None = None
+    #: The model's layer count and its kinds of attention layer; empty: one kind, every layer, with `window`.
+    layers: int | None = None
+    layer_kinds: tuple[LayerKind, ...] = ()
+    #: What the preset leaves out and why (a layer kind no Case field expresses, a constant not carried).
+    note: str = ""
 
     @property
     def mla(self) -> bool:
         """True for a model with multi-head latent attention."""
         return self.d_c is not None
 
+    @property
+    def kinds(self) -> tuple[LayerKind, ...]:
+        """The model's kinds of attention layer (one, with the preset's window, where it lists none)."""
+        return self.layer_kinds or (LayerKind("all", self.layers, window=self.window),)
+
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
         """KV-cache bytes per token per layer: `H_kv·(d_k + d_v)` elements, or `d_c + d_rope` for MLA."""
         if self.mla:
             return (self.d_c + self.d_rope) * bytes_per_element
         return self.H_kv * (self.d_k + self.d_v) * bytes_per_element
+
+
+def _hf(repo: str, fields: str) -> str:
+    """A source line: the official Hugging Face config.json of `repo` and the fields read from it."""
+    return f"https://huggingface.co/{repo}/blob/main/config.json ({fields})"
+
+
+_GQA_FIELDS = "hidden_size, num_attention_heads, num_key_value_heads, head_dim, num_hidden_layers, max_position_embeddings"
+_GPT_OSS_NOTE = ("sinks: one learned logit per query head (`sinks`, shape [num_attention_heads], in openai/gpt-oss "
+                 "gpt_oss/torch/model.py AttentionBlock); sliding_window 128 on the layer_types 'sliding_attention' layers")
+_GEMMA2 = "attn_logit_softcapping, sliding_window, query_pre_attn_scalar (scale = query_pre_attn_scalar^-0.5)"
+_LLAMA4_NOTE = ("layer_types 'chunked_attention' (attention_chunk_size 8192, the RoPE layers: 3 of every 4, no_rope_layer_interval 4) "
+                "is left out: a query sees the keys of its own 8192-token chunk, which no Case field expresses (a window slides, a chunk does not). "
+                "The NoPE global layers are plain causal GQA; their attn_temperature_tuning scales the queries before attention")
+_MLA_NOTE = "the softmax scale's YaRN mscale correction is not carried (an MLA case has no scale; the cost does not depend on it)"
+
+
+def _gpt_oss(name: str, layers: int) -> ModelPreset:
+    """gpt-oss: alternating 128-token sliding-window and full layers, both with attention sinks."""
+    half = layers // 2
+    return ModelPreset(
+        name, _hf(f"openai/{name}", _GQA_FIELDS + ", layer_types, sliding_window"), D=2880, H=64, H_kv=8, d_k=64, d_v=64,
+        context=131072, layers=layers, note=_GPT_OSS_NOTE,
+        layer_kinds=(LayerKind("sliding", half, window=128, sinks=True), LayerKind("full", layers - half, sinks=True)))
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -60,8 +117,35 @@ PRESETS: dict[str, ModelPreset] = {
         # DeepSeek-V3 released config: hidden 7168, 128 heads, kv_lora_rank 512, qk_rope_head_dim 64,
         # qk_nope_head_dim 128, v_head_dim 128. Decompressed (prefill/training): d_k = 128 + 64 = 192, d_v = 128.
         ModelPreset("deepseek-v3", "DeepSeek-AI 2024, released config (MLA)", D=7168, H=128, H_kv=128, d_k=192, d_v=128, context=163840, d_c=512, d_rope=64),
+        # 2025-2026 models, each from its official config.json (the fields read are named in its source).
+        _gpt_oss("gpt-oss-20b", 24),
+        _gpt_oss("gpt-oss-120b", 36),
+        # Gemma 2: layer i slides when i is even; 9B's query_pre_attn_scalar 256 = head_dim, so its scale is 1/√d_k.
+        ModelPreset("gemma2-9b", _hf("google/gemma-2-9b", f"{_GQA_FIELDS}, {_GEMMA2}"), D=3584, H=16, H_kv=8, d_k=256, d_v=256,
+                    context=8192, layers=42, layer_kinds=(LayerKind("sliding", 21, window=4096, softcap=50.0), LayerKind("global", 21, softcap=50.0))),
+        ModelPreset("gemma2-27b", _hf("google/gemma-2-27b", f"{_GQA_FIELDS}, {_GEMMA2}"), D=4608, H=32, H_kv=16, d_k=128, d_v=128,
+                    context=8192, layers=46, layer_kinds=(LayerKind("sliding", 23, window=4096, softcap=50.0, scale=144**-0.5),
+                                                          LayerKind("global", 23, softcap=50.0, scale=144**-0.5))),
+        # Gemma 3: every sixth layer (sliding_window_pattern 6) is global, the other five slide over 1024; no softcap.
+        ModelPreset("gemma3-27b", _hf("google/gemma-3-27b-pt", f"text_config: {_GQA_FIELDS}, sliding_window, sliding_window_pattern, "
+                                      "attn_logit_softcapping (null), query_pre_attn_scalar"), D=5376, H=32, H_kv=16, d_k=128, d_v=128,
+                    context=131072, layers=62, layer_kinds=(LayerKind("local", 52, window=1024, scale=168**-0.5), LayerKind("global", 10, scale=168**-0.5))),
+        ModelPreset("qwen3-8b", _hf("Qwen/Qwen3-8B", _GQA_FIELDS), D=4096, H=32, H_kv=8, d_k=128, d_v=128, context=40960, layers=36),
+        ModelPreset("qwen3-30b-a3b", _hf("Qwen/Qwen3-30B-A3B", _GQA_FIELDS), D=2048, H=32, H_kv=4, d_k=128, d_v=128, context=40960, layers=48),
+        ModelPreset("llama4-scout", _hf("meta-llama/Llama-4-Scout-17B-16E", f"text_config: {_GQA_FIELDS}, attention_chunk_size, no_rope_layers"),
+                    D=5120, H=40, H_kv=8, d_k=128, d_v=128, context=10485760, layers=48, note=_LLAMA4_NOTE,
+                    layer_kinds=(LayerKind("global-nope", 12),)),
+        ModelPreset("kimi-k2", _hf("moonshotai/Kimi-K2-Instruct", "hidden_size, num_attention_heads, kv_lora_rank, qk_rope_head_dim, "
+                                   "qk_nope_head_dim, v_head_dim, num_hidden_layers, max_position_embeddings"),
+                    D=7168, H=64, H_kv=64, d_k=192, d_v=128, context=131072, d_c=512, d_rope=64, layers=61, note=_MLA_NOTE),
+        ModelPreset("mistral-nemo-12b", _hf("mistralai/Mistral-Nemo-Base-2407", _GQA_FIELDS + ", sliding_window (null)"),
+                    D=5120, H=32, H_kv=8, d_k=128, d_v=128, context=128000, layers=40),
     )
 }
+
+#: The presets added for the 2026 suite (suites/models_2026.py), in its order.
+MODELS_2026 = ("gpt-oss-20b", "gpt-oss-120b", "gemma2-9b", "gemma2-27b", "gemma3-27b", "qwen3-8b", "qwen3-30b-a3b",
+               "llama4-scout", "kimi-k2", "mistral-nemo-12b")
 
 
 def get_preset(name: str) -> ModelPreset:
@@ -72,32 +156,63 @@ def get_preset(name: str) -> ModelPreset:
         raise UserError(f"unknown model {name!r}: known models are {', '.join(PRESETS)}") from None
 
 
+def tp_heads(preset: ModelPreset, tp: int) -> tuple[int, int]:
+    """Per-GPU (query heads, KV heads) at tensor-parallel degree `tp`: H/tp and H_kv/tp, or one replicated KV head when H_kv < tp.
+
+    This is how vLLM and SGLang shard a GQA layer; an MLA model's latent cache is one head on every GPU (see `model_cases`).
+    """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise UserError(f"tensor parallel degree must be a positive integer, got {tp!r}")
+    if preset.H % tp:
+        raise UserError(f"TP {tp} does not divide {preset.name}'s {preset.H} query heads: TP must divide H")
+    if preset.H_kv >= tp and preset.H_kv % tp:
+        raise UserError(f"TP {tp} does not divide {preset.name}'s {preset.H_kv} KV heads")
+    if preset.H_kv < tp and tp % preset.H_kv:
+        raise UserError(f"{preset.name}'s {preset.H_kv} KV heads cannot be replicated evenly over TP {tp}")
+    return preset.H // tp, max(preset.H_kv // tp, 1)
+
+
+def tp_note(preset: ModelPreset, tp: int) -> str:
+    """How `tp` shards the preset, for a suite's description: 'TP 8: H 64→8, H_kv 8→1 per GPU' (replication said)."""
+    H, H_kv = tp_heads(preset, tp)
+    if tp == 1:
+        return f"TP 1: H {H}, " + ("the MLA latent cache" if preset.mla else f"H_kv {H_kv}")
+    if preset.mla:
+        return f"TP {tp}: H {preset.H}→{H} per GPU, the MLA latent cache replicated (one head per GPU)"
+    replicated = f" (H_kv {preset.H_kv} < TP {tp}: one KV head replicated per GPU)" if preset.H_kv < tp else ""
+    return f"TP {tp}: H {preset.H}→{H}, H_kv {preset.H_kv}→{H_kv} per GPU{replicated}"
+
+
 def model_cases(
     preset: ModelPreset, S: Iterable[int], *, B: int = 1, dtype: str = "bf16", device: str = "cuda",
-    prefill: bool = True, decode: bool = True, modes: Iterable[str] = ("fwd",),
+    prefill: bool = True, decode: bool = True, modes: Iterable[str] = ("fwd",), tp: int = 1,
 ) -> list[Case]:
-    """Cases for a model at the given sequence lengths (capped at its context).
+    """Cases for a model at the given sequence lengths (capped at its context), per layer kind, on one GPU of `tp`.
 
-    Prefill: S_q = S_kv = S, causal, with the model's window, in each of `modes`. Decoding:
-    S_q = 1 against a cache of S tokens (forward only). MLA models prefill in the decompressed form
+    Prefill: S_q = S_kv = S, causal, with the kind's window, softcap, sinks and scale, in each of `modes`.
+    Decoding: S_q = 1 against a cache of S tokens (forward only). MLA models prefill in the decompressed form
     (H heads, d_k = d_nope + d_rope, d_v) and decode in the absorbed form (`mla=True`: H_kv = 1,
-    d_k = d_c + d_rope, d_v = d_c, one shared latent cache).
+    d_k = d_c + d_rope, d_v = d_c, one shared latent cache). Under tensor parallelism each GPU holds H/tp
+    query heads and H_kv/tp KV heads (`tp_heads`); MLA's latent cache is replicated, one head per GPU.
     """
+    H, H_kv = tp_heads(preset, tp)
     cases: list[Case] = []
     for s in S:
         if s > preset.context:
             continue
-        if prefill:
-            for mode in modes:
-                cases.append(Case(B=B, S_q=s, S_kv=s, H=preset.H, H_kv=preset.H_kv, d_k=preset.d_k, d_v=preset.d_v,
-                                  dtype=dtype, device=device, causal=True, window=preset.window, mode=mode))
-        if decode:
-            if preset.mla:
-                cases.append(Case(B=B, S_q=1, S_kv=s, H=preset.H, H_kv=1, d_k=preset.d_c + preset.d_rope, d_v=preset.d_c,
-                                  dtype=dtype, device=device, causal=True, mla=True))
-            else:
-                cases.append(Case(B=B, S_q=1, S_kv=s, H=preset.H, H_kv=preset.H_kv, d_k=preset.d_k, d_v=preset.d_v,
-                                  dtype=dtype, device=device, causal=True, window=preset.window))
+        for kind in preset.kinds:
+            extra = kind.case_fields()
+            if prefill:
+                for mode in modes:
+                    cases.append(Case(B=B, S_q=s, S_kv=s, H=H, H_kv=H_kv, d_k=preset.d_k, d_v=preset.d_v,
+                                      dtype=dtype, device=device, causal=True, mode=mode, **extra))
+            if decode:
+                if preset.mla:
+                    cases.append(Case(B=B, S_q=1, S_kv=s, H=H, H_kv=1, d_k=preset.d_c + preset.d_rope, d_v=preset.d_c,
+                                      dtype=dtype, device=device, causal=True, mla=True))
+                else:
+                    cases.append(Case(B=B, S_q=1, S_kv=s, H=H, H_kv=H_kv, d_k=preset.d_k, d_v=preset.d_v,
+                                      dtype=dtype, device=device, causal=True, **extra))
     return list(dict.fromkeys(cases))
 
 

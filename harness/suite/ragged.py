@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, make_inputs, torch_dtype
+from harness.suite.inputs import AttentionInputs, draw_sinks, make_inputs, torch_dtype
 
 
 @dataclass
@@ -47,6 +47,8 @@ class RaggedInputs:
     block_table: torch.Tensor | None = None
     #: The upstream gradient for backward modes, shaped like the packed output [T_q, H, d_v].
     grad_out: torch.Tensor | None = None
+    #: The case's sink logits, float32 `[H]` (None unless `case.sinks`): the dense case's stream, harness.suite.inputs.draw_sinks.
+    sinks: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -119,7 +121,8 @@ def make_ragged_inputs(case: Case, *, device: str | torch.device | None = None) 
     q, k, v = draw(T_q, case.H, case.d_k), draw(T_kv, case.H_kv, case.d_k), draw(T_kv, case.H_kv, case.d_v)
     grad_out = draw(T_q, case.H, case.d_v) if case.mode != "fwd" else None
     inputs = RaggedInputs(q=q, k=k, v=v, seq_lens_q=tuple(q_lens), seq_lens_kv=tuple(kv_lens), cu_seqlens_q=_offsets(q_lens, device),
-                          cu_seqlens_kv=_offsets(kv_lens, device), causal=case.causal, grad_out=grad_out)
+                          cu_seqlens_kv=_offsets(kv_lens, device), causal=case.causal, grad_out=grad_out,
+                          sinks=draw_sinks(case, device))
     if case.layout != "paged":
         return inputs
     size = case.page_size
