@@ -16,11 +16,9 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-#: The flags that keep a measured row from deciding, each with why, as a user reads it.
-UNTRUSTED_FLAGS: Mapping[str, str] = {
-    "contended": "another process took the CPU or the GPU during its samples",
-    "suspect": "its samples spread too widely: an IQR at least 25 % of the median",
-}
+from harness.results.vocabulary import UNTRUSTED_FLAGS
+
+__all__ = ["UNTRUSTED_FLAGS", "LeftOut", "flags_of", "is_set", "left_out", "trusted", "untrusted"]
 
 
 def _flag(frame: pd.DataFrame, name: str) -> pd.Series:

@@ -37,11 +37,12 @@ FLAG_WORDS = {
                    "With stopped_by first_call the pair's first call cost five budgets or more and is its one sample, with no "
                    "warm-up call before it: a figure for a call that slow, not a steady-state latency.",
 }
-FLAG_WORDS.update({name: f"{why}: the row is shown, and left out of every winner, recommendation, speed-up, fit, crossover "
-                          "and comparison verdict (harness.analysis.trust). Re-measure it on a quiet machine (its repro)."
-                   for name, why in UNTRUSTED_FLAGS.items()})
-FLAG_WORDS["contended"] = ("the process's threads waited for a CPU or were preempted during the samples (run_queue_wait_ratio, "
-                           "involuntary_switches), or another process ran on the GPU (gpu_other_processes): " + FLAG_WORDS["contended"].split(": ", 1)[1])
+#: What leaving a contended or suspect row out means, said after each flag's own words.
+_LEFT_OUT = ("the row is shown, and left out of every winner, recommendation, speed-up, fit, crossover and comparison verdict "
+             "(harness.analysis.trust). Re-measure it on a quiet machine (its repro).")
+#: The evidence each untrusted flag is read from, in the record's columns.
+_EVIDENCE = {"contended": " (run_queue_wait_ratio, involuntary_switches; gpu_other_processes on a GPU)", "suspect": " (iqr_ratio)"}
+FLAG_WORDS.update({name: f"{why}{_EVIDENCE.get(name, '')}: {_LEFT_OUT}" for name, why in UNTRUSTED_FLAGS.items()})
 #: The columns of the flagged rows' table and CSV.
 FLAG_COLUMNS = ["case_id", "backend", "contended", "suspect", "too_short", "launch_leaked", "drifted", "drift_pct", "stopped_by",
                 "latency_ms_min", "latency_ms_median", "samples", "clock_resolution_s", "run_id"]

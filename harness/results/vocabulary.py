@@ -76,3 +76,11 @@ def throttle_words(mask: int) -> str:
     named = [name for bit, name in THROTTLE_BITS.items() if mask & bit]
     unknown = mask & ~sum(THROTTLE_BITS)
     return ", ".join(named + ([hex(unknown)] if unknown else []))
+
+
+#: The row flags that keep a measured row from deciding any answer, each with why, as a user reads it
+#: (harness.analysis.trust leaves such rows out; the run's summary line and the pytest route count them).
+UNTRUSTED_FLAGS = {
+    "contended": "another process took the CPU or the GPU during its samples",
+    "suspect": "its samples spread too widely: an IQR at least 25 % of the median",
+}

@@ -27,6 +27,7 @@ from harness.measure.timing import Clock, Loop
 from harness.results.record import Record
 from harness.results.run_options import RunOptions, options as run_options
 from harness.results.store import RunWriter
+from harness.results.vocabulary import UNTRUSTED_FLAGS
 from harness.run.worker import WorkerLoop
 from harness.suite.cases import Case
 from harness.suite.catalog import Suite, suite_on_device
@@ -119,7 +120,7 @@ class AttnbenchSession:
                                after_pair=gc.freeze,  # the pytest session is this process's entry point: its choice, as a worker's
                                threads=options.threads)
         #: The test ids of the rows whose medians decide nothing, by why (`contended`, `suspect`), for the closing line.
-        self.undecided: dict[str, list[str]] = {"contended": [], "suspect": []}
+        self.undecided: dict[str, list[str]] = {why: [] for why in UNTRUSTED_FLAGS}
         self.recorded = 0
 
     def run(self, case: Case, backend_name: str, benchmark: Any, timer: PairClock) -> Record:
@@ -137,7 +138,7 @@ class AttnbenchSession:
 
     def undecided_line(self, shown: int = 3) -> str | None:
         """One line naming the rows that were contended or suspect, that their numbers decide nothing; None when none was."""
-        ids = list(dict.fromkeys(self.undecided["contended"] + self.undecided["suspect"]))
+        ids = list(dict.fromkeys(key for keys in self.undecided.values() for key in keys))
         if not ids:
             return None
         counts = ", ".join(f"{len(keys)} {why}" for why, keys in self.undecided.items() if keys)

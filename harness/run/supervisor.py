@@ -43,6 +43,7 @@ from harness.errors import UserError
 from harness.results.documents import MANIFEST
 from harness.results.run_options import RunOptions
 from harness.results.store import RunWriter, validate_run_id, write_csv, write_file
+from harness.results.vocabulary import UNTRUSTED_FLAGS
 from harness.run import protocol
 from harness.run.driver import FailureRows, sigterm_interrupts
 from harness.run.order import fair_pairs, select_keys
@@ -301,7 +302,7 @@ class Supervisor:
         for record in records:
             counts[record.status.value] = counts.get(record.status.value, 0) + 1
         # Counted from the closing read, never on the progress bar's poll (that would parse rows beside timed samples).
-        undecided = {why: sum(1 for r in records if getattr(r, why)) for why in ("contended", "suspect")}
+        undecided = {why: sum(1 for r in records if getattr(r, why)) for why in UNTRUSTED_FLAGS}
         return RunSummary(folder.path, counts, len(pairs), time.monotonic() - started, {k: n for k, n in undecided.items() if n})
 
     def _settle(self, worker: Worker, outcome: str, folder: RunFolder, failures: FailureRows) -> tuple[bool, bool]:
