@@ -72,11 +72,12 @@ def test_a_page_table_read_in_order_would_be_caught():
     assert not agrees(_eager_flex(dataclasses.replace(inputs, block_table=in_order)), inputs)
 
 
-def test_flex_serves_packed_and_paged_forward_only():
+def test_flex_serves_packed_and_paged_forward_and_packed_backward_on_cuda():
     flex = FlexBackend()
     for layout in ("packed", "paged"):
         assert flex.supports(serving_case(layout=layout, page_size=4 if layout == "paged" else None)) is None
-    assert "forward only" in flex.supports(serving_case(device="cuda", layout="paged", page_size=4, mode="fwd_bwd"))
+    assert "paged KV cache" in flex.supports(serving_case(device="cuda", layout="paged", page_size=4, mode="fwd_bwd"))
+    assert flex.supports(serving_case(device="cuda", layout="packed", mode="fwd_bwd")) is None
     assert "padded" in flex.supports(serving_case(layout="padded"))
 
 

@@ -87,7 +87,7 @@ def test_flash_paged_limits_are_the_libraries_own():
     assert FlashAttn2Backend().supports(cuda.replace(page_size=512)) is None
     for backend in (FlashAttn3Backend(), FlashAttn4Backend()):
         assert backend.supports(cuda.replace(page_size=1)) is None  # FA3: "page_block_size can be arbitrary"
-    assert "forward only" in FlashAttn2Backend().supports(cuda.replace(page_size=256, mode="bwd"))
+    assert "paged KV cache" in FlashAttn2Backend().supports(cuda.replace(page_size=256, mode="bwd"))
     assert "padded" in FlashAttn2Backend().supports(cuda.replace(layout="padded", page_size=None))
 
 

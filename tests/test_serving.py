@@ -261,9 +261,11 @@ def test_a_layout_a_backend_does_not_declare_is_unsupported_with_its_reason(back
     assert record.status is Status.UNSUPPORTED and words in record.reason
 
 
-def test_a_ragged_backward_pass_is_refused_with_a_reason():
-    record = execute(ragged(mode="bwd"), load_registry().get("naive"), PairRunner(budget=TINY))
-    assert record.status is Status.UNSUPPORTED and "ragged batches are forward only" in record.reason
+def test_a_paged_backward_pass_is_refused_with_a_reason_and_a_packed_one_is_timed_and_checked():
+    paged = execute(ragged(mode="bwd", layout="paged", page_size=16), load_registry().get("naive"), PairRunner(budget=TINY))
+    assert paged.status is Status.UNSUPPORTED and "paged KV cache serves decoding" in paged.reason
+    packed = execute(ragged(mode="bwd"), load_registry().get("naive"), PairRunner(budget=TINY))
+    assert packed.status is Status.OK and packed.agree is True and packed.latency_ms_median > 0
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed", "paged"])

@@ -49,6 +49,11 @@ class Prepared:
     #: returning a `harness.attention.numerics.Agreement`. None: the runner compares with the attention reference.
     check: Callable[[Any], Any] | None = None
     plan_s: float | None = None
+    #: A ragged batch's backward: the leaves' gradients (in the backend's layout) as the packed dQ `[T_q, H, d_k]`, dK
+    #: `[T_kv, H_kv, d_k]` and dV `[T_kv, H_kv, d_v]` the check compares, outside the timed call. None: they are packed already.
+    grads_to_packed: Callable[[Any], list[torch.Tensor]] | None = None
+    #: A padded batch's backward: the largest |value| its gradients hold in the padding rows (which no reference judges), or None.
+    padding_gradients: Callable[[Any], float] | None = None
 
 
 class NotPrepared(TypeError):
@@ -124,6 +129,8 @@ class Backend:
     score_variants: ClassVar[frozenset[str]] = frozenset()
     #: Why the backend lacks a variant, in a few words, where it is the library's limit rather than the adapter's.
     variant_reasons: ClassVar[dict[str, str]] = {}
+    #: The ragged layouts whose backward `prepare` differentiates (packed and padded training batches); a paged cache has none.
+    ragged_backward: ClassVar[frozenset[str]] = frozenset()
 
     def costs(self, case: Case) -> tuple[int, int] | None:
         """(FLOPs, bytes) of one call when they are not the attention's (theory.flops, min_bytes); None otherwise."""
@@ -186,7 +193,16 @@ def layout_refusal(backend: Backend, case: Case) -> str | None:
         takes = ", ".join(layout for layout in ("dense", "padded", "packed", "paged") if layout in backend.layouts)
         return f"{backend.name} does not take {_LAYOUT_WORDS.get(case.layout, case.layout)} (it takes: {takes})"
     if case.layout != "dense" and case.mode != "fwd":
-        return f"the {case.mode} pass of a {case.layout} batch is not measured yet: ragged batches are forward only"
+        return backward_refusal(backend, case)
+    return None
+
+
+def backward_refusal(backend: Backend, case: Case) -> str | None:
+    """Why `backend` cannot differentiate the case's ragged batch, or None: a paged cache has no backward, and a backend adapts its own."""
+    if case.layout == "paged":
+        return f"a paged KV cache serves decoding and has no {case.mode} pass: train on packed or padded batches"
+    if case.layout not in backend.ragged_backward:
+        return f"{backend.name}'s adapter does not differentiate {_LAYOUT_WORDS[case.layout]} (its {case.layout} batches are forward only)"
     return None
 
 

@@ -8,7 +8,8 @@ Serving layouts (a `RaggedInputs` batch): packed → `flash_attn_varlen_func` on
 `cu_seqlens_q/k`; paged → `flash_attn_with_kvcache` with `cache_seqlens` and the block table (FA2's
 `block_table`, FA3's `page_table`) when every sequence has the same query length, else the varlen
 function over the pages (FA2: `block_table` with `cu_seqlens_k`; FA3: `flash_attn_with_kvcache` with
-`cu_seqlens_q`; FA4 always: `flash_attn_varlen_func` with `page_table` and `seqused_k`).
+`cu_seqlens_q`; FA4 always: `flash_attn_varlen_func` with `page_table` and `seqused_k`). Packed documents train
+through `flash_attn_varlen_func` too: its autograd Function differentiates the packed rows (a paged cache has no backward).
 
 `flash_call` (dense) and `flash_ragged_call` translate a case into the named function's arguments
 (BSHD layout, packed rows with cumulative sequence lengths, window sizes): plain functions of
@@ -33,9 +34,8 @@ from harness.backends.base import Backend, Prepared
 from harness.backends.flash_attn_variants import SCORE_VARIANTS, VARIANT_REASONS, arch_refusal, variant_kwargs
 from harness.backends.flash_rules import head_dim_refusal, is_refusal, paged_refusal
 from harness.backends.layouts import Varlen, from_bshd, is_causal, pack, to_bshd, unpack, varlen, window_size
-from harness.backends.ragged_args import (
-    case_layout, is_paged, kernel_block_table, layout_refusal, lengths_int32, softmax_scale, uniform_length,
-)
+from harness.backends.flash_ragged import flash_ragged_call
+from harness.backends.ragged_args import case_layout, is_paged, layout_refusal
 from harness.backends.registry import register
 from harness.errors import Unsupported
 from harness.suite.cases import Case
@@ -95,56 +95,6 @@ def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None =
     )
 
 
-@dataclass
-class FlashRaggedCall:
-    """One FlashAttention call on a ragged batch: the function's name, its arguments, and how its output becomes `[T_q, H, d_v]`."""
-
-    function: str
-    args: tuple[torch.Tensor, ...]
-    kwargs: dict[str, Any]
-    to_packed: Callable[[torch.Tensor], torch.Tensor]
-
-
-def _same(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
-def flash_ragged_call(inputs: RaggedInputs, generation: int) -> FlashRaggedCall:
-    """Translate a packed or paged batch into FlashAttention `generation`'s (2, 3 or 4) arguments (untimed).
-
-    Paged: k/v are the page pools `[num_pages, page_size, H_kv, d]` as they lie; unused block-table
-    entries point at page 0 (ragged_args.kernel_block_table), never read past a sequence's length.
-    """
-    q = inputs.q.detach()
-    device = q.device
-    lens_q = inputs.seq_lens_q
-    common: dict[str, Any] = {"softmax_scale": softmax_scale(inputs), "causal": inputs.causal}
-    ragged_q = {"cu_seqlens_q": inputs.cu_seqlens_q.to(torch.int32), "max_seqlen_q": max(lens_q)}
-    if not is_paged(inputs):
-        kwargs = {**ragged_q, "cu_seqlens_k": inputs.cu_seqlens_kv.to(torch.int32), "max_seqlen_k": max(inputs.seq_lens_kv), **common}
-        return FlashRaggedCall("flash_attn_varlen_func", (q, inputs.k.detach(), inputs.v.detach()), kwargs, _same)
-    pools = (q, inputs.k_pages.detach(), inputs.v_pages.detach())
-    table = kernel_block_table(inputs)
-    kv_lens = lengths_int32(inputs.seq_lens_kv, device)
-    if generation == 4:
-        kwargs = {**ragged_q, "seqused_k": kv_lens, "page_table": table, **common}
-        return FlashRaggedCall("flash_attn_varlen_func", pools, kwargs, _same)
-    table_name = "block_table" if generation == 2 else "page_table"
-    S_q = uniform_length(lens_q)
-    if S_q is not None:
-        # Every sequence has S_q queries, so the packed rows are already the documented [B, S_q, H, d].
-        H, d = q.shape[1:]
-        q_bshd = q.reshape(len(lens_q), S_q, H, d)
-        kwargs = {"cache_seqlens": kv_lens, table_name: table, **common}
-        return FlashRaggedCall("flash_attn_with_kvcache", (q_bshd, *pools[1:]), kwargs, lambda out: out.reshape(-1, H, out.shape[-1]))
-    if generation == 2:
-        kwargs = {**ragged_q, "cu_seqlens_k": inputs.cu_seqlens_kv.to(torch.int32), "max_seqlen_k": max(inputs.seq_lens_kv),
-                  "block_table": table, **common}
-        return FlashRaggedCall("flash_attn_varlen_func", pools, kwargs, _same)
-    kwargs = {**ragged_q, "cache_seqlens": kv_lens, "page_table": table, **common}
-    return FlashRaggedCall("flash_attn_with_kvcache", pools, kwargs, _same)
-
-
 def first(result: Any) -> torch.Tensor:
     """The output of a FlashAttention call: some versions return `(out, lse)` or `(out, lse, …)`."""
     return result[0] if isinstance(result, (tuple, list)) else result
@@ -172,6 +122,8 @@ class _FlashBase(Backend):
     #: How the build spells an unbounded window side.
     none_window: ClassVar[int | None] = -1
     layouts = frozenset({"dense", "packed", "paged"})
+    #: Packed documents (varlen) forward and backward, as pretraining runs them; unverified on a GPU.
+    ragged_backward = frozenset({"packed"})
     #: The FlashAttention generation (2, 3, 4): its head-dim and page rules (flash_rules), and which
     #: function and argument names serve a paged batch.
     generation: ClassVar[int] = 2
@@ -265,10 +217,17 @@ class _FlashBase(Backend):
         return Prepared(fn=fn, leaves=(q, k, v), to_bhsd=call.q_to_bhsd, from_bhsd=call.grad_from_bhsd, notes=notes, check=check)
 
     def _prepare_ragged(self, case: Case, inputs: RaggedInputs) -> Prepared:
-        """A packed or paged batch: one call of the function `flash_ragged_call` names, output as packed rows."""
+        """A packed or paged batch: one call of the function `flash_ragged_call` names, output as packed rows.
+
+        A packed training batch differentiates the inputs' own packed q, k, v: `flash_attn_varlen_func` is an autograd
+        Function in every generation (FlashAttnVarlenFunc's backward), so its gradients come back as packed rows.
+        """
         call = flash_ragged_call(inputs, self.generation)
         kernel = getattr(self._import(), call.function)
         args = call.args
+        backward = case.mode != "fwd"
+        if backward:
+            args = (inputs.q, inputs.k, inputs.v)  # the leaves, requiring grad (call.args are detached copies' views)
         kwargs = {**call.kwargs, **variant_kwargs(self.generation, case, inputs.sinks, inputs.q.device)}
 
         def fn() -> torch.Tensor:
@@ -277,7 +236,7 @@ class _FlashBase(Backend):
         # A build compiled without paged KV (or varlen) refuses only when called.
         self._trial(fn, call.function)
         notes = {"kernel": f"{self.module}.{call.function}", "layout": "paged" if is_paged(inputs) else "packed"}
-        return Prepared(fn=fn, to_bhsd=call.to_packed, notes=notes)
+        return Prepared(fn=fn, leaves=args if backward else (), to_bhsd=call.to_packed, notes=notes)
 
 
 def _dist_version(name: str) -> str | None:

@@ -151,6 +151,8 @@ class FlexBackend(Backend):
     description = "torch.compile(flex_attention) with a BlockMask; compile time in compile_s"
     native_gqa = True
     layouts = frozenset({"dense", "packed", "paged"})
+    #: Packed documents under the document mask: the `[1, H, T, d]` copies are the leaves (CUDA only: no CPU backward).
+    ragged_backward = frozenset({"packed"})
     score_variants = FLEX_VARIANTS
 
     def available(self) -> str | None:
@@ -183,7 +185,7 @@ class FlexBackend(Backend):
 
         to_bhsd: Callable[[torch.Tensor], torch.Tensor] | None = None
         if isinstance(inputs, RaggedInputs):
-            q, k, v = flex_ragged_layout(inputs)
+            q, k, v = (t.requires_grad_(case.mode != "fwd") for t in flex_ragged_layout(inputs))
             mod, batch = ragged_mask_mod(inputs), None
             to_bhsd = _packed_rows  # [1, H, T_q, d_v] → the packed [T_q, H, d_v]
         else:
@@ -210,6 +212,10 @@ class FlexBackend(Backend):
             compile_s = compile_timed(fn, case, (q, k, v))
         except torch._dynamo.exc.Unsupported as exc:
             raise Unsupported(f"flex: torch.compile cannot trace this case: {' '.join(str(exc).split())[:200]}") from None
+        if to_bhsd is not None and case.mode != "fwd":
+            # A packed document batch in training: one sequence of T tokens whose gradients come back as the packed rows.
+            return Prepared(fn=fn, leaves=(q, k, v), to_bhsd=to_bhsd, from_bhsd=lambda g: g.transpose(0, 1).unsqueeze(0),
+                            grads_to_packed=lambda grads: [_packed_rows(g) for g in grads], notes=notes, compile_s=compile_s, plan_s=plan_s)
         if to_bhsd is not None:
             return Prepared(fn=fn, to_bhsd=to_bhsd, notes=notes, compile_s=compile_s, plan_s=plan_s)
         return Prepared(fn=fn, leaves=(q, k, v), notes=notes, compile_s=compile_s, plan_s=plan_s)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from harness.backends.base import Backend, Prepared
-from harness.backends.ragged_views import padded, paged_gather, request_masks, requests
+from harness.backends.ragged_views import padded, padded_prepared, paged_gather, request_masks, requests
 from harness.backends.registry import register
 from harness.attention.eager import naive_attention
 from harness.attention.variants import case_alibi_bias, request_alibi_bias
@@ -36,6 +36,7 @@ class NaiveBackend(Backend):
     returns_weights = True
     layouts = frozenset({"dense", "padded", "packed", "paged"})
     score_variants = frozenset({"softcap", "sinks", "alibi", "scale"})
+    ragged_backward = frozenset({"padded", "packed"})
 
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Build the mask once (untimed) and return the eager computation; a ragged batch padded, request by request, or gathered."""
@@ -53,16 +54,17 @@ class NaiveBackend(Backend):
         common = {"scale": case.softmax_scale, "softcap": case.softcap, "sinks": inputs.sinks}
         biases = [request_alibi_bias(case.H, q_len, kv_len, device, dtype) if case.alibi else None
                   for q_len, kv_len in zip(inputs.seq_lens_q, inputs.seq_lens_kv)]
+        backward = case.mode != "fwd"
         if case.layout == "padded":
-            rect = padded(inputs, case.window)
+            rect = padded(inputs, case.window, requires_grad=backward)
             bias = None
             if case.alibi:
                 # Each request's own bias in its corner of the rectangle; the padding is masked, so its bias never counts.
                 bias = torch.zeros(inputs.batch_size, case.H, case.S_q, case.S_kv, device=device, dtype=dtype)
                 for i, own in enumerate(biases):
                     bias[i, :, :own.shape[2], :own.shape[3]] = own[0]
-            return Prepared(fn=lambda: naive_attention(rect.q, rect.k, rect.v, rect.mask, bias=bias, **common), to_bhsd=rect.packed_output,
-                            notes={"padded_to": [case.S_q, case.S_kv]})
+            return padded_prepared(rect, Prepared(fn=lambda: naive_attention(rect.q, rect.k, rect.v, rect.mask, bias=bias, **common),
+                                                  notes={"padded_to": [case.S_q, case.S_kv]}), backward)
 
         masks = request_masks(inputs, case.window)
 
@@ -71,6 +73,10 @@ class NaiveBackend(Backend):
             return torch.cat([naive_attention(r.q, r.k, r.v, r.mask, bias=b, **common)[0].transpose(0, 1) for r, b in zip(batch, biases)])
 
         if case.layout == "packed":
+            if backward:
+                # The packed q, k, v are the leaves: each call slices them afresh, so each call's graph reaches them.
+                return Prepared(fn=lambda: attend_all(requests(inputs, inputs.k, inputs.v, masks)), leaves=(inputs.q, inputs.k, inputs.v),
+                                notes={"packed_via": "per_request_loop"})
             batch = requests(inputs, inputs.k, inputs.v, masks)
             return Prepared(fn=lambda: attend_all(batch), notes={"packed_via": "per_request_loop"})
         gather = paged_gather(inputs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -16,31 +16,73 @@ import torch
 from harness.backends.layouts import pack, unpack
 from harness.suite.ragged import RaggedInputs, gather_pages, padded_mask, page_rows, sequence_mask
 
+if TYPE_CHECKING:
+    from harness.backends.base import Prepared
+
 
 @dataclass(frozen=True)
 class Padded:
-    """The batch padded to its longest request, `[B, H, S, d]`, with the mask that hides every request's padding."""
+    """The batch padded to its longest request, `[B, H, S, d]`, with the mask that hides every request's padding.
+
+    In backward modes q, k and v are the leaves (a padded training batch holds its rectangle): their gradients
+    come back padded, the real rows are packed for the check, and the padding rows are reported, never judged.
+    """
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     mask: torch.Tensor
     seq_lens_q: tuple[int, ...]
+    seq_lens_kv: tuple[int, ...] = ()
 
     def packed_output(self, out_bhsd: torch.Tensor) -> torch.Tensor:
         """A padded `[B, H, S_q, d_v]` output as the packed `[T_q, H, d_v]` rows of the real queries."""
         return pack(out_bhsd.transpose(1, 2), np.asarray(self.seq_lens_q))
 
+    def padded_grad_out(self, grad_packed: torch.Tensor) -> torch.Tensor:
+        """The packed upstream gradient `[T_q, H, d_v]` as the rectangle's `[B, H, S_q, d_v]`, zero in the padding."""
+        return unpack(grad_packed.detach(), np.asarray(self.seq_lens_q), self.q.shape[2]).transpose(1, 2).contiguous()
 
-def padded(inputs: RaggedInputs, window: int | None) -> Padded:
-    """The padded rectangle of a batch (zeros in the padding, which the mask hides)."""
+    def packed_gradients(self, grads) -> list[torch.Tensor]:
+        """dQ, dK, dV of the rectangle as the packed rows of the real tokens: `[T_q, H, d_k]`, `[T_kv, H_kv, d_k]`, `[T_kv, H_kv, d_v]`."""
+        lengths = (self.seq_lens_q, self.seq_lens_kv, self.seq_lens_kv)
+        return [pack(g.transpose(1, 2), np.asarray(n)) for g, n in zip(grads, lengths)]
+
+    def padding_gradients(self, grads) -> float:
+        """The largest |value| the gradients hold in the padding rows (inf when one is not finite): what the backend wrote there."""
+        worst = 0.0
+        for g, lengths in zip(grads, (self.seq_lens_q, self.seq_lens_kv, self.seq_lens_kv)):
+            real = torch.zeros(g.shape[0], g.shape[2], dtype=torch.bool, device=g.device)
+            for i, n in enumerate(lengths):
+                real[i, :n] = True
+            pad = g.detach().transpose(1, 2)[~real]
+            if pad.numel():
+                values = pad.double().abs()
+                worst = max(worst, float(values.max()) if bool(torch.isfinite(values).all()) else float("inf"))
+        return worst
+
+
+def padded(inputs: RaggedInputs, window: int | None, *, requires_grad: bool = False) -> Padded:
+    """The padded rectangle of a batch (zeros in the padding, which the mask hides); its tensors leaves when `requires_grad`."""
     S_q, S_kv = max(inputs.seq_lens_q), max(inputs.seq_lens_kv)
 
     def rectangle(t: torch.Tensor, lengths: tuple[int, ...], S: int) -> torch.Tensor:
-        return unpack(t.detach(), np.asarray(lengths), S).transpose(1, 2).contiguous()
+        return unpack(t.detach(), np.asarray(lengths), S).transpose(1, 2).contiguous().requires_grad_(requires_grad)
 
     return Padded(rectangle(inputs.q, inputs.seq_lens_q, S_q), rectangle(inputs.k, inputs.seq_lens_kv, S_kv),
-                  rectangle(inputs.v, inputs.seq_lens_kv, S_kv), padded_mask(inputs, window, inputs.q.device), inputs.seq_lens_q)
+                  rectangle(inputs.v, inputs.seq_lens_kv, S_kv), padded_mask(inputs, window, inputs.q.device), inputs.seq_lens_q,
+                  inputs.seq_lens_kv)
+
+
+def padded_prepared(rect: Padded, prepared: "Prepared", backward: bool) -> "Prepared":
+    """`prepared` (a call on the rectangle) made to speak packed rows: its output, and in backward modes its leaves and gradients."""
+    prepared.to_bhsd = rect.packed_output
+    if backward:
+        prepared.leaves = (rect.q, rect.k, rect.v)
+        prepared.from_bhsd = rect.padded_grad_out
+        prepared.grads_to_packed = rect.packed_gradients
+        prepared.padding_gradients = rect.padding_gradients
+    return prepared
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,8 @@ class _SdpaBase(Backend):
                        "sinks": "SDPA has no sink logits: its softmax denominator covers the keys alone"}
     #: Padded with a mask, packed as nested jagged tensors or request by request, paged gathered first (harness.backends.sdpa_ragged).
     layouts = frozenset({"dense", "padded", "packed", "paged"})
+    #: Training batches: the padded rectangle's leaves, or the packed rows through nested jagged tensors or the request loop.
+    ragged_backward = frozenset({"padded", "packed"})
     #: The forced kernel (`torch.nn.attention.SDPBackend` member name), or None for torch's choice.
     kernel: str | None = None
     #: Whether torch may refuse the kernel for a case, so that `prepare` must probe it (one untimed call).

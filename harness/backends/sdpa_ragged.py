@@ -24,7 +24,7 @@ import torch
 
 from harness.attention.variants import request_alibi_bias
 from harness.backends.base import Prepared
-from harness.backends.ragged_views import padded, paged_gather, requests
+from harness.backends.ragged_views import padded, padded_prepared, paged_gather, requests
 from harness.errors import Unsupported, one_line
 from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs, sequence_mask
@@ -91,8 +91,9 @@ def _loop_step(run: Run, inputs: RaggedInputs, case: Case, gqa: bool, kv: Callab
     own_scale = {"scale": case.scale} if case.scale is not None else {}
     arguments = [{**kwargs, **own_scale, **_float_mask_dtype(kwargs, inputs.q.dtype)} for kwargs, _ in chosen]
     unmasked = [None] * inputs.batch_size
-    # Packed keys are the inputs' own, so their views are built once; gathered ones are new at each call.
-    fixed = requests(inputs, inputs.k, inputs.v, unmasked) if fixed_kv else None
+    # Packed keys are the inputs' own, so their views are built once; gathered ones are new at each call. In backward
+    # modes the packed q, k, v are the leaves, and each call slices them afresh so its graph reaches them.
+    fixed = requests(inputs, inputs.k, inputs.v, unmasked) if fixed_kv and case.mode == "fwd" else None
 
     def step() -> torch.Tensor:
         batch = fixed if fixed is not None else requests(inputs, *kv(), unmasked)
@@ -105,7 +106,8 @@ def _nested_step(run: Run, inputs: RaggedInputs, case: Case, kv: Callable[[], tu
                  fixed_kv: bool) -> Callable[[], torch.Tensor]:
     """One SDPA call on nested jagged tensors; K/V expanded to H heads inside the call (NJT has no GQA broadcast)."""
     offsets_q, offsets_kv, g = inputs.cu_seqlens_q.long(), inputs.cu_seqlens_kv.long(), case.group_size
-    q = nested_rows(inputs.q, offsets_q, inputs.seq_lens_q)
+    backward = case.mode != "fwd"
+    fixed_q = None if backward else nested_rows(inputs.q, offsets_q, inputs.seq_lens_q)
 
     def nested_kv(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if g > 1:
@@ -113,9 +115,10 @@ def _nested_step(run: Run, inputs: RaggedInputs, case: Case, kv: Callable[[], tu
         return nested_rows(k, offsets_kv, inputs.seq_lens_kv), nested_rows(v, offsets_kv, inputs.seq_lens_kv)
 
     # Views of the inputs' own K/V are built once; an expansion or a gather makes new values at each call.
-    fixed = nested_kv(inputs.k, inputs.v) if fixed_kv and g == 1 else None
+    fixed = nested_kv(inputs.k, inputs.v) if fixed_kv and g == 1 and not backward else None
 
     def step() -> torch.Tensor:
+        q = fixed_q if fixed_q is not None else nested_rows(inputs.q, offsets_q, inputs.seq_lens_q)
         k, v = fixed if fixed is not None else nested_kv(*kv())
         return run(q, k, v, {"scale": case.scale} if case.scale is not None else {}).transpose(1, 2).values()
 
@@ -160,9 +163,9 @@ def prepare_ragged(case: Case, inputs: RaggedInputs, run: Run, probe: Probe, gqa
     """The Prepared of a padded, packed or paged batch for one SDPA backend (`run` its call, `probe` its refusal test,
     `kernel` the forced one or None for torch's choice, which may differ from request to request)."""
     if case.layout == "padded":
-        rect = padded(inputs, case.window)
-        prepared = prepare_rectangle(rect.q, rect.k, rect.v, _padded_arguments(case, inputs, rect.mask))
-        prepared.to_bhsd = rect.packed_output
+        rect = padded(inputs, case.window, requires_grad=case.mode != "fwd")
+        prepared = padded_prepared(rect, prepare_rectangle(rect.q, rect.k, rect.v, _padded_arguments(case, inputs, rect.mask)),
+                                   case.mode != "fwd")
         prepared.notes["padded_to"] = [case.S_q, case.S_kv]
         prepared.notes["mask_forms"] = {"bool_mask": inputs.batch_size}
         return prepared
@@ -176,15 +179,16 @@ def prepare_ragged(case: Case, inputs: RaggedInputs, run: Run, probe: Probe, gqa
     if refusal is None:
         nested = _nested_step(run, inputs, case, kv, fixed_kv)
         refusal = probe(nested) or _synced(nested)
+    leaves = (inputs.q, inputs.k, inputs.v) if case.mode != "fwd" else ()
     if refusal is None:
-        return Prepared(fn=nested, notes={**notes, "packed_via": "nested_jagged", "kv_expanded": case.group_size > 1,
-                                          "mask_forms": {"none": inputs.batch_size}})
+        return Prepared(fn=nested, leaves=leaves, notes={**notes, "packed_via": "nested_jagged", "kv_expanded": case.group_size > 1,
+                                                         "mask_forms": {"none": inputs.batch_size}})
     notes["nested_jagged_refused"] = refusal
     loop, forms = _loop_step(run, inputs, case, gqa, kv, fixed_kv)
     refusal = probe(loop)
     if refusal is not None:
         raise Unsupported(f"{name}: {refusal}")
-    return Prepared(fn=loop, notes={**notes, "packed_via": "per_request_loop", "mask_forms": forms})
+    return Prepared(fn=loop, leaves=leaves, notes={**notes, "packed_via": "per_request_loop", "mask_forms": forms})
 
 
 def _float_mask_dtype(kwargs: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:

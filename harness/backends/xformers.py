@@ -6,11 +6,12 @@ bottom-right aligned (per sequence with padding), the harness's convention. `xfo
 translation, a plain function tested on the CPU (its biases materialise on the CPU too); the
 kernels have no CPU implementation and are unverified until `make gpu-check` runs on a GPU.
 
-Serving layouts (`xformers_ragged_call`): packed rows as one `[1, T, H, d]` sequence with a
+Serving layouts (`xformers_calls.xformers_ragged_call`): packed rows as one `[1, T, H, d]` sequence with a
 block-diagonal bias (`BlockDiagonalMask`, causal `BlockDiagonalCausalFromBottomRightMask`); paged,
 the page pool viewed as `[1, num_pages·page_size, H_kv, d]` with `PagedBlockDiagonalPaddedKeysMask`
 (causal: `PagedBlockDiagonalCausalWithOffsetPaddedKeysMask`), which reads sequence b's logical page p
-at physical page block_tables[b, p].
+at physical page block_tables[b, p]. A packed training batch is differentiated too: its leaves are the packed
+rows themselves, lifted to one sequence inside each call (cutlass's backward takes both block-diagonal biases).
 
 The operators are resolved once, untimed, as xFormers' own dispatcher picks them for these inputs
 (`fmha.dispatch._dispatch_fw`, and `_dispatch_bw` for backward modes), recorded in notes and passed
@@ -22,15 +23,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.layouts import from_bshd, kv_to_bmghk, pack, to_bshd, unpack, varlen
-from harness.backends.ragged_args import is_paged, kernel_block_table, layout_refusal, softmax_scale
+from harness.backends.ragged_args import layout_refusal
 from harness.backends.registry import register
+from harness.backends.xformers_calls import XformersCall, one_sequence, xformers_ragged_call
 from harness.backends.xformers_variants import SCORE_VARIANTS, VARIANT_REASONS, head_dim_refusal
 from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs
@@ -145,24 +146,6 @@ def trial_call(fn: Callable[[], torch.Tensor], leaves: tuple[torch.Tensor, ...],
         raise
 
 
-@dataclass
-class XformersCall:
-    """Arguments of one `memory_efficient_attention` call and the conversions back to `[B, H, S, d]`."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    attn_bias: Any
-    scale: float
-    #: Runs on the leaves inside the timed call: free views only (reshape of contiguous, stride-0 expand).
-    view: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    out_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
-    q_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
-    kv_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
-    grad_from_bhsd: Callable[[torch.Tensor], torch.Tensor]
-    notes: dict[str, Any] = field(default_factory=dict)
-
-
 def attention_bias(case: Case, fmha_bias: Any) -> Any:
     """The xFormers attention bias for a case (`fmha_bias` is `xformers.ops.fmha.attn_bias`), or None without a mask.
 
@@ -225,49 +208,6 @@ def xformers_call(case: Case, inputs: AttentionInputs, attn_bias: Any, *, requir
     )
 
 
-def xformers_ragged_call(inputs: RaggedInputs, fmha_bias: Any) -> XformersCall:
-    """Translate a packed or paged batch into `memory_efficient_attention`'s arguments and bias (untimed).
-
-    q is the packed rows as one sequence `[1, T_q, H, d_k]`; k/v the packed rows `[1, T_kv, H_kv, d]`, or
-    for a paged batch the page pools flattened to `[1, num_pages·page_size, H_kv, d]` (a view, no copy).
-    """
-    q = inputs.q.detach().unsqueeze(0)
-    H, d_k = q.shape[2:]
-    H_kv = inputs.k.shape[1]
-    lens_q, lens_kv = list(inputs.seq_lens_q), list(inputs.seq_lens_kv)
-    if is_paged(inputs):
-        num_pages, page_size = inputs.k_pages.shape[:2]
-        k = inputs.k_pages.detach().reshape(1, num_pages * page_size, H_kv, d_k)
-        v = inputs.v_pages.detach().reshape(1, num_pages * page_size, H_kv, inputs.v_pages.shape[-1])
-        cls = fmha_bias.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask if inputs.causal else fmha_bias.PagedBlockDiagonalPaddedKeysMask
-        bias = cls.from_seqlens(q_seqlen=lens_q, kv_seqlen=lens_kv, block_tables=kernel_block_table(inputs), page_size=page_size,
-                                device=inputs.q.device)
-    else:
-        k, v = inputs.k.detach().unsqueeze(0), inputs.v.detach().unsqueeze(0)
-        cls = fmha_bias.BlockDiagonalCausalFromBottomRightMask if inputs.causal else fmha_bias.BlockDiagonalMask
-        try:
-            bias = cls.from_seqlens(lens_q, lens_kv, device=inputs.q.device)
-        except ValueError as exc:  # a causal block with fewer keys than queries: xFormers leaves it undefined
-            raise Unsupported(f"xformers: {' '.join(str(exc).split())[:200]}") from None
-    g = H // H_kv
-
-    def view(ql: torch.Tensor, kl: torch.Tensor, vl_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if g == 1:
-            return ql, kl, vl_
-        return ql.view(1, ql.shape[1], H_kv, g, d_k), kv_to_bmghk(kl, g), kv_to_bmghk(vl_, g)
-
-    def to_packed(out: torch.Tensor) -> torch.Tensor:
-        return out.reshape(out.shape[1], H, out.shape[-1])
-
-    notes = {"layout": "paged" if is_paged(inputs) else "packed", "attn_bias": type(bias).__name__}
-    return XformersCall(q, k, v, bias, softmax_scale(inputs), view, out_to_bhsd=to_packed, q_to_bhsd=to_packed,
-                        kv_to_bhsd=_unused_in_forward, grad_from_bhsd=_unused_in_forward, notes=notes)
-
-
-def _unused_in_forward(t: torch.Tensor) -> torch.Tensor:
-    raise Unsupported("xformers runs the serving layouts forward only")
-
-
 @register
 class XformersBackend(Backend):
     """xformers.ops.memory_efficient_attention (xFormers chooses among its cutlass, flash, ck, triton operators)."""
@@ -278,6 +218,8 @@ class XformersBackend(Backend):
     devices = ("cuda",)
     native_gqa = True
     layouts = frozenset({"dense", "packed", "paged"})
+    #: Packed documents under a block-diagonal bias, differentiated (cutlass's BwOp takes both block-diagonal biases).
+    ragged_backward = frozenset({"packed"})
     score_variants, variant_reasons = SCORE_VARIANTS, VARIANT_REASONS
 
     def version(self) -> str:
@@ -285,7 +227,7 @@ class XformersBackend(Backend):
         return xformers_version()
 
     def supports(self, case: Case) -> str | None:
-        """A CUDA case in a layout it serves (serving layouts forward only), head dims an operator takes."""
+        """A CUDA case in a layout it serves (packed and paged forward, packed backward), head dims an operator takes."""
         return super().supports(case) or layout_refusal(self, case) or head_dim_refusal(case.d_k, case.d_v)
 
     def available(self) -> str | None:
@@ -321,10 +263,14 @@ class XformersBackend(Backend):
         ql, kl, vl = call.view(call.q, call.k, call.v)
         op = resolve_ops(fmha, fmha.Inputs(query=ql, key=kl, value=vl, attn_bias=bias, scale=call.scale), backward, notes)
         scale, q, k, v = call.scale, call.q, call.k, call.v
+        ragged_leaves = isinstance(inputs, RaggedInputs) and backward
+        if ragged_leaves:  # a packed training batch differentiates the packed rows themselves, lifted to one sequence per call
+            q, k, v = inputs.q, inputs.k, inputs.v
 
         def fn() -> torch.Tensor:
             # op = (forward, backward): without leaves that need a gradient xFormers runs op[0] alone.
-            out = xops.memory_efficient_attention(*call.view(q, k, v), attn_bias=bias, scale=scale, op=op)
+            lifted = (one_sequence(q), one_sequence(k), one_sequence(v)) if ragged_leaves else (q, k, v)
+            out = xops.memory_efficient_attention(*call.view(*lifted), attn_bias=bias, scale=scale, op=op)
             # 5-D [B, M, G, g, d] → [B, M, H, d]: a view, so the upstream gradient has the leaves' layout.
             return out.reshape(*out.shape[:2], case.H, case.d_v) if out.dim() == 5 else out
 
@@ -340,7 +286,7 @@ class XformersBackend(Backend):
             return check_backward(case, inputs, [call.q_to_bhsd(dq), call.kv_to_bhsd(dk), call.kv_to_bhsd(dv)])
 
         if isinstance(inputs, RaggedInputs):  # checked by the runner against each sequence's own reference
-            return Prepared(fn=fn, to_bhsd=call.out_to_bhsd, notes=notes)
+            return Prepared(fn=fn, leaves=(q, k, v) if backward else (), to_bhsd=call.out_to_bhsd, from_bhsd=call.grad_from_bhsd, notes=notes)
         return Prepared(fn=fn, leaves=(q, k, v), to_bhsd=call.out_to_bhsd, from_bhsd=call.grad_from_bhsd, notes=notes, check=check)
 
 

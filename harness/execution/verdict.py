@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from harness.attention.numerics import Agreement, check_backward, check_forward, check_ragged_forward
+from harness.attention.ragged_backward import check_ragged_backward, padding_note
 from harness.attention.reference import ReferenceCache
 from harness.backends.base import Backend, Prepared
 from harness.suite.cases import Case
@@ -22,7 +23,12 @@ def check_result(case: Case, prepared: Prepared, inputs: AttentionInputs, result
     """Agreement of one step's result (output, or gradients in backward modes) with the float64 reference."""
     if prepared.check is not None:
         return prepared.check(result)
-    if case.ragged:  # the packed [T_q, H, d_v] output
+    if case.ragged and case.mode != "fwd":  # packed dQ, dK, dV, judged request by request; a padded batch's padding shown
+        checked = prepared.grads_to_packed(result) if prepared.grads_to_packed else list(result)
+        agreement = check_ragged_backward(case, inputs, checked, references)
+        written = prepared.padding_gradients(result) if prepared.padding_gradients else None
+        agreement = padding_note(agreement, written)
+    elif case.ragged:  # the packed [T_q, H, d_v] output
         checked = [prepared.to_bhsd(result)]
         agreement = check_ragged_forward(case, inputs, checked[0], references)
     elif case.mode == "fwd":
