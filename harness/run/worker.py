@@ -30,6 +30,7 @@ from harness.errors import UserError
 from harness.execution.execute import PairRunner, Phases, execute
 from harness.execution.failures import poisons_process
 from harness.execution.outcome import case_record
+from harness.execution.process_warmup import warm_process
 from harness.measure.threads import apply_threads
 from harness.measure.timing import Clock, Loop
 from harness.results.documents import Manifest
@@ -109,6 +110,7 @@ class WorkerLoop:
             record.status, record.reason = Status.ERROR, f"worker {self.worker} cannot load backend {backend_name}: {exc}"
         else:
             threads = apply_threads(self.threads)  # a no-op after the first pair: torch keeps the count process-wide
+            warm_process()  # the autograd engine's start-up, once, before this process's first pair is timed
             runner = self.runner if loop_factory is None else replace(self.runner, loop_factory=loop_factory)
             record = execute(case, backend, runner, self.run_id, self.worker)
             if record.status is not Status.UNSUPPORTED:  # an unsupported pair ran nothing, on any number of threads
