@@ -6,6 +6,8 @@ and a sliding window (Mistral's pattern) at S = 4 Ki. On a CPU the same modes at
 Packed documents, as pretraining packs them: documents whose lengths follow a long tail (most short, a few near
 the cap), causal within each document, in the packed (varlen) and padded layouts, backward and forward+backward,
 at Llama-3 8B's heads (32 query, 8 K/V, d 128; Qwen3-8B's are the same) and Qwen3-30B-A3B's (32 query, 4 K/V).
+Each backward of those and of the S = 4 Ki dense batches runs once more deterministic (`-det`): the report's cost of
+determinism is the ratio of the two rows.
 """
 
 from harness.suite.batch_axes import ragged_cases
@@ -26,6 +28,10 @@ for heads in ({"H": 32, "H_kv": 8}, {"H": 32, "H_kv": 4}):
     _cuda += ragged_cases([DOCUMENTS], ("packed", "padded"), B=16, d_k=128, dtype="bf16", causal=True, device="cuda", **heads)
     _cuda += [c.replace(mode=mode) for c in _cuda[-2:] for mode in TRAIN_MODES]
 
+# What a deterministic backward costs (cuDNN publishes it per GPU; FlashAttention has `deterministic=True`): every
+# backward of the packed documents and of the S = 4 Ki dense batches once more with the deterministic axis set.
+_cuda += [c.replace(deterministic=True) for c in _cuda if c.mode != "fwd" and (c.ragged or c.S_kv == 4096)]
+
 _cpu = [
     *grid(B=[1], S=[128, 256], H=[4], H_kv=["H", 1], d_k=[32], dtype=["bf16"], causal=[True], mode=MODES),
     *grid(B=[2], S=[128], H=[4], H_kv=[2], d_k=[32], dtype=["bf16"], causal=[True], padding=[True], mode=MODES),
@@ -35,11 +41,12 @@ _cpu = [
       for c in ragged_cases(["longtail(8,128)"], ("packed", "padded"), B=6, H=4, H_kv=H_kv, d_k=32, dtype=dtype, causal=True)
       for mode in TRAIN_MODES],
 ]
+_cpu += [c.replace(deterministic=True) for c in _cpu if c.ragged and c.dtype == "fp32"]
 
 SUITE = Suite(
     name="train",
     description="training: fwd, bwd, fwd_bwd, causal, bf16; B 4, S 1Ki–8Ki, MHA/GQA, padding, window; packed long-tail documents "
-                "at Llama-3 and Qwen3 heads; CPU: S 128–256",
+                "at Llama-3 and Qwen3 heads, deterministic twins; CPU: S 128–256",
     cases=tuple(_cuda),
     cpu_cases=tuple(_cpu),
     budget=CUDA_BUDGET,

@@ -9,6 +9,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from harness.attention.variants import variants_of
+from harness.backends.determinism import determinism_refusal
 from harness.backends.capabilities import CAPABILITIES, CAPABILITY_DEFAULTS  # noqa: F401 - CAPABILITIES: its old home
 
 from harness.suite.cases import Case
@@ -120,6 +121,11 @@ class Backend:
     baseline: ClassVar[bool] = CAPABILITY_DEFAULTS["baseline"]
     #: True when `weights(case, inputs)` returns (output, attention weights) for `attnbench check`.
     returns_weights: ClassVar[bool] = CAPABILITY_DEFAULTS["returns_weights"]
+    #: Whether the backward, under torch's deterministic algorithms, is bitwise repeatable (harness.backends.determinism):
+    #: a claim the executor measures on every deterministic case, never trusts.
+    deterministic_backward: ClassVar[bool] = False
+    #: Why there is no deterministic backward, in a user's words (the refusal of a deterministic case).
+    deterministic_reason: ClassVar[str] = ""
     #: The batch layouts (harness.suite.ragged) `prepare` accepts: "dense" (today's rectangle), "padded"
     #: (a ragged batch padded to its longest sequence and masked), "packed" (tokens concatenated with
     #: cumulative offsets) and "paged" (the KV cache in scattered fixed-size pages behind a block table).
@@ -186,6 +192,9 @@ def layout_refusal(backend: Backend, case: Case) -> str | None:
 
     The score variants it does not declare are refused first (`variant_refusal`): every backend's supports reaches here.
     """
+    determinism = determinism_refusal(backend, case)
+    if determinism:
+        return determinism
     variant = variant_refusal(backend, case)
     if variant:
         return variant

@@ -71,6 +71,8 @@ def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None =
     keys' lengths in self-attention over a padded batch (S_q = S_kv), else all S_q query rows are real.
     """
     kwargs: dict[str, Any] = {"softmax_scale": case.softmax_scale, "causal": is_causal(case), "window_size": window_size(case, none=none_window)}
+    if case.deterministic:  # only when asked, so a plain call stays what it always was
+        kwargs["deterministic"] = True
 
     def leaf(t: torch.Tensor) -> torch.Tensor:
         return t.detach().requires_grad_(requires_grad)
@@ -111,6 +113,8 @@ class _FlashBase(Backend):
     family = "flash-attn"
     devices = ("cuda",)
     native_gqa = True
+    #: flash_attn_func and flash_attn_varlen_func take `deterministic` in FA2, FA3 and FA4 (flash_attn.cute): passed by flash_call.
+    deterministic_backward = True
     #: Module to import, and the pip package that provides it.
     module: ClassVar[str] = ""
     package: ClassVar[str] = ""
@@ -228,7 +232,8 @@ class _FlashBase(Backend):
         backward = case.mode != "fwd"
         if backward:
             args = (inputs.q, inputs.k, inputs.v)  # the leaves, requiring grad (call.args are detached copies' views)
-        kwargs = {**call.kwargs, **variant_kwargs(self.generation, case, inputs.sinks, inputs.q.device)}
+        kwargs = {**call.kwargs, **variant_kwargs(self.generation, case, inputs.sinks, inputs.q.device),
+                  **({"deterministic": True} if case.deterministic else {})}  # a packed training batch's backward too
 
         def fn() -> torch.Tensor:
             return first(kernel(*args, **kwargs))

@@ -214,6 +214,7 @@ class FlashinferBackend(Backend):
     devices = ("cuda",)
     native_gqa = True
     supports_backward = False
+    deterministic_reason = "FlashInfer's wrappers are forward only: there is no backward to make deterministic"
     layouts = frozenset({"dense", "packed", "paged"})
     score_variants, variant_reasons = SCORE_VARIANTS, VARIANT_REASONS
 
@@ -245,7 +246,7 @@ class FlashinferBackend(Backend):
         if case.dtype not in ("fp16", "bf16"):
             return f"flashinfer computes in fp16 and bf16 only (case is {case.dtype})"
         if case.mla:
-            return "flashinfer's MLA kernels are separate wrappers (BatchMLAPagedAttentionWrapper), not adapted here"
+            return "flashinfer's MLA kernels are the flashinfer-mla backend (BatchMLAPagedAttentionWrapper over a paged latent cache)"
         if case.padding:
             return "flashinfer serves a ragged batch unpadded (the packed layout); a padded dense case is not translated"
         return variant_refusal(case)

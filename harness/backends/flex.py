@@ -151,6 +151,9 @@ class FlexBackend(Backend):
     description = "torch.compile(flex_attention) with a BlockMask; compile time in compile_s"
     native_gqa = True
     layouts = frozenset({"dense", "packed", "paged"})
+    #: flex_attention has no deterministic option of its own; its Triton backward honours torch's deterministic
+    #: algorithms (torch._inductor.kernel.flex: only the FLASH backend with a block mask before SM100 raises).
+    deterministic_backward = True
     #: Packed documents under the document mask: the `[1, H, T, d]` copies are the leaves (CUDA only: no CPU backward).
     ragged_backward = frozenset({"packed"})
     score_variants = FLEX_VARIANTS

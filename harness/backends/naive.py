@@ -34,6 +34,7 @@ class NaiveBackend(Backend):
     native_gqa = True
     materializes_scores = True
     returns_weights = True
+    deterministic_backward = True  # matmuls and softmax: no atomics in its backward
     layouts = frozenset({"dense", "padded", "packed", "paged"})
     score_variants = frozenset({"softcap", "sinks", "alibi", "scale"})
     ragged_backward = frozenset({"padded", "packed"})

@@ -241,6 +241,9 @@ class SdpaBackend(_SdpaBase):
     description = "F.scaled_dot_product_attention, torch's own kernel choice"
     native_gqa = _HAS_ENABLE_GQA
     may_refuse = False
+    #: Under deterministic algorithms torch's dispatch skips cuDNN (sdp_utils.cpp check_cudnn_deterministic); flash,
+    #: efficient and math then each run their deterministic backward.
+    deterministic_backward = True
 
 
 @register
@@ -253,6 +256,7 @@ class SdpaMathBackend(_SdpaBase):
     native_gqa = _HAS_ENABLE_GQA
     may_refuse = False
     materializes_scores = True
+    deterministic_backward = True  # composite matmuls and softmax: no atomics
     #: The reference point of speed-ups: every installation has it, and it is what SDPA does unfused.
     baseline = True
 
@@ -267,6 +271,7 @@ class SdpaFlashBackend(_SdpaBase):
     native_gqa = _HAS_ENABLE_GQA
     score_variants = frozenset({"scale"})
     variant_reasons = {**_SdpaBase.variant_reasons, "alibi": "SDPA's flash kernel takes no attn_mask, so no ALiBi bias"}
+    deterministic_backward = True  # torch hands FA2's backward deterministic=True under deterministic algorithms
 
 
 @register
@@ -277,6 +282,7 @@ class SdpaEfficientBackend(_SdpaBase):
     kernel = "EFFICIENT_ATTENTION"
     description = "SDPA forced to the memory-efficient kernel"
     devices = ("cuda",)
+    deterministic_backward = True  # torch forces num_splits_key = 1 under deterministic algorithms (attention_backward.cu)
 
     def available(self) -> str | None:
         """Needs a CUDA device."""
@@ -293,6 +299,8 @@ class SdpaCudnnBackend(_SdpaBase):
     devices = ("cuda",)
     score_variants = frozenset({"scale"})
     variant_reasons = {**_SdpaBase.variant_reasons, "alibi": "not verified that SDPA's cuDNN kernel takes a float attn_mask"}
+    deterministic_reason = ("torch does not choose cuDNN attention under use_deterministic_algorithms (cuDNN SDPA is not "
+                            "deterministic), so forcing it finds no kernel; run sdpa, which dispatches to flash or efficient")
 
     def available(self) -> str | None:
         """Needs a CUDA device and torch ≥ 2.4."""

@@ -218,6 +218,8 @@ class XformersBackend(Backend):
     devices = ("cuda",)
     native_gqa = True
     layouts = frozenset({"dense", "packed", "paged"})
+    deterministic_reason = ("memory_efficient_attention has no deterministic switch: its flash backward passes "
+                            "deterministic=False, and under use_deterministic_algorithms its dispatcher refuses such operators")
     #: Packed documents under a block-diagonal bias, differentiated (cutlass's BwOp takes both block-diagonal biases).
     ragged_backward = frozenset({"packed"})
     score_variants, variant_reasons = SCORE_VARIANTS, VARIANT_REASONS

@@ -51,6 +51,8 @@ class CheckResult:
     status: Status
     agreement: Agreement | None = None
     reason: str | None = None
+    #: Whether its two calls returned bitwise-equal results (None: not two checked calls).
+    bitwise_repeatable: bool | None = None
 
     @property
     def verdict(self) -> str:
@@ -76,7 +78,7 @@ def check_pair(case: Case, backend: Backend, runner: PairRunner | None = None) -
     """Check one pair on fresh seeded inputs: its output (or gradients) against float64, and its weights if it exposes them."""
     runner = runner or PairRunner(phases=CHECK_ONLY)
     outcome = runner.run(case, backend)
-    return CheckResult(case, backend.name, outcome.status, outcome.agreement, outcome.reason)
+    return CheckResult(case, backend.name, outcome.status, outcome.agreement, outcome.reason, outcome.bitwise_repeatable)
 
 
 def run_checks(pairs: Iterable[tuple[Case, Backend]], *, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:

@@ -24,7 +24,10 @@ def format_table(results: Iterable[CheckResult]) -> str:
     for r in results:
         a = r.agreement
         shown = {"agree": "yes", "disagree": "NO"}.get(r.verdict, r.verdict)
-        rows.append((r.case.id, r.backend, _fmt(a.max_abs_err if a else None), _fmt(a.err_bound if a else None), shown, r.reason or ""))
+        # A plain case's calls that differ bitwise still agree: said in the note, since the columns are fixed.
+        differ = r.bitwise_repeatable is False and not r.case.deterministic
+        note = "; ".join(filter(None, [r.reason, "two calls differ bitwise" if differ else ""]))
+        rows.append((r.case.id, r.backend, _fmt(a.max_abs_err if a else None), _fmt(a.err_bound if a else None), shown, note))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths)) + ("  " + row[5] if row[5] else "") for row in rows)
 
@@ -40,7 +43,7 @@ def result_object(r: CheckResult) -> dict[str, Any]:
     return {"case_id": r.case.id, "backend": r.backend, "dtype": r.case.dtype, "mode": r.case.mode, "status": r.status.value,
             "verdict": r.verdict, "agree": a.agree if a else None, "max_abs_err": _number(a.max_abs_err) if a else None,
             "err_bound": _number(a.err_bound) if a else None, "rel_err": _number(a.rel_err) if a else None,
-            "reason": r.reason, "failed": r.failed}
+            "bitwise_repeatable": r.bitwise_repeatable, "reason": r.reason, "failed": r.failed}
 
 
 def summary(results: Sequence[CheckResult]) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from harness.backends.base import Backend, NotPrepared, Prepared, layout_refusal, prepare_pair
+from harness.backends.determinism import NOT_REPEATABLE, bitwise_equal, deterministic_algorithms, detached
 from harness.errors import Unsupported
 from harness.telemetry import gpu_state
 from harness.telemetry.energy import ENERGY_NOT_ASKED, EnergyResult, pair_energy
@@ -276,7 +277,8 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
         inputs, kept = cache.get(case)
     outcome = PairOutcome(Status.OK)
     first: Agreement | None = None
-    with torch.set_grad_enabled(case.mode != "fwd"):
+    # A deterministic case's prepare, timing and check all run under torch's deterministic algorithms.
+    with torch.set_grad_enabled(case.mode != "fwd"), deterministic_algorithms(case):
         with watch("prepare"):
             prepared = prepare_pair(backend, case, inputs)  # a plain callable too, as the README's plugin returns
             outcome.compile_s, outcome.plan_s, outcome.notes = prepared.compile_s, prepared.plan_s, prepared.notes
@@ -292,8 +294,11 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
                 with watch("check"):
                     first = modified_inputs(kept, inputs, " over its timed calls") or agreement_of(
                         case, backend, prepared, inputs, result, phases.check, references)
+                    repeated = detached(result)
                     del result
                     result = step()
+                    outcome.bitwise_repeatable = bitwise_equal(repeated, result)
+                    del repeated  # freed before the memory phase reads its peak
                 calls = TIMED_CALLS
         else:
             with watch("check"):
@@ -301,8 +306,11 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
                 if phases.check:  # a second call: a backend right only on its first (state carried across calls) is caught
                     first = modified_inputs(kept, inputs, " in its first call") or agreement_of(
                         case, backend, prepared, inputs, result, phases.check, references)
+                    repeated = detached(result)
                     del result
                     result = step()
+                    outcome.bitwise_repeatable = bitwise_equal(repeated, result)
+                    del repeated  # freed before the memory phase reads its peak
             if phases.memory:
                 with watch("memory"):
                     outcome.peak = measure_peak(step, case.device)
@@ -311,6 +319,8 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
             del result
             if first is not None:
                 agreement = both_calls(first, agreement, calls)
+            if case.deterministic and outcome.bitwise_repeatable is False:  # the claim measured, and failed
+                agreement = agreement.disagreeing(NOT_REPEATABLE)
         if phases.time and phases.energy:
             with watch("energy"):
                 outcome.energy = pair_energy(step, case.device, outcome.measurement.stats.median,

@@ -41,6 +41,8 @@ class PairOutcome:
     state: gpu_state.StateSummary | None = None
     energy: EnergyResult | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    #: Whether the check's two consecutive calls gave bitwise-equal results (None: no two checked calls).
+    bitwise_repeatable: bool | None = None
     #: Host seconds of each phase that ran (PHASE_NAMES), and of the whole pair ("pair", clean-up included).
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -79,6 +81,7 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
         a = outcome.agreement
         record.max_abs_err, record.err_bound, record.rel_err, record.agree = a.max_abs_err, a.err_bound, a.rel_err, a.agree
         record.masked_rows_max_abs = a.masked_rows_max_abs
+    record.bitwise_repeatable = outcome.bitwise_repeatable
     if outcome.measurement is not None:
         m, stats = outcome.measurement, outcome.measurement.stats
         record.latency_ms_median, record.latency_ms_p20, record.latency_ms_p80 = stats.median * 1e3, stats.p20 * 1e3, stats.p80 * 1e3

@@ -22,6 +22,7 @@ from harness.report.profiling import profiling_section
 from harness.report.repeats import repeats_section
 from harness.report.roofline import roofline_section
 from harness.report.variants import models_section, variants_section
+from harness.report.determinism import determinism_section
 from harness.report.runtime import runtime_section
 from harness.report.serving import serving_sections
 from harness.report.state_energy import state_energy_section, state_summary
@@ -303,4 +304,4 @@ def sections(data: analysis.RunData, baseline: str, variation: Variation | None 
         runtime_section(data),
         _environment(data),
     ] + [s for s in (models_section(frame, wins), variants_section(frame, variation.cv if variation else 0.0),
-                     repeats_section(data.repeated)) if s is not None]
+                     determinism_section(frame), repeats_section(data.repeated)) if s is not None]

@@ -111,6 +111,9 @@ class Record:
     err_bound: float | None = None
     rel_err: float | None = None
     agree: bool | None = None
+    #: Whether the check's two consecutive calls returned bitwise-equal results (the output in fwd, the gradients in
+    #: bwd/fwd_bwd): measured, not assumed; None when the pair made no two checked calls. A deterministic case needs True.
+    bitwise_repeatable: bool | None = None
     #: Largest |value| written into query rows that see no key (the reference writes 0); not part of `agree`.
     masked_rows_max_abs: float | None = None
     #: From one profiled pass after the timed samples (`run --profile`), per step: kernels (CUDA) or operators

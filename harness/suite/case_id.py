@@ -87,6 +87,7 @@ OPTIONAL_TOKENS = (
     flag("alibi", "alibi"),
     decimal("scale", "scale"),
     Token("mode", "bwd|fwd_bwd", lambda c: [] if c.mode == "fwd" else [c.mode], lambda t: t if t in MODES and t != "fwd" else None),
+    flag("deterministic", "det"),
     Token("layout", "|".join(RAGGED_LAYOUTS), lambda c: [] if c.layout == "dense" else [c.layout], lambda t: t if t in RAGGED_LAYOUTS else None),
     numbered("page_size", "page"),
     Token("length_dist", "L<batch>", _batch_tokens, lambda t: t[1:] if t.startswith("L") and len(t) > 1 else None),

@@ -43,6 +43,8 @@ class Case:
     masking; `sinks` adds one learned logit per query head (`inputs.sinks`) to every row's softmax denominator;
     `alibi` adds −slope_h·|pos(i) − j| (Press et al.'s slopes, pos(i) the query's bottom-right key position);
     `scale` is the softmax scale where a model's is not 1/√d_k (`softmax_scale`).
+    `deterministic`: the backward pass must be bitwise repeatable (FlashAttention's `deterministic=True`, torch's
+    `use_deterministic_algorithms`); a backward property, so only for modes bwd and fwd_bwd (harness.backends.determinism).
 
     A ragged case (`layout` padded, packed or paged) is a batch of requests, each with its own query and
     KV lengths (`seq_lens_q`, `seq_lens_kv`), drawn from `length_dist` (harness.suite.batch) by the seed:
@@ -70,6 +72,7 @@ class Case:
     sinks: bool = False
     alibi: bool = False
     scale: float | None = None
+    deterministic: bool = False
     seed: int = 0
     layout: str = "dense"
     page_size: int | None = None
@@ -90,6 +93,8 @@ class Case:
         if device not in DEVICES:
             raise UserError(f"unknown device {self.device!r}: expected one of {', '.join(DEVICES)}")
         canonical_mode(self.mode)
+        if self.deterministic and self.mode == "fwd":  # forward kernels are deterministic already
+            raise UserError("deterministic is a backward property; give mode bwd or fwd_bwd")
         for name in OPTIONAL_INT_FIELDS:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, integer(name, getattr(self, name), expected="a positive integer or None"))
