@@ -204,6 +204,23 @@ def _packaged_aot() -> bool:
     return any(Path(root, "data", "aot").is_dir() and any(Path(root, "data", "aot").iterdir()) for root in roots)
 
 
+def flashinfer_unavailable(module: str, no_cpu: str) -> str | None:
+    """Why FlashInfer's `module` cannot run here (not installed, no CUDA, no way to build its kernels, a broken import), or None."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return "flashinfer is not installed (pip install flashinfer-python; CUDA only, no CPU kernel)"
+    if not torch.cuda.is_available():
+        return f"flashinfer needs CUDA: {no_cpu}"
+    # Without it every row would fail at its first plan(), each with the compiler's error.
+    reason = kernel_build_refusal()
+    if reason:
+        return reason
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # a build that does not match torch or the driver is unavailable, not a crash
+        return f"flashinfer failed to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return None
+
+
 @register
 class FlashinferBackend(Backend):
     """FlashInfer's planned batch wrappers (ragged prefill, paged prefill, paged decode), NHD, GQA native."""
@@ -224,19 +241,7 @@ class FlashinferBackend(Backend):
 
     def available(self) -> str | None:
         """Installed (flashinfer-python), a CUDA device, its kernels prebuilt or a compiler to build them, and importable."""
-        if importlib.util.find_spec("flashinfer") is None:
-            return "flashinfer is not installed (pip install flashinfer-python; CUDA only, no CPU kernel)"
-        if not torch.cuda.is_available():
-            return "flashinfer needs CUDA: it has no CPU kernel"
-        # Without it every row would fail at its first plan(), each with the compiler's error.
-        reason = kernel_build_refusal()
-        if reason:
-            return reason
-        try:
-            importlib.import_module("flashinfer")
-        except Exception as exc:  # a build that does not match torch or the driver is unavailable, not a crash
-            return f"flashinfer failed to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        return None
+        return flashinfer_unavailable("flashinfer", "it has no CPU kernel")
 
     def supports(self, case: Case) -> str | None:
         """fp16/bf16, forward only, a layout it serves; a dense case neither padded nor MLA's shared latent."""

@@ -17,10 +17,11 @@ from harness.suite.case_values import MAX_INT, integer
 LAYOUTS = ("dense", "padded", "packed", "paged")
 RAGGED_LAYOUTS = LAYOUTS[1:]
 #: The fields a batch's lengths set (B too, unless a bare distribution takes it), those only a ragged case has,
-#: and the dense case's own ways of varying lengths, which a ragged case cannot also have.
+#: and the dense case's own ways of varying lengths, which a ragged case cannot also have. MLA is not among them: a
+#: ragged MLA batch is one shared latent cache per request (a paged one its latent pages), as real MLA decode kernels read it.
 DRAWN_FIELDS = ("S_q", "S_kv", "seq_lens_q", "seq_lens_kv", "length_dist")
 RAGGED_FIELDS = ("page_size", "seq_lens_q", "seq_lens_kv", "length_dist")
-DENSE_ONLY = ("padding", "mla")
+DENSE_ONLY = ("padding",)
 
 
 def check_layout(case) -> None:

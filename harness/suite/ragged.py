@@ -12,6 +12,8 @@ FlexAttention's document ids and page table) in its untimed `prepare`.
             block_table[i, t // page_size]. Pages are scattered (a seeded permutation), never in order;
             unused block-table entries hold -1. k and v (packed) still hold the same tokens in order, so
             a reference and a gather-then-attend baseline read the same values.
+    MLA     (`case.mla`) H_kv = 1 and k_pages is the latent cache `[num_pages, page_size, 1, d_c + d_rope]`; v and
+            v_pages are copies of the first d_c columns of k and k_pages, what an MLA kernel reads inside the latent.
 
 Masks are per sequence and bottom-right aligned, as for dense cases: query j of sequence i sees key t when
 t <= j + seq_lens_kv[i] - seq_lens_q[i] (causal), every key of its own sequence otherwise, and never a key
@@ -118,7 +120,10 @@ def make_ragged_inputs(case: Case, *, device: str | torch.device | None = None) 
 
     q_lens, kv_lens = case.seq_lens_q, case.seq_lens_kv
     T_q, T_kv = sum(q_lens), sum(kv_lens)
-    q, k, v = draw(T_q, case.H, case.d_k), draw(T_kv, case.H_kv, case.d_k), draw(T_kv, case.H_kv, case.d_v)
+    q, k = draw(T_q, case.H, case.d_k), draw(T_kv, case.H_kv, case.d_k)
+    # MLA: V is the first d_c columns of the one latent, as in a dense MLA case (inputs.make_inputs); a copy, so that a
+    # backend reading K and V apart gets an ordinary V of the same values.
+    v = k[..., :case.d_v].clone() if case.mla else draw(T_kv, case.H_kv, case.d_v)
     grad_out = draw(T_q, case.H, case.d_v) if case.mode != "fwd" else None
     inputs = RaggedInputs(q=q, k=k, v=v, seq_lens_q=tuple(q_lens), seq_lens_kv=tuple(kv_lens), cu_seqlens_q=_offsets(q_lens, device),
                           cu_seqlens_kv=_offsets(kv_lens, device), causal=case.causal, grad_out=grad_out,
@@ -135,10 +140,16 @@ def make_ragged_inputs(case: Case, *, device: str | torch.device | None = None) 
         block_table[i, :n] = torch.as_tensor(order[start:start + n], dtype=torch.int32)
         start += n
     inputs.page_size, inputs.block_table = size, block_table.to(device)
-    inputs.k_pages, inputs.v_pages = draw(num_pages, size, case.H_kv, case.d_k), draw(num_pages, size, case.H_kv, case.d_v)
+    inputs.k_pages = draw(num_pages, size, case.H_kv, case.d_k)
+    inputs.v_pages = None if case.mla else draw(num_pages, size, case.H_kv, case.d_v)
     rows = page_rows(inputs)
     inputs.k_pages.view(-1, case.H_kv, case.d_k)[rows] = k
-    inputs.v_pages.view(-1, case.H_kv, case.d_v)[rows] = v
+    if case.mla:
+        # The latent pages `[num_pages, page_size, 1, d_c + d_rope]` are the cache; V's pages are their first d_c
+        # columns, stale rows included, so that a kernel reading past a length is as wrong in V as in K.
+        inputs.v_pages = inputs.k_pages[..., :case.d_v].clone()
+    else:
+        inputs.v_pages.view(-1, case.H_kv, case.d_v)[rows] = v
     return inputs
 
 
