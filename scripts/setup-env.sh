@@ -20,8 +20,9 @@ PURPOSE=${3:-bench}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 # module:requirement, as pyproject.toml's dependencies (tests/test_setup_offline.py holds them equal).
-RUNTIME_NEEDS="numpy:numpy>=1.24 pandas:pandas>=2.0 matplotlib:matplotlib>=3.7 pytest:pytest>=7.4 pytest_benchmark:pytest-benchmark>=4.0"
-TEST_NEEDS="pytest_timeout:pytest-timeout>=2.1"
+RUNTIME_NEEDS="numpy:numpy>=1.24 pandas:pandas>=2.0 matplotlib:matplotlib>=3.7 pytest:pytest>=7.4 pytest_benchmark:pytest-benchmark>=4.0 sqlalchemy:sqlalchemy>=2.0"
+# psycopg: the results database on PostgreSQL (`--db postgresql://…`), which the tests run against a real server.
+TEST_NEEDS="pytest_timeout:pytest-timeout>=2.1 psycopg:psycopg[binary]>=3.1"
 
 case "$PURPOSE" in
     bench) NEEDS=$RUNTIME_NEEDS ;;
@@ -89,6 +90,10 @@ EOF
 # so its sdist (FA2's flash_api.cpp and interface, FA3's setup) is downloaded, never built, into
 # $VENV/share/attnbench. Only for `test`, and only into an environment whose torch this script installed.
 LIBRARY_PINS="flashinfer-python==0.7.2.post1 flash-attn-4==4.0.0b36"
+# flashinfer-bench's trace schema (pydantic models), which `attnbench export --format flashinfer-bench` is validated against;
+# --no-deps (its TVM FFI has no use here) with the three packages its data models import.
+TRACE_SCHEMA_PINS="flashinfer-bench==0.1.2"
+TRACE_SCHEMA_NEEDS="pydantic>=2 safetensors docstring-parser"
 FLASH_ATTN2_SDIST="flash-attn==2.8.3"
 install_library_sources() {
     sources="$VENV/share/attnbench"
@@ -96,6 +101,11 @@ install_library_sources() {
     if ! "$VENV/bin/python" -c "import importlib.util as u; import sys; sys.exit(not (u.find_spec('flashinfer') and u.find_spec('flash_attn.cute')))" 2>/dev/null; then
         # shellcheck disable=SC2086 # one word per requirement
         pip_in_venv install --quiet --no-deps $LIBRARY_PINS || library_sources_missing "$LIBRARY_PINS"
+    fi
+    if ! "$VENV/bin/python" -c "import flashinfer_bench.data" 2>/dev/null; then
+        # shellcheck disable=SC2086 # one word per requirement
+        { pip_in_venv install --quiet $TRACE_SCHEMA_NEEDS && pip_in_venv install --quiet --no-deps $TRACE_SCHEMA_PINS; } \
+            || library_sources_missing "$TRACE_SCHEMA_PINS"
     fi
     if [ -z "$(ls "$sources"/flash_attn-2.8.3.tar.gz 2>/dev/null)" ]; then
         # pip reads the sdist's metadata by running its setup.py, which imports torch, setuptools, wheel and

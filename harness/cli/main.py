@@ -248,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.cli.report import add_commands
 
     add_commands(sub)  # report, compare, recommend
+    from harness.cli.history import add_commands as add_history_commands
+    from harness.cli.publish import add_export_command, add_site_command
+
+    add_history_commands(sub)  # db add, db list, regress
+    add_export_command(sub)
+    add_site_command(sub)
     return parser
 
 

@@ -1,0 +1,122 @@
+"""The `db add`, `db list` and `regress` subcommands: runs kept in the results database, and the newest run of each machine judged against the one before.
+
+Kept light on purpose, as harness/cli/report.py is: SQLAlchemy and pandas are imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DB_HELP = "results database: an SQLite file (default results/attnbench.sqlite) or a postgresql:// URL"
+
+
+def cmd_db_add(args: argparse.Namespace) -> int:
+    """Read every run folder first (a bad one refuses them all), then add each, one line per run."""
+    from harness.history.database import open_database
+    from harness.history.ingest import read_run
+
+    ingested = [read_run(Path(run)) for run in args.runs]
+    for run in ingested:
+        for warning in run.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+    with open_database(args.db) as db:
+        for run in ingested:
+            uuid8, run_id = run.run["run_uuid"][:8], run.run["run_id"]
+            if not db.add_run(run):
+                print(f"already in {db.name}: {run_id} (unchanged)")
+            elif db.last_action == "updated":
+                print(f"updated {run_id} ({uuid8}, {len(run.rows)} rows, {run.run['device_model']}): its content changed since it was added "
+                      "(a resumed run?), so its rows were replaced")
+            else:
+                print(f"added {run_id} ({uuid8}, {len(run.rows)} rows, {run.run['device_model']})")
+    return 0
+
+
+#: The run columns `db list --json` prints (the stored documents are left out: `site` and `export` read those).
+LIST_COLUMNS = ("run_uuid", "run_id", "suite", "device_type", "device_model", "host", "harness_version", "harness_commit", "harness_dirty",
+                "torch", "torch_cuda", "python", "created_utc", "added_utc", "source_path", "pairs", "rows", "rows_ok", "content_sha256")
+
+
+def _cell(value):
+    """A frame's cell as JSON holds it (NaN and pandas' missing values → None, numpy numbers → Python's)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def cmd_db_list(args: argparse.Namespace) -> int:
+    """One line per run in the database, oldest first; --json prints them as a JSON list."""
+    from harness.history.database import open_database
+
+    with open_database(args.db, create=False) as db:
+        runs = db.runs_frame()
+    if args.json:
+        print(json.dumps([{k: _cell(r[k]) for k in LIST_COLUMNS} for _, r in runs.iterrows()], indent=1, default=str))
+        return 0
+    if runs.empty:
+        print(f"{db.name} holds no runs: add runs with attnbench db add RUN")
+    for _, r in runs.iterrows():
+        commit = str(r["harness_commit"] or "")[:8] or "?"
+        dirty = "+dirty" if _cell(r["harness_dirty"]) else ""
+        print(f"{str(r['created_utc'] or '?')[:10]}  {r['run_id']}  {r['suite']}  {r['device_model']}  "
+              f"attnbench {r['harness_version'] or '?'}/{commit}{dirty}  torch {r['torch'] or '?'}  {int(r['rows_ok'])}/{int(r['rows'])} ok")
+    return 0
+
+
+def cmd_regress(args: argparse.Namespace) -> int:
+    """Per (suite, device model): the newest run against the one before, by compare's rule; exit 1 on a regression, 3 when nothing was judged."""
+    from harness.analysis.compare import EXIT_REGRESSION, EXIT_UNDECIDED, Comparison, compare_frames, geomean_summary, parse_threshold, print_comparison
+    from harness.history.database import open_database
+
+    threshold = parse_threshold(args.fail_above)
+    with open_database(args.db, create=False) as db:
+        runs = db.runs_frame()
+        if runs.empty:
+            print(f"{db.name} holds no runs: nothing to compare")
+            return EXIT_UNDECIDED
+        failed, judged = [], 0
+        for (suite, device), group in runs.groupby(["suite", "device_model"], sort=True, dropna=False):
+            group = group.sort_values(["created_utc", "run_uuid"])
+            if len(group) < 2:
+                print(f"only one run of suite {suite} on {device}: nothing to compare")
+                continue
+            base, new = group.iloc[-2], group.iloc[-1]
+            frames = db.rows_frame([base["run_uuid"], new["run_uuid"]])
+            base_rows = frames[frames["run_uuid"] == base["run_uuid"]]
+            new_rows = frames[frames["run_uuid"] == new["run_uuid"]]
+            table, failures = compare_frames(base_rows, new_rows, threshold)
+            print(f"== suite {suite} on {device}: {base['run_id']} ({str(base['created_utc'])[:19]}) → {new['run_id']} ({str(new['created_utc'])[:19]})")
+            result = Comparison(table, [], threshold, failures, geomean_summary(table) if not table.empty else table)
+            print_comparison(result, str(base["run_id"]), str(new["run_id"]), sys.stdout)
+            judged += result.judged
+            if result.failed:
+                failed.append(f"suite {suite} on {device}")
+    if failed:
+        print(f"regress: FAIL in {len(failed)} group(s): {'; '.join(failed)}")
+        return EXIT_REGRESSION
+    if judged == 0:
+        print("regress: nothing could be judged (no group with two runs, or every pair contended or suspect)")
+        return EXIT_UNDECIDED
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `db add`, `db list` and `regress` on the CLI's subparsers."""
+    p = sub.add_parser("db", help="the results database of runs (SQLite or PostgreSQL): db add RUN..., db list")
+    db_sub = p.add_subparsers(dest="db_command", metavar="{add,list}", required=True)
+    q = db_sub.add_parser("add", help="add run folders to the results database (adding one twice changes nothing)")
+    q.add_argument("runs", nargs="+", metavar="RUN", help="run folder, e.g. results/<run-id>")
+    q.add_argument("--db", metavar="FILE|URL", help=DB_HELP)
+    q.set_defaults(func=cmd_db_add, measures=False)
+    q = db_sub.add_parser("list", help="one line per run in the results database, oldest first")
+    q.add_argument("--db", metavar="FILE|URL", help=DB_HELP)
+    q.add_argument("--json", action="store_true", help="print the runs as a JSON list instead")
+    q.set_defaults(func=cmd_db_list, measures=False)
+    p = sub.add_parser("regress", help="per suite and device: the newest run in the database against the one before; exit 1 on a regression")
+    p.add_argument("--db", metavar="FILE|URL", help=DB_HELP)
+    p.add_argument("--fail-above", default="5%", metavar="PCT",
+                   help="a row slower by compare's rule and by more than this fails (default 5%%)")
+    p.set_defaults(func=cmd_regress, measures=False)
