@@ -196,7 +196,7 @@ def test_fa2_head_dim_and_page_limits_are_flash_api_cpps_and_its_interface_pads(
     assert fa2.supports(cuda_case(d_k=100, d_v=100)) is None  # padded to 104 by the interface itself
     assert str(limit) in fa2.supports(cuda_case(d_k=limit + 8, d_v=limit + 8))
     assert "d_v = d_k" in fa2.supports(cuda_case(d_k=192, d_v=128))
-    assert "fp16 and bf16" in fa2.supports(cuda_case(dtype="fp32"))
+    assert "no fp32 kernel (it computes in bf16, fp16)" in fa2.supports(cuda_case(dtype="fp32"))
     paged = serving_case(device="cuda", dtype="bf16", layout="paged")
     assert f"multiple of {page}" in fa2.supports(paged.replace(page_size=page // 2))
     assert fa2.supports(paged.replace(page_size=2 * page)) is None

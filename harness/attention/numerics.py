@@ -29,21 +29,24 @@ from typing import Callable, Sequence
 
 import torch
 
+from harness.attention.fp8 import FP8_FORMATS, fp8_eager_kernel
 from harness.attention.reference import (
-    ReferenceCache, cached, default_scale, eager_kernel, forward, gradient_slices, gradients, query_rows,
+    Kernel, ReferenceCache, cached, default_scale, eager_kernel, forward, gradient_slices, gradients, query_rows,
     ragged_forward, ragged_rows, reference_device, reference_kernel,
 )
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, empty_query_rows, torch_dtype, visible_mask
+from harness.suite.inputs import AttentionInputs, empty_query_rows, output_dtype, visible_mask
 from harness.suite.ragged import RaggedInputs
 
 #: Unit roundoff u (half the spacing of numbers just above 1) per dtype: the relative error of one rounding.
 UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+# An FP8 case's output is bf16: one more rounding of it is bf16's (what FP8 costs beyond that is in the eager model's error).
+UNIT_ROUNDOFF |= {"fp8_e4m3": UNIT_ROUNDOFF["bf16"], "fp8_e5m2": UNIT_ROUNDOFF["bf16"]}
 
 #: Absolute floor of the bound, per dtype: what differences in accumulation order cost. Every
 #: kernel here accumulates in at least fp32, whose reordering error over S_kv terms is about
 #: √S_kv·2⁻²⁴ ≈ 8e-6 at S_kv = 16k → 1e-5; fp64 is the reference's own precision.
-ATOL = {"fp64": 1e-12, "fp32": 1e-5, "fp16": 1e-5, "bf16": 1e-5}
+ATOL = {"fp64": 1e-12, "fp32": 1e-5, "fp16": 1e-5, "bf16": 1e-5, "fp8_e4m3": 1e-5, "fp8_e5m2": 1e-5}
 
 
 def atol(dtype: str, magnitude: float) -> float:
@@ -152,7 +155,7 @@ def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor
     rows = query_rows(case)
     target = cached(references, ("fwd", case), inputs, lambda: expected(
         forward(case, inputs, reference_kernel(scale, case.softcap), torch.float64, device, rows),
-        forward(case, inputs, eager_kernel(scale, case.softcap), inputs.q.dtype, inputs.q.device, rows),
+        forward(case, inputs, *eager_model(case, inputs), rows),
         case.dtype,
     ))
     out = output_bhsd if rows is None else output_bhsd[:, :, rows.to(output_bhsd.device)]
@@ -179,6 +182,17 @@ def check_forward(case: Case, inputs: AttentionInputs, output_bhsd: torch.Tensor
     return _dtype_verdict(result, "output", output_bhsd, case)
 
 
+def eager_model(case: Case, inputs: AttentionInputs) -> tuple[Kernel, torch.dtype, torch.device]:
+    """The rule's eager side of a case: the kernel, the dtype it computes its inputs in, and where.
+
+    Eager attention in the inputs' dtype, except an FP8 case's: fp32 over the dequantized inputs with P rounded to FP8
+    (harness.attention.fp8, FlashAttention 3's FP8 recipe), since no eager matmul computes in FP8.
+    """
+    if case.dtype in FP8_FORMATS:
+        return fp8_eager_kernel(default_scale(case), case.dtype), torch.float32, inputs.q.device
+    return eager_kernel(default_scale(case), case.softcap), inputs.q.dtype, inputs.q.device
+
+
 def check_ragged_forward(case: Case, inputs: RaggedInputs, output_packed: torch.Tensor, references: ReferenceCache | None = None) -> Agreement:
     """Compare a backend's packed output `[T_q, H, d_v]` of a ragged batch with each request's own float64 reference.
 
@@ -203,7 +217,7 @@ def check_ragged_forward(case: Case, inputs: RaggedInputs, output_packed: torch.
 
 def _dtype_verdict(result: Agreement, what: str, out: torch.Tensor, case: Case) -> Agreement:
     """`result`, failed when `out` is not in the case's dtype: a drop-in kernel that returns another dtype is a wrong answer."""
-    wanted = torch_dtype(case)
+    wanted = output_dtype(case)
     if out.dtype == wanted:
         return result
     return result.disagreeing(f"{what} dtype {str(out.dtype).removeprefix('torch.')}, expected the case's {str(wanted).removeprefix('torch.')}")

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from harness.attention.eager import naive_attention
+from harness.attention.fp8 import dequantized
 from harness.attention.variants import alibi_bias, alibi_slopes
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, query_positions, visible_mask
@@ -149,7 +150,9 @@ def all_slices(case: Case) -> list[tuple[int, int]]:
 
 
 def _cast(inputs: AttentionInputs, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
-    return tuple(t.detach().to(device=device, dtype=dtype) for t in (inputs.q, inputs.k, inputs.v))
+    """q, k, v in `dtype` on `device`; an FP8 tensor dequantized first (its values times its descale: what it holds)."""
+    descales = getattr(inputs, "descales", None) or {}
+    return tuple(dequantized(getattr(inputs, name).detach(), descales.get(name)).to(device=device, dtype=dtype) for name in ("q", "k", "v"))
 
 
 def slice_terms(case: Case, inputs: AttentionInputs | RaggedInputs, heads: slice, q_pos: torch.Tensor | None) -> Terms:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from harness.suite.cases import Case
-from harness.suite.case_values import DTYPE_BYTES
+from harness.suite.case_values import DTYPE_BYTES, FP8_DTYPES
 
 #: Backward costs 2.5× the forward (two matmuls become five); forward+backward 3.5×.
 MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -122,8 +122,18 @@ def mask_counts(case: Case, chunk: int = LENGTH_CHUNK) -> MaskCounts:
 
 
 def element_size(case: Case) -> int:
-    """Bytes per element of the case's dtype (without importing torch: the report's cost model runs without it)."""
+    """Bytes per element of the case's dtype, Q's (without importing torch: the report's cost model runs without it)."""
     return DTYPE_BYTES[case.dtype]
+
+
+def kv_element_size(case: Case) -> int:
+    """Bytes per element of K and V: the FP8 cache's one where `kv_dtype` is set, else the case's dtype's."""
+    return DTYPE_BYTES[case.kv_dtype or case.dtype]
+
+
+def output_element_size(case: Case) -> int:
+    """Bytes per element of the output: an FP8 attention writes bf16 (2), every other case its dtype."""
+    return 2 if case.dtype in FP8_DTYPES else DTYPE_BYTES[case.dtype]
 
 
 def forward_flops(case: Case) -> int:
@@ -150,16 +160,16 @@ def touched_bytes(case: Case) -> dict[str, int]:
     query sees every key). MLA reads V inside K's latent, so V costs nothing extra. A ragged batch counts
     its requests' real tokens in every layout (a padded row's padding is waste, not work); a paged one
     also reads its block table, one int32 per page a request's keys span ("table"); a case with sinks its
-    H float32 sink logits ("sinks").
+    H float32 sink logits ("sinks"). FP8 inputs and an FP8 KV cache count one byte an element; an FP8 case's output is bf16.
     """
-    size = element_size(case)
+    size, kv_size = element_size(case), kv_element_size(case)
     counts = mask_counts(case)
     q_rows, kv_rows = counts.q_rows, counts.key_rows
     touched = {
         "q": q_rows * case.H * case.d_k * size,
-        "k": kv_rows * case.H_kv * case.d_k * size,
-        "v": 0 if case.mla else kv_rows * case.H_kv * case.d_v * size,
-        "o": q_rows * case.H * case.d_v * size,
+        "k": kv_rows * case.H_kv * case.d_k * kv_size,
+        "v": 0 if case.mla else kv_rows * case.H_kv * case.d_v * kv_size,
+        "o": q_rows * case.H * case.d_v * output_element_size(case),
     }
     if case.sinks:
         touched["sinks"] = 4 * case.H
@@ -184,9 +194,9 @@ def min_bytes(case: Case) -> int:
 def kv_cache_bytes_per_token(case: Case) -> int:
     """KV-cache bytes one token costs in one layer: `H_kv·(d_k + d_v)·bytes`, or `d_k·bytes` for MLA's one latent.
 
-    MHA : GQA : MQA = H : H_kv : 1 heads, i.e. 1 : H_kv/H : 1/H of MHA's bytes.
+    MHA : GQA : MQA = H : H_kv : 1 heads, i.e. 1 : H_kv/H : 1/H of MHA's bytes. An FP8 cache is one byte an element.
     """
-    size = element_size(case)
+    size = kv_element_size(case)
     if case.mla:
         return case.d_k * size
     return case.H_kv * (case.d_k + case.d_v) * size

@@ -126,6 +126,10 @@ class Backend:
     deterministic_backward: ClassVar[bool] = False
     #: Why there is no deterministic backward, in a user's words (the refusal of a deterministic case).
     deterministic_reason: ClassVar[str] = ""
+    #: The dtypes `prepare` computes in: FP8 ones only where the backend runs an FP8 kernel (harness.attention.fp8), never a
+    #: dequantize-then-bf16 path called FP8. `kv_dtypes`: the FP8 KV-cache formats it reads beside fp16/bf16 queries.
+    dtypes: ClassVar[frozenset[str]] = frozenset({"fp64", "fp32", "fp16", "bf16"})
+    kv_dtypes: ClassVar[frozenset[str]] = frozenset()
     #: The batch layouts (harness.suite.ragged) `prepare` accepts: "dense" (today's rectangle), "padded"
     #: (a ragged batch padded to its longest sequence and masked), "packed" (tokens concatenated with
     #: cumulative offsets) and "paged" (the KV cache in scattered fixed-size pages behind a block table).
@@ -187,12 +191,24 @@ def variant_refusal(backend: Backend, case: Case) -> str | None:
     return None
 
 
+def dtype_refusal(backend: Backend, case: Case) -> str | None:
+    """Why `backend` cannot compute in the case's dtype or read its FP8 KV cache, or None."""
+    if case.dtype not in backend.dtypes:
+        kind = "FP8 kernel" if case.dtype.startswith("fp8") else f"{case.dtype} kernel"
+        return f"{backend.name} has no {kind} (it computes in {', '.join(sorted(backend.dtypes))})"
+    if case.kv_dtype is not None and case.mode != "fwd":
+        return f"an FP8 KV cache ({case.kv_dtype}) is read by inference, never differentiated: it has no {case.mode} pass"
+    if case.kv_dtype is not None and case.kv_dtype not in backend.kv_dtypes:
+        return f"{backend.name} does not read an FP8 KV cache ({case.kv_dtype}); it reads K and V in the queries' dtype"
+    return None
+
+
 def layout_refusal(backend: Backend, case: Case) -> str | None:
     """Why `backend` cannot serve the case's layout, or None: a layout it does not declare, or a ragged batch's backward pass.
 
     The score variants it does not declare are refused first (`variant_refusal`): every backend's supports reaches here.
     """
-    determinism = determinism_refusal(backend, case)
+    determinism = determinism_refusal(backend, case) or dtype_refusal(backend, case)
     if determinism:
         return determinism
     variant = variant_refusal(backend, case)

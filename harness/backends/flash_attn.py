@@ -38,6 +38,7 @@ from harness.backends.flash_ragged import flash_ragged_call
 from harness.backends.ragged_args import case_layout, is_paged, layout_refusal
 from harness.backends.registry import register
 from harness.errors import Unsupported
+from harness.suite.case_values import FP8_DTYPES
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs
 from harness.suite.ragged import RaggedInputs
@@ -78,6 +79,8 @@ def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None =
         return t.detach().requires_grad_(requires_grad)
 
     q, k, v = (to_bshd(t.detach()) for t in (inputs.q, inputs.k, inputs.v))
+    if inputs.descales:
+        kwargs.update(fp8_descales(case, inputs.descales))
     if not case.padding:
         return FlashCall(
             leaf(q), leaf(k), leaf(v), kwargs, False,
@@ -95,6 +98,12 @@ def flash_call(case: Case, inputs: AttentionInputs, *, none_window: int | None =
         layout={"layout": "varlen", "total_q": int(vl.q_lens.sum()), "total_k": int(vl.kv_lens.sum())},
         function="flash_attn_varlen_func",
     )
+
+
+def fp8_descales(case: Case, descales: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """FlashAttention 3's FP8 descales: `q_descale`, `k_descale`, `v_descale`, each float32 `(batch, num_heads_k)` (one per-tensor value, expanded)."""
+    return {f"{name}_descale": descales[name].to(torch.float32).reshape(1, 1).expand(case.B, case.H_kv).contiguous()
+            for name in ("q", "k", "v")}
 
 
 def first(result: Any) -> torch.Tensor:
@@ -126,6 +135,7 @@ class _FlashBase(Backend):
     #: How the build spells an unbounded window side.
     none_window: ClassVar[int | None] = -1
     layouts = frozenset({"dense", "packed", "paged"})
+    dtypes = frozenset({"fp16", "bf16"})
     #: Packed documents (varlen) forward and backward, as pretraining runs them; unverified on a GPU.
     ragged_backward = frozenset({"packed"})
     #: The FlashAttention generation (2, 3, 4): its head-dim and page rules (flash_rules), and which
@@ -165,8 +175,8 @@ class _FlashBase(Backend):
         reason = super().supports(case)
         if reason:
             return reason
-        if case.dtype not in ("fp16", "bf16"):
-            return f"{self.name} computes in fp16 and bf16 only (case is {case.dtype})"
+        if case.dtype in FP8_DTYPES and (case.mode != "fwd" or case.padding):
+            return f"{self.name}'s FP8 path is the dense forward (flash_attn_func with q/k/v_descale): no {case.mode if case.mode != 'fwd' else 'varlen'} FP8"
         # The rules differ by GPU (FA3's d_v ≠ d_k, FA4's head dims): this machine's GPU when it has one.
         cc = cuda_capability()
         major = cc[0] if cc else None
@@ -289,6 +299,10 @@ class FlashAttn3Backend(_FlashBase):
     arch_words = "an Ampere or Hopper GPU (sm80, sm90)"
     generation = 3
     score_variants, variant_reasons = SCORE_VARIANTS[3], VARIANT_REASONS[3]
+    #: FP8 forward (e4m3 Q, K, V with q/k/v_descale; bf16 output): hopper/flash_attn_interface.py's flash_attn_func.
+    dtypes = frozenset({"fp16", "bf16", "fp8_e4m3"})
+    #: What an FP8 row's trace must show: its sm90 kernels are templated on cutlass::float_e4m3_t (unverified on a GPU).
+    fp8_kernels = ("e4m3",)
 
 
 @register

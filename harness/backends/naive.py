@@ -38,6 +38,7 @@ class NaiveBackend(Backend):
     layouts = frozenset({"dense", "padded", "packed", "paged"})
     score_variants = frozenset({"softcap", "sinks", "alibi", "scale"})
     ragged_backward = frozenset({"padded", "packed"})
+    kv_dtypes = frozenset({"fp8_e4m3", "fp8_e5m2"})
 
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Build the mask once (untimed) and return the eager computation; a ragged batch padded, request by request, or gathered."""
@@ -46,6 +47,11 @@ class NaiveBackend(Backend):
         q, k, v = inputs.q, inputs.k, inputs.v
         mask = visible_mask(case, device=q.device)
         kwargs = variant_arguments(case, inputs)
+        if case.kv_dtype is not None:
+            # An FP8 KV cache is read as FP8 and widened to the queries' dtype inside the call, as a decode kernel loads it.
+            scales, dtype = inputs.descales, q.dtype
+            return Prepared(fn=lambda: naive_attention(q, (k.to(dtype) * scales["k"].to(dtype)), (v.to(dtype) * scales["v"].to(dtype)), mask,
+                                                       **kwargs), notes={"kv_cache": f"{case.kv_dtype}, widened in the call"})
         return Prepared(fn=lambda: naive_attention(q, k, v, mask, **kwargs), leaves=(q, k, v))
 
     @staticmethod
@@ -91,4 +97,7 @@ class NaiveBackend(Backend):
     def weights(self, case: Case, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The output and the attention weights `[B, H, S_q, S_kv]` for a case (not timed)."""
         mask = visible_mask(case, device=inputs.q.device)
-        return naive_attention(inputs.q, inputs.k, inputs.v, mask, return_weights=True, **variant_arguments(case, inputs))
+        k, v = inputs.k, inputs.v
+        if case.kv_dtype is not None:
+            k, v = (t.to(inputs.q.dtype) * inputs.descales[name].to(inputs.q.dtype) for t, name in ((k, "k"), (v, "v")))
+        return naive_attention(inputs.q, k, v, mask, return_weights=True, **variant_arguments(case, inputs))

@@ -20,7 +20,7 @@ ENV_VAR = "ATTNBENCH_BACKENDS"
 BUILTIN_MODULES = (
     "harness.backends.naive", "harness.backends.sdpa", "harness.backends.projections",
     "harness.backends.compiled", "harness.backends.flex", "harness.backends.xformers", "harness.backends.flash_attn",
-    "harness.backends.flashinfer", "harness.backends.mla", "harness.backends.flashmla", "harness.backends.flashinfer_mla",
+    "harness.backends.flashinfer", "harness.backends.mla", "harness.backends.eager_fp8", "harness.backends.flashmla", "harness.backends.flashinfer_mla",
     "harness.backends.layer",
 )
 

@@ -16,7 +16,7 @@ from harness.attention.ragged_backward import check_ragged_backward, padding_not
 from harness.attention.reference import ReferenceCache
 from harness.backends.base import Backend, Prepared
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, torch_dtype
+from harness.suite.inputs import AttentionInputs, output_dtype
 
 
 def check_result(case: Case, prepared: Prepared, inputs: AttentionInputs, result: Any, references: ReferenceCache | None = None) -> Agreement:
@@ -49,7 +49,7 @@ def returned_dtype_problem(case: Case, result: Any, checked: list[torch.Tensor])
     Each checked tensor is traced to the returned tensor it came from: a gradient to its own, an output
     to the tensor of the same element count among those returned (a tuple such as (out, lse) holds more).
     """
-    wanted = torch_dtype(case)
+    wanted = output_dtype(case)
     if isinstance(result, torch.Tensor):
         returned = [result]
     elif isinstance(result, (tuple, list)):

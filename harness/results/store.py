@@ -146,7 +146,7 @@ class ReadResult:
 
 #: Case fields added after records were first written: a record without them is read with their defaults (no softcap, no
 #: sinks, no ALiBi, the default scale), which is what every case measured before they existed computed.
-CASE_FIELDS_ADDED = ("softcap", "sinks", "alibi", "scale", "deterministic")
+CASE_FIELDS_ADDED = ("softcap", "sinks", "alibi", "scale", "deterministic", "kv_dtype")
 #: Record fields that, when present (always, in a record attnbench writes), are strings: what compare and report join and print on.
 KEY_FIELDS = ("case_id", "backend", "status")
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple
 from harness.errors import UserError
 from harness.suite.batch import case_batch, lengths_digest
 from harness.suite.case_layout import RAGGED_LAYOUTS, draw_id_lengths
-from harness.suite.case_values import DTYPES, MODES
+from harness.suite.case_values import DTYPES, FP8_DTYPES, MODES
 
 #: The shape tokens in the order the id writes them: (field, prefix, required); d_v is written only when it is not d_k.
 SHAPE_TOKENS = (("B", "B", True), ("S_q", "Sq", True), ("S_kv", "Skv", True), ("H", "H", True), ("H_kv", "Hkv", True),
@@ -78,6 +78,8 @@ def _is_hash(token: str) -> bool:
 
 #: The optional tokens, each at most once and in this order. `lengths_hash` is no field: `_batch_tokens` writes it after `L…`.
 OPTIONAL_TOKENS = (
+    Token("kv_dtype", "kv<fp8 format>", lambda c: [] if c.kv_dtype is None else [f"kv{c.kv_dtype}"],
+          lambda t: t[2:] if t.startswith("kv") and t[2:] in FP8_DTYPES else None),
     flag("causal", "causal"),
     numbered("window", "win"),
     flag("padding", "pad"),

@@ -17,10 +17,15 @@ DTYPES: dict[str, str] = {
     "fp32": "float32",
     "fp16": "float16",
     "bf16": "bfloat16",
+    # FP8 (OCP): Q, K and V quantized per tensor with a float32 descale each (harness.attention.fp8); the output is bf16.
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
 }
 _DTYPE_ALIASES = {v: k for k, v in DTYPES.items()} | {"float": "fp32", "half": "fp16"}
 #: Bytes per element of each dtype, torch-free, for the cost model a report reads (a test holds it to torch's itemsize).
-DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2}
+DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+#: The FP8 formats: a case's dtype (Q, K and V in FP8) or its kv_dtype (an FP8 KV cache beside fp16/bf16 queries).
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 DEVICES = ("cpu", "cuda")

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from harness.errors import UserError
 from harness.suite.case_id import id_fields, id_tokens
 from harness.suite.case_layout import RAGGED_FIELDS, check_layout, layout_from_record
-from harness.suite.case_values import DEVICES, MAX_INT, MODES, boolean, canonical_dtype, canonical_mode, integer, positive_float
+from harness.suite.case_values import DEVICES, FP8_DTYPES, MAX_INT, MODES, boolean, canonical_dtype, canonical_mode, integer, positive_float
 
 #: MODES and canonical_dtype live in harness.suite.case_values; many callers take them from here, beside the Case.
 __all__ = ["Case", "CASE_FIELDS", "MAX_PADDED_B", "MODES", "canonical_dtype", "case_from_fields", "grid", "parse_case_id"]
@@ -73,6 +73,7 @@ class Case:
     alibi: bool = False
     scale: float | None = None
     deterministic: bool = False
+    kv_dtype: str | None = None
     seed: int = 0
     layout: str = "dense"
     page_size: int | None = None
@@ -93,6 +94,7 @@ class Case:
         if device not in DEVICES:
             raise UserError(f"unknown device {self.device!r}: expected one of {', '.join(DEVICES)}")
         canonical_mode(self.mode)
+        self._check_fp8()
         if self.deterministic and self.mode == "fwd":  # forward kernels are deterministic already
             raise UserError("deterministic is a backward property; give mode bwd or fwd_bwd")
         for name in OPTIONAL_INT_FIELDS:
@@ -111,6 +113,21 @@ class Case:
         if largest > MAX_INT:
             raise UserError(f"B={self.B}, H={self.H}, S={self.S_kv}, d={max(self.d_k, self.d_v)}: one input tensor would hold "
                             f"{largest:.3g} elements, more than a tensor can index (2^63 - 1)")
+
+    def _check_fp8(self) -> None:
+        """kv_dtype is an FP8 format beside fp16/bf16 queries, on a dense case; an FP8 case has no score variant (no FP8 kernel here takes one)."""
+        if self.kv_dtype is not None:
+            object.__setattr__(self, "kv_dtype", canonical_dtype(self.kv_dtype))
+            if self.kv_dtype not in FP8_DTYPES:
+                raise UserError(f"kv_dtype {self.kv_dtype!r} is not an FP8 format: expected one of {', '.join(FP8_DTYPES)} (or none)")
+            if self.dtype not in ("fp16", "bf16"):
+                raise UserError(f"an FP8 KV cache sits beside fp16 or bf16 queries, not {self.dtype} ones (an all-FP8 case is dtype {self.kv_dtype})")
+        fp8 = self.dtype in FP8_DTYPES or self.kv_dtype is not None
+        used = [name for name in ("softcap", "sinks", "alibi", "mla", "padding") if getattr(self, name) not in (None, False)]
+        if fp8 and used:
+            raise UserError(f"an FP8 case has no {used[0]}: FP8 cases here are plain, causal or windowed attention")
+        if fp8 and self.layout != "dense":
+            raise UserError(f"an FP8 case is dense here (a {self.layout} batch has no FP8 layout yet)")
 
     def _check_variants(self) -> None:
         """Refuse score variants together that no model has and no definition here covers."""

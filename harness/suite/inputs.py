@@ -17,6 +17,12 @@ def torch_dtype(case_or_name: Case | str) -> torch.dtype:
     return getattr(torch, DTYPES[name])
 
 
+def output_dtype(case: Case) -> torch.dtype:
+    """The dtype a case's output (and its gradients) must come back in: an FP8 attention writes bf16, every other case its dtype."""
+    dtype = torch_dtype(case)
+    return torch.bfloat16 if dtype.itemsize == 1 else dtype
+
+
 @dataclass
 class AttentionInputs:
     """Tensors for one case, all `[B, H, S, d]`; K and V at H_kv heads.
@@ -24,6 +30,8 @@ class AttentionInputs:
     `kv_lens[b]` is the number of real keys of sequence b (the rest is padding), or None
     when the case has no padding. `grad_out` is the upstream gradient for backward modes.
     `sinks`: the case's learned sink logits, float32 `[H]` (None unless `case.sinks`; harness.suite.inputs.draw_sinks).
+    `descales`: for FP8 tensors, each one's float32 descale by name ("q", "k", "v"; harness.attention.fp8): the tensor holds
+    x / descale in its FP8 format. None when no tensor is FP8.
     """
 
     q: torch.Tensor
@@ -32,6 +40,7 @@ class AttentionInputs:
     kv_lens: torch.Tensor | None = None
     grad_out: torch.Tensor | None = None
     sinks: torch.Tensor | None = None
+    descales: dict[str, torch.Tensor] | None = None
 
 
 def draw_sinks(case: Case, device: str | torch.device) -> torch.Tensor | None:
@@ -142,9 +151,11 @@ def make_inputs(case: Case, *, seed: int | None = None, device: str | torch.devi
     generator = torch.Generator(device=device)
     generator.manual_seed(case.seed if seed is None else seed)
     dtype = torch_dtype(case)
+    fp8 = dtype.itemsize == 1  # FP8 tensors are quantized from the float32 draw, never cast (that would saturate and lose the scale)
 
     def draw(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+        drawn = torch.randn(*shape, generator=generator, device=device, dtype=torch.float32)
+        return drawn if fp8 else drawn.to(dtype)
 
     q = draw(case.B, case.H, case.S_q, case.d_k)
     k = draw(case.B, case.H_kv, case.S_kv, case.d_k)
@@ -153,5 +164,14 @@ def make_inputs(case: Case, *, seed: int | None = None, device: str | torch.devi
     v = k[..., : case.d_v].clone() if case.mla else draw(case.B, case.H_kv, case.S_kv, case.d_v)
     grad_out = draw(case.B, case.H, case.S_q, case.d_v) if case.mode != "fwd" else None
     kv_lens = torch.as_tensor(kv_lengths(case), device=device, dtype=torch.int32) if case.padding else None
-    return AttentionInputs(q=q, k=k, v=v, kv_lens=kv_lens, grad_out=grad_out, sinks=draw_sinks(case, device))
+    inputs = AttentionInputs(q=q, k=k, v=v, kv_lens=kv_lens, grad_out=grad_out, sinks=draw_sinks(case, device))
+    fp8_names = ("q", "k", "v") if fp8 else ("k", "v") if case.kv_dtype else ()
+    if fp8_names:
+        from harness.attention.fp8 import quantize
+
+        inputs.descales = {}
+        for name in fp8_names:
+            tensor, inputs.descales[name] = quantize(getattr(inputs, name).float(), case.kv_dtype if name != "q" and case.kv_dtype else case.dtype)
+            setattr(inputs, name, tensor)
+    return inputs
 
