@@ -54,7 +54,7 @@ def test_each_run_added_twice_is_kept_once(db_target, tmp_path, capsys):
     assert [r["run_id"] for r in json.loads(as_json.out)] == ["run-a", "run-b"]
     with open_database(db_target) as db:
         runs, rows = db.runs_frame(), db.rows_frame()
-        assert list(runs.columns) == [*RUN_COLUMNS, "content_sha256"] and list(rows.columns) == list(ROW_COLUMNS)
+        assert list(runs.columns) == [*RUN_COLUMNS, "content_sha256"] and list(rows.columns) == [*ROW_COLUMNS, "kernel_mismatch"]
         assert len(rows) == 8 and len(db.rows_frame(["a" * 32])) == 4
         assert rows["latency_ms_median"].astype(float).tolist() == [2.0, 1.0, 2.0, 1.0] * 2
 
@@ -272,3 +272,15 @@ def test_the_real_h200_run(tmp_path, capsys):
         rows = db.rows_frame()
         assert len(rows) == 132 and (rows["status"] == "ok").sum() == 84
         assert json.loads(rows["record_json"].iloc[0])["sample_ms"]  # the raw samples are kept whole
+
+
+def test_a_flag_the_schema_has_no_column_for_is_read_from_the_stored_record():
+    """kernel_mismatch came after the table: rows_frame reads it from each record, so a trend or regress never trusts such a row."""
+    import json
+
+    import pandas as pd
+
+    from harness.history.database import with_every_flag
+
+    frame = pd.DataFrame({"record_json": [json.dumps({"kernel_mismatch": True}), json.dumps({}), None]})
+    assert with_every_flag(frame)["kernel_mismatch"].tolist() == [True, None, None]

@@ -1,11 +1,14 @@
-"""Which measured rows may decide an answer: a row timed while other work took the machine, or whose samples spread
-too widely, is shown but never decides a winner, a recommendation, a comparison's verdict or its gate.
+"""Which measured rows may decide an answer: a row timed while other work took the machine, whose samples spread
+too widely, or that ran another kernel than its backend claims, is shown but never decides a winner, a recommendation,
+a comparison's verdict or its gate.
 
 Two flags are set while a row is timed: `contended` (harness.measure.contention: the process's threads waited for
 a CPU, were preempted, or another process ran on the GPU, during the samples) and `suspect`
 (harness.measure.stats: the IQR is at least a quarter of the median). The same (case, backend) measured 6.75 ms
 quiet and 11 to 17 ms contended: a median taken while another process ran measures that process as much as the
-backend. Every table that chooses says how many rows it left out and why (`LeftOut`).
+backend. A third, `kernel_mismatch`, is set by the kernel proof (harness.execution.kernel_proof): the profiler did
+not show the kernel the backend claims for the case (an FP8 row that ran a bf16 GEMM measured the bf16 path).
+Every table that chooses says how many rows it left out and why (`LeftOut`).
 """
 
 from __future__ import annotations
@@ -64,12 +67,21 @@ class LeftOut:
             return ""
         reasons = "; ".join(f"{n} {name} ({UNTRUSTED_FLAGS[name]})" for name, n in self.counts.items() if n)
         noun = "row" if self.rows == 1 else "rows"
-        return (f"{self.rows} measured {noun} left out of {what}: {reasons}. Re-measure them on a quiet machine "
-                "(each row's repro, or the run again) before reading them as a backend's speed")
+        advice = []
+        if any(n for name, n in self.counts.items() if name != "kernel_mismatch"):
+            advice.append("Re-measure them on a quiet machine (each row's repro, or the run again) "
+                          "before reading them as a backend's speed")
+        if self.counts.get("kernel_mismatch"):  # no quiet machine fixes a row that ran another kernel than it claims
+            advice.append("A kernel_mismatch row ran another path than its backend claims: fix the path (or the claim) and run it again")
+        return f"{self.rows} measured {noun} left out of {what}: {reasons}. " + ". ".join(advice)
 
     def to_dict(self) -> dict:
         """The JSON form (`--json` outputs)."""
         return {"rows": self.rows, "by_flag": dict(self.counts), "pairs": [list(p) for p in self.pairs]}
+
+
+#: The flags `LeftOut.counts` (and `--json`'s by_flag) carry even at 0, as they always have; a later flag only where set.
+_ALWAYS_COUNTED = ("contended", "suspect")
 
 
 def left_out(frame: pd.DataFrame) -> LeftOut:
@@ -78,7 +90,7 @@ def left_out(frame: pd.DataFrame) -> LeftOut:
     if not mask.any():
         return LeftOut()
     flagged = frame[mask]
-    counts = {name: int(_flag(flagged, name).sum()) for name in UNTRUSTED_FLAGS}
+    counts = {name: n for name in UNTRUSTED_FLAGS if (n := int(_flag(flagged, name).sum())) or name in _ALWAYS_COUNTED}
     case = flagged["case"] if "case" in flagged.columns else flagged["case_id"]
     return LeftOut(counts, int(mask.sum()), tuple(zip(case.astype(str), flagged["backend"].astype(str))))
 

@@ -87,6 +87,11 @@ class FlashinferMlaBackend(Backend):
     native_gqa = True
     supports_backward = False
     layouts = frozenset({"paged"})
+    #: One of the kernels an MLA row must show (harness.backends.kernel_claims), by the backend "auto" plans: fa2's
+    #: `flashinfer::mla::BatchMLAPagedAttentionKernel` (mla.cuh), fa3's `…::hopper::BatchMLAPageAttentionHopperKernel`
+    #: (mla_hopper.cuh, SM90), trtllm-gen's `fmhaSm100…HQk576HV512…` (SM100). The cute-dsl, cutlass and xqa backends'
+    #: kernel names are not known here: a row planned onto one reads kernel_mismatch until its name is added. Unverified on a GPU.
+    mla_kernels = ("BatchMLAPagedAttentionKernel", "BatchMLAPageAttentionHopperKernel", "HQk576HV512")
 
     def version(self) -> str:
         """The installed FlashInfer version."""

@@ -92,6 +92,9 @@ class FlashmlaBackend(Backend):
     native_gqa = True
     supports_backward = False
     layouts = frozenset({"paged"})
+    #: The kernel an MLA row must show in the profiler (harness.backends.kernel_claims): FlashMLA's own benchmark times it by
+    #: this name (tests/test_flash_mla_dense_decoding.py: `get_kernel_time("flash_fwd_splitkv_mla_kernel")`); unverified on a GPU here.
+    mla_kernels = ("flash_fwd_splitkv_mla",)
 
     def version(self) -> str:
         """The installed FlashMLA version (its distribution's, else the module's, else unknown)."""

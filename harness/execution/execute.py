@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -31,7 +30,8 @@ from harness.execution.outcome import PairOutcome, to_record
 from harness.execution.resources import PairResources
 from harness.attention.reference import ReferenceCache
 from harness.errors import one_line
-from harness.execution.failures import STICKY_PREFIX, is_oom, is_sticky_cuda_error
+from harness.execution.failures import STICKY_PREFIX, described, is_oom, is_sticky_cuda_error
+from harness.execution.kernel_proof import prove_kernels
 from harness.execution.shared_inputs import InputsCache, modified_inputs
 from harness.results.vocabulary import STOP_FIRST_CALL
 from harness.execution.verdict import TIMED_CALLS, UNTIMED_CALLS, agreement_of, both_calls
@@ -149,13 +149,7 @@ def _failure(exc: BaseException) -> PairOutcome:
         return PairOutcome(Status.OOM, " ".join(str(exc).split())[:300])
     if is_sticky_cuda_error(exc):
         return PairOutcome(Status.CRASHED, STICKY_PREFIX + " ".join(str(exc).split())[:300])
-    return PairOutcome(Status.ERROR, _described(exc))
-
-
-def _described(exc: BaseException) -> str:
-    """The exception on one line with the file and line it was raised at."""
-    where = traceback.extract_tb(exc.__traceback__)[-1]
-    return f"{one_line(exc)} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
+    return PairOutcome(Status.ERROR, described(exc))
 
 
 def _release_memory(device: str) -> None:
@@ -261,7 +255,7 @@ def _profile_phase(case: Case, backend: Backend, step: Callable[[], Any], phases
     except Exception as exc:  # noqa: BLE001 - the profile is diagnosis; the measured row stands without it
         if is_sticky_cuda_error(exc):
             raise
-        outcome.notes = {**outcome.notes, "profile_failed": _described(exc)}
+        outcome.notes = {**outcome.notes, "profile_failed": described(exc)}
 
 
 def _weights_problems(case: Case, backend: Backend) -> list[str]:
@@ -321,6 +315,8 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
                 agreement = both_calls(first, agreement, calls)
             if case.deterministic and outcome.bitwise_repeatable is False:  # the claim measured, and failed
                 agreement = agreement.disagreeing(NOT_REPEATABLE)
+            if phases.check:  # the backend's kernel claim, proved by one untimed profiled call of the plain step (kernel_proof)
+                prove_kernels(case, backend, build_step(case, prepared, inputs) if phases.timer == "graph" else step, outcome)
         if phases.time and phases.energy:
             with watch("energy"):
                 outcome.energy = pair_energy(step, case.device, outcome.measurement.stats.median,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import traceback
+
 import torch
 
+from harness.errors import one_line
 from harness.results.record import Record, Status
 
 
@@ -27,6 +30,12 @@ def is_sticky_cuda_error(exc: BaseException) -> bool:
     """True for an error after which no later CUDA call in this process can succeed (the worker must exit)."""
     text = str(exc).lower()
     return "cuda" in text and any(marker in text for marker in STICKY_CUDA_ERRORS)
+
+
+def described(exc: BaseException) -> str:
+    """The exception on one line with the file and line it was raised at."""
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{one_line(exc)} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})"
 
 
 def poisons_process(record: Record) -> bool:

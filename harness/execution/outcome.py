@@ -43,6 +43,10 @@ class PairOutcome:
     notes: dict[str, Any] = field(default_factory=dict)
     #: Whether the check's two consecutive calls gave bitwise-equal results (None: no two checked calls).
     bitwise_repeatable: bool | None = None
+    #: What one untimed profiled call ran, for a backend that claims a kernel for the case (harness.execution.kernel_proof):
+    #: the `kernels` column, and why the trace does not meet the claim (None: met, or nothing claimed).
+    kernels: str | None = None
+    kernel_mismatch: str | None = None
     #: Host seconds of each phase that ran (PHASE_NAMES), and of the whole pair ("pair", clean-up included).
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -108,6 +112,9 @@ def to_record(case: Case, backend: Backend, outcome: PairOutcome, run_id: str = 
         for name, value in outcome.profile.record_columns(median_s).items():
             setattr(record, name, value)
         record.profile_trace = outcome.profile.trace_path
+    if outcome.kernels is not None:  # the claim was proved or refuted: a flag either way (None: no claim, or no proof)
+        record.kernels, record.kernel_mismatch_reason = outcome.kernels, outcome.kernel_mismatch
+        record.kernel_mismatch = outcome.kernel_mismatch is not None
     if outcome.peak is not None:
         record.peak_mem_bytes, record.peak_reserved_bytes, record.memory_method = outcome.peak.peak_bytes, outcome.peak.reserved_bytes, outcome.peak.method
     return record

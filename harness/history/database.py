@@ -186,7 +186,8 @@ class Database:
             query = query.where(ROWS.c.run_uuid.in_(list(run_uuids)))
         with self.transaction() as conn:
             result = conn.execute(query).all()
-        return pd.DataFrame([tuple(r) for r in result], columns=list(ROW_COLUMNS))
+        frame = pd.DataFrame([tuple(r) for r in result], columns=list(ROW_COLUMNS))
+        return with_every_flag(frame)
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -258,3 +259,16 @@ def open_database(target: str | Path | None, *, create: bool = True) -> Database
         db.close()
         raise
     return db
+
+
+def with_every_flag(frame):
+    """`frame` with a column for each untrusted flag the record vocabulary names, read from each row's whole record where the
+    table has none (a flag added after the schema, such as kernel_mismatch): a trend or a gate never trusts a row it flags."""
+    import json
+
+    from harness.results.vocabulary import UNTRUSTED_FLAGS
+
+    for name in UNTRUSTED_FLAGS:
+        if name not in frame.columns:
+            frame[name] = [json.loads(text).get(name) if isinstance(text, str) else None for text in frame["record_json"]]
+    return frame

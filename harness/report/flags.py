@@ -1,6 +1,7 @@
-"""The report's Sample flags section: the measured rows whose samples the harness itself distrusts, and why.
+"""The report's Sample flags section: the measured rows whose samples (or kernels) the harness itself distrusts, and why.
 
-Two flags keep a row from deciding anything (harness.analysis.trust): `contended` and `suspect`. Four more are
+Three flags keep a row from deciding anything (harness.analysis.trust): `contended`, `suspect` and `kernel_mismatch`
+(the kernel proof: the profiler did not show the kernel the backend claims, with the reason). Four more are
 set while a row is timed (harness.measure.timing): `too_short`, a sample so short that
 the clock's tick is more than 1 % of it; `launch_leaked`, CUDA samples that may hold the host's launch
 time; `drifted`, samples that moved while they were taken; and `stopped_by = call_exceeds_budget`,
@@ -43,9 +44,20 @@ _LEFT_OUT = ("the row is shown, and left out of every winner, recommendation, sp
 #: The evidence each untrusted flag is read from, in the record's columns.
 _EVIDENCE = {"contended": " (run_queue_wait_ratio, involuntary_switches; gpu_other_processes on a GPU)", "suspect": " (iqr_ratio)"}
 FLAG_WORDS.update({name: f"{why}{_EVIDENCE.get(name, '')}: {_LEFT_OUT}" for name, why in UNTRUSTED_FLAGS.items()})
+#: What the kernel proof is, said in the section: a quiet machine does not fix a row that ran another kernel.
+FLAG_WORDS["kernel_mismatch"] = (
+    "a backend may claim the kernels a case must run: FP8 cases (dtype or kv_dtype fp8_e4m3/fp8_e5m2) an FP8 kernel or "
+    "operator (eager-fp8: aten::_scaled_mm), MLA cases an MLA kernel (flashmla: flash_fwd_splitkv_mla_kernel). For such a "
+    "pair one untimed call runs under torch.profiler after the check, and the row lists what ran (kernels: CUDA kernels, "
+    "or operators on a CPU). The row is kernel_mismatch when no traced name holds a claimed one, or when an FP8 claim's "
+    "trace holds a GEMM on bf16, fp16 or fp32 operands that no claimed operator called (the dequantize-then-GEMM "
+    "fallback, told by the operand dtypes the profiler records); kernel_mismatch_reason says which. Such a row measured "
+    "another path than it claims: it is shown, and left out of every winner, recommendation, speed-up, fit, crossover and "
+    "comparison verdict (harness.analysis.trust). Fix the path, or the claim, and run it again.")
 #: The columns of the flagged rows' table and CSV.
-FLAG_COLUMNS = ["case_id", "backend", "contended", "suspect", "too_short", "launch_leaked", "drifted", "drift_pct", "stopped_by",
-                "latency_ms_min", "latency_ms_median", "samples", "clock_resolution_s", "run_id"]
+FLAG_COLUMNS = ["case_id", "backend", "contended", "suspect", "kernel_mismatch", "kernel_mismatch_reason",
+                "too_short", "launch_leaked", "drifted", "drift_pct", "stopped_by", "latency_ms_min", "latency_ms_median", "samples",
+                "clock_resolution_s", "run_id"]
 
 
 def _flags(ok: pd.DataFrame) -> dict[str, pd.Series]:
@@ -76,7 +88,8 @@ def flag_summary(frame: pd.DataFrame) -> str | None:
         return None
     measured = int((frame["status"] == "ok").sum())
     counts = {name: int(flag.sum()) for name, flag in _flags(rows).items()}
-    words = {"contended": "contended", "suspect": "suspect", "too_short": "too short for the clock's tick",
+    words = {"contended": "contended", "suspect": "suspect", "kernel_mismatch": "not running the kernel they claim",
+             "too_short": "too short for the clock's tick",
              "launch_leaked": "with launch-leaked samples", "drifted": "drifting while measured",
              "call_exceeds_budget": "with fewer samples than the minimum"}
     listed = ", ".join(f"{counts[name]} {text}" for name, text in words.items() if counts[name])
@@ -125,7 +138,7 @@ def flags_section(frame: pd.DataFrame, envs: Mapping[str, Mapping[str, Any]] | N
     else:
         body.append(f"<p>{len(rows)} of {measured} measured rows carry a flag:</p>")
         body.append(Csv(rows, "sample_flags.csv"))
-        headers = ["case", "backend", "contended", "suspect", "too short", "launch-leaked samples", "drifted", "drift (%)", "stopped by",
-                   "min (ms)", "median (ms)", "samples", "tick (s)", "run"]
+        headers = ["case", "backend", "contended", "suspect", "kernel mismatch", "why (kernels)", "too short", "launch-leaked samples",
+                   "drifted", "drift (%)", "stopped by", "min (ms)", "median (ms)", "samples", "tick (s)", "run"]
         body.append(Table(rows, headers=headers))
     return Section("flags", "Sample flags", body, nav="Flags")

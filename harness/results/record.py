@@ -130,6 +130,13 @@ class Record:
     profile_ms_fused_attention: float | None = None
     profile_ms_other: float | None = None
     profile_trace: str | None = None
+    #: For a backend that claims a kernel for the case (FP8, MLA: harness.backends.kernel_claims), from one untimed
+    #: profiled call after the check: the distinct kernels (CUDA) or operators (CPU) that ran, the claimed ones first,
+    #: ';'-joined and capped; `kernel_mismatch`, whether the trace failed the claim (the row then decides nothing: it
+    #: measured another path than it claims), and why, in one line. None: no claim, or no proof.
+    kernels: str | None = None
+    kernel_mismatch: bool | None = None
+    kernel_mismatch_reason: str | None = None
     #: Host seconds the pair spent in each phase of the executor, and in all of it (clean-up included):
     #: what the sweep's wall time went to, beside the timed samples themselves.
     time_inputs_s: float | None = None

@@ -83,4 +83,6 @@ def throttle_words(mask: int) -> str:
 UNTRUSTED_FLAGS = {
     "contended": "another process took the CPU or the GPU during its samples",
     "suspect": "its samples spread too widely: an IQR at least 25 % of the median",
+    "kernel_mismatch": "the profiler did not show the kernel its backend claims for the case (an FP8 row that ran a bf16 GEMM): "
+                       "it measured another path",
 }
