@@ -130,6 +130,8 @@ class Backend:
     #: dequantize-then-bf16 path called FP8. `kv_dtypes`: the FP8 KV-cache formats it reads beside fp16/bf16 queries.
     dtypes: ClassVar[frozenset[str]] = frozenset({"fp64", "fp32", "fp16", "bf16"})
     kv_dtypes: ClassVar[frozenset[str]] = frozenset()
+    #: Why a dtype (an FP8 one) is refused, where the library has such kernels but the adapter does not reach them.
+    dtype_reasons: ClassVar[dict[str, str]] = {}
     #: The batch layouts (harness.suite.ragged) `prepare` accepts: "dense" (today's rectangle), "padded"
     #: (a ragged batch padded to its longest sequence and masked), "packed" (tokens concatenated with
     #: cumulative offsets) and "paged" (the KV cache in scattered fixed-size pages behind a block table).
@@ -194,12 +196,14 @@ def variant_refusal(backend: Backend, case: Case) -> str | None:
 def dtype_refusal(backend: Backend, case: Case) -> str | None:
     """Why `backend` cannot compute in the case's dtype or read its FP8 KV cache, or None."""
     if case.dtype not in backend.dtypes:
+        if case.dtype in backend.dtype_reasons:
+            return f"{backend.name} does not compute {case.dtype} here ({backend.dtype_reasons[case.dtype]})"
         kind = "FP8 kernel" if case.dtype.startswith("fp8") else f"{case.dtype} kernel"
         return f"{backend.name} has no {kind} (it computes in {', '.join(sorted(backend.dtypes))})"
     if case.kv_dtype is not None and case.mode != "fwd":
         return f"an FP8 KV cache ({case.kv_dtype}) is read by inference, never differentiated: it has no {case.mode} pass"
     if case.kv_dtype is not None and case.kv_dtype not in backend.kv_dtypes:
-        return f"{backend.name} does not read an FP8 KV cache ({case.kv_dtype}); it reads K and V in the queries' dtype"
+        return f"{backend.name}'s adapter does not read an FP8 KV cache ({case.kv_dtype}): it hands K and V over in the queries' dtype"
     return None
 
 

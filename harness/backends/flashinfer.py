@@ -234,6 +234,8 @@ class FlashinferBackend(Backend):
     deterministic_reason = "FlashInfer's wrappers are forward only: there is no backward to make deterministic"
     layouts = frozenset({"dense", "packed", "paged"})
     score_variants, variant_reasons = SCORE_VARIANTS, VARIANT_REASONS
+    dtype_reasons = dict.fromkeys(("fp8_e4m3", "fp8_e5m2"), "FlashInfer has FP8 prefill and decode (e4m3/e5m2 q and KV data types with "
+                                  "their scales at run()), which this adapter does not pass yet")
 
     def version(self) -> str:
         """The installed FlashInfer version."""

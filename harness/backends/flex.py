@@ -156,6 +156,8 @@ class FlexBackend(Backend):
     deterministic_backward = True
     #: Packed documents under the document mask: the `[1, H, T, d]` copies are the leaves (CUDA only: no CPU backward).
     ragged_backward = frozenset({"packed"})
+    dtype_reasons = dict.fromkeys(("fp8_e4m3", "fp8_e5m2"), "flex_attention takes FP8 Q, K, V on CUDA sm89-sm100 (it lays them out for "
+                                  "FP8 GEMMs) but no per-tensor descales, only one scale: not adapted")
     score_variants = FLEX_VARIANTS
 
     def available(self) -> str | None:

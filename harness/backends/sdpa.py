@@ -155,6 +155,9 @@ class _SdpaBase(Backend):
     layouts = frozenset({"dense", "padded", "packed", "paged"})
     #: Training batches: the padded rectangle's leaves, or the packed rows through nested jagged tensors or the request loop.
     ragged_backward = frozenset({"padded", "packed"})
+    dtype_reasons = dict.fromkeys(("fp8_e4m3", "fp8_e5m2"), "scaled_dot_product_attention takes no descales, so FP8 inputs cannot carry "
+                                  "their scales through it (on the CPU torch raises NotImplementedError for Float8); cuDNN's FP8 attention "
+                                  "is not reached through it here")
     #: The forced kernel (`torch.nn.attention.SDPBackend` member name), or None for torch's choice.
     kernel: str | None = None
     #: Whether torch may refuse the kernel for a case, so that `prepare` must probe it (one untimed call).
