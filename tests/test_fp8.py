@@ -18,6 +18,7 @@ from harness.errors import UserError
 from harness.suite.cases import Case, parse_case_id
 from harness.suite.inputs import make_inputs
 from tests.flash_attn_sources import real_signature
+from tests.flashinfer_sources import needs_source
 
 
 def _case(**fields) -> Case:
@@ -119,3 +120,24 @@ def test_flash_attn3_fp8_call_binds_the_descales_to_the_real_signature():
     assert FlashAttn3Backend().supports(cuda) is None  # e4m3 forward: FA3's FP8 path
     assert "has no FP8 kernel" in FlashAttn3Backend().supports(cuda.replace(dtype="fp8_e5m2"))  # FA3 takes e4m3 only
     assert "no bwd FP8" in FlashAttn3Backend().supports(cuda.replace(mode="bwd"))
+
+
+@needs_source
+def test_flashinfer_fp8_kv_decode_plans_the_cache_format_and_binds_its_scales_to_the_real_wrapper(monkeypatch):
+    """FlashInfer's paged decode reads an FP8 cache: kv_data_type at plan(), k_scale and v_scale at run(), bound to its real source."""
+    from harness.backends import flashinfer as fi
+    from tests.flashinfer_sources import bind, prepared_calls
+
+    case = _case(dtype="bf16", kv_dtype="fp8_e4m3", S_q=1, S_kv=32, causal=True)
+    inputs = make_inputs(case)
+    log, prepared = prepared_calls(monkeypatch, case, inputs)
+    (_, _, _, plan), (_, _, run_args, run) = log[1], log[3]
+    assert log[0][0] == fi.PAGED_DECODE and plan["kv_data_type"] == torch.float8_e4m3fn and plan["q_data_type"] == torch.bfloat16
+    assert run == {"k_scale": float(inputs.descales["k"]), "v_scale": float(inputs.descales["v"])}
+    assert run_args[1][0].dtype == torch.float8_e4m3fn  # the pages handed over are the FP8 cache itself
+    for wrapper, method, args, kwargs in log:
+        bind(wrapper, method, args, kwargs)
+    assert "k_scale" in prepared.notes["kv_cache"]
+    prefill = _case(dtype="bf16", kv_dtype="fp8_e4m3", S_q=4, S_kv=32, causal=True)
+    with pytest.raises(Exception, match="paged decode only"):
+        prepared_calls(monkeypatch, prefill, make_inputs(prefill))

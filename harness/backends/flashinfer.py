@@ -77,6 +77,8 @@ class FlashinferCall:
     init_args: dict[str, Any] = field(default_factory=dict)
     #: What the row records about the call (the decode kernel, the page size).
     notes: dict[str, Any] = field(default_factory=dict)
+    #: `run()`'s keyword arguments: an FP8 KV cache's `k_scale` and `v_scale` (its descales, as floats).
+    run_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def host_indptr(lengths: Sequence[int]) -> torch.Tensor:
@@ -168,6 +170,14 @@ def flashinfer_dense_call(case: Case, inputs: AttentionInputs) -> FlashinferCall
     call.to_checked = lambda out: out.reshape(case.B, case.S_q, case.H, out.shape[-1]).transpose(1, 2)
     if call.wrapper == PAGED_DECODE:
         call.notes["kv_view"] = f"the contiguous cache viewed as {call.plan_args['page_size']}-token pages (no copy)"
+    if case.kv_dtype is not None:
+        if call.wrapper != PAGED_DECODE:
+            raise Unsupported(f"flashinfer reads an FP8 KV cache here in its paged decode only (one query, no window, d_k = d_v); "
+                              f"this case plans {call.wrapper}")
+        # The cache is planned in its FP8 format beside the queries' dtype; run() takes the descales as k_scale and v_scale.
+        call.plan_args["kv_data_type"] = torch_dtype(case.kv_dtype)
+        call.run_kwargs = {"k_scale": float(inputs.descales["k"]), "v_scale": float(inputs.descales["v"])}
+        call.notes["kv_cache"] = f"{case.kv_dtype}, k_scale and v_scale at run()"
     return call
 
 
@@ -234,8 +244,12 @@ class FlashinferBackend(Backend):
     deterministic_reason = "FlashInfer's wrappers are forward only: there is no backward to make deterministic"
     layouts = frozenset({"dense", "packed", "paged"})
     score_variants, variant_reasons = SCORE_VARIANTS, VARIANT_REASONS
-    dtype_reasons = dict.fromkeys(("fp8_e4m3", "fp8_e5m2"), "FlashInfer has FP8 prefill and decode (e4m3/e5m2 q and KV data types with "
-                                  "their scales at run()), which this adapter does not pass yet")
+    dtype_reasons = dict.fromkeys(("fp8_e4m3", "fp8_e5m2"), "FlashInfer has FP8 prefill (e4m3/e5m2 q data types with their scales at run()), "
+                                  "which this adapter does not pass yet; its FP8 KV-cache decode it does (kv_dtype)")
+    #: An FP8 KV cache beside fp16/bf16 queries, in the paged decode wrapper (kv_data_type at plan(), k_scale/v_scale at run()).
+    kv_dtypes = frozenset({"fp8_e4m3", "fp8_e5m2"})
+    #: What an FP8-cache row's trace must show: FlashInfer's decode kernels are templated on the cache's __nv_fp8 type (unverified).
+    fp8_kernels = ("fp8", "e4m3", "e5m2")
 
     def version(self) -> str:
         """The installed FlashInfer version."""
@@ -273,10 +287,10 @@ class FlashinferBackend(Backend):
         # compile time, kept apart; the second is the per-step plan a server pays, the row's plan_ms.
         _, first_s = timed_setup(lambda: wrapper.plan(**call.plan_args), device)
         _, plan_s = timed_setup(lambda: wrapper.plan(**call.plan_args), device)
-        run_args = call.run_args
+        run_args, run_kwargs = call.run_args, call.run_kwargs
 
         def fn() -> torch.Tensor:
-            return wrapper.run(*run_args)
+            return wrapper.run(*run_args, **run_kwargs)
 
         built_with = ", ".join(f"{key}={value}" for key, value in call.init_args.items())
         notes = {"kernel": f"flashinfer.{call.wrapper}" + (f"({built_with})" if built_with else ""), "kv_layout": "NHD", **call.notes}
