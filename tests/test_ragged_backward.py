@@ -182,3 +182,9 @@ def test_check_of_the_train_suite_on_the_cpu_agrees_on_its_packed_and_padded_doc
     verdicts = {(r["backend"], r["verdict"]) for r in rows}
     assert verdicts == {("naive", "agree"), ("sdpa", "agree"), ("sdpa-math", "agree"), ("flex", "unsupported")}, verdicts
     assert any("packed" in r["case_id"] for r in rows) and any("padded" in r["case_id"] for r in rows)
+
+
+@pytest.mark.parametrize("variant", [{"softcap": 30.0}, {"sinks": True}, {"alibi": True}, {"scale": 0.0625}], ids=str)
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_naive_differentiates_each_score_variant_over_a_training_batch(variant, layout, one_thread):
+    assert check_pair(_case(layout, "fwd_bwd", **variant), NaiveBackend()).verdict == "agree"
