@@ -161,9 +161,9 @@ else
     if [ "$PURPOSE" = test ]; then
         install_library_sources
     fi
-    NEEDED="torch, numpy, pandas, matplotlib, pytest, pytest_benchmark, pytest_timeout"
-    if "$VENV/bin/python" -c "import $NEEDED" >/dev/null 2>&1; then
-        echo "setup: torch, numpy, pandas, matplotlib, pytest, pytest-benchmark and pytest-timeout are installed: nothing to download"
+    # Every package NEEDS names, not a list of its own: one added to NEEDS (sqlalchemy, psycopg) reaches an existing VENV too.
+    if [ -z "$(missing_requirements)" ]; then
+        echo "setup: torch and every package $PURPOSE needs are installed: nothing to download"
     else
         pip_in_venv install --quiet -e ".[test]"
     fi
