@@ -252,24 +252,25 @@ class LeaksMaskAfterFirstCall(_Eager):
 class _OtherDtype(_Eager):
     """Returns its (right) output in another dtype than the case's: agreement in float64 alone would not see it."""
 
-    dtypes: dict[str, torch.dtype] = {}
+    #: What each case dtype is answered in (not `dtypes`: that is what a Backend declares it computes in).
+    returned_dtypes: dict[str, torch.dtype] = {}
 
     def wrong(self, case, inputs, call, out):
-        return out.to(self.dtypes.get(case.dtype, torch.float64))
+        return out.to(self.returned_dtypes.get(case.dtype, torch.float64))
 
 
 class UpcastsToFloat32(_OtherDtype):
     """bf16/fp16 cases answered in float32 (fp32 ones in float64)."""
 
     name = "wrong-dtype-fp32"
-    dtypes = {"bf16": torch.float32, "fp16": torch.float32}
+    returned_dtypes = {"bf16": torch.float32, "fp16": torch.float32}
 
 
 class AnswersFp16ForBf16(_OtherDtype):
     """bf16 cases answered in fp16 (more mantissa, so closer to the reference), fp32 in float64."""
 
     name = "wrong-dtype-fp16"
-    dtypes = {"bf16": torch.float16, "fp16": torch.float32}
+    returned_dtypes = {"bf16": torch.float16, "fp16": torch.float32}
 
 
 #: Backends the guard on inputs and `attnbench check`'s two calls and dtype rule must catch.
