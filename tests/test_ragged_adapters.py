@@ -184,7 +184,7 @@ def test_flashinfer_is_unavailable_here_with_a_reason_and_refuses_what_it_cannot
         assert reason and ("not installed" in reason or "needs CUDA" in reason)
     cuda = serving_case(device="cuda", dtype="bf16", layout="paged", page_size=16)
     assert backend.supports(cuda) is None
-    assert "fp16 and bf16" in backend.supports(cuda.replace(dtype="fp32"))
+    assert "no fp32 kernel (it computes in bf16, fp16)" in backend.supports(cuda.replace(dtype="fp32"))
     assert "no backward" in backend.supports(cuda.replace(mode="fwd_bwd"))
     assert "no CPU kernel" in backend.supports(cuda.replace(device="cpu"))
     assert "padded" in backend.supports(cuda.replace(layout="padded", page_size=None))

@@ -24,11 +24,13 @@ from harness.suite.inputs import AttentionInputs, visible_mask
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v_cols: torch.Tensor, descales: dict[str, torch.Tensor], mask: torch.Tensor | None,
                   scale: float, fmt: str) -> torch.Tensor:
-    """FP8 `[B, H, S_q, d_k]` queries over FP8 K `[B, H_kv, S_kv, d_k]` and V (column-major per head), out `[B, H, S_q, d_v]` in bf16."""
+    """FP8 `[B, H, S_q, d_k]` queries over FP8 K `[B, H_kv, S_kv, d_k]` and V (column-major per head), out `[B, H, S_q, d_v]` in bf16.
+
+    `descales` holds q's, k's and v's, and "p": P's, the unit scale (made in prepare)."""
     B, H, S_q, _ = q.shape
     H_kv, d_v = k.shape[1], v_cols.shape[-1]
     g = H // H_kv
-    one = torch.ones((), dtype=torch.float32, device=q.device)
+    one = descales["p"]
     out = torch.empty(B, H, S_q, d_v, dtype=FP8_OUTPUT_DTYPE, device=q.device)
     p_dtype = FP8_FORMATS[fmt]
     for b in range(B):
@@ -77,6 +79,7 @@ class EagerFp8Backend(Backend):
         q, k = inputs.q, inputs.k
         v_cols = inputs.v.transpose(-2, -1).contiguous().transpose(-2, -1)  # [.., S_kv, d_v] with column-major strides
         mask = visible_mask(case, device=q.device)
-        descales: dict[str, Any] = dict(inputs.descales or {})
+        # P needs no scale (its largest is 1): the unit descale made here, not in each timed call.
+        descales: dict[str, Any] = {**(inputs.descales or {}), "p": torch.ones((), dtype=torch.float32, device=q.device)}
         scale, fmt = case.softmax_scale, case.dtype
         return Prepared(fn=lambda: fp8_attention(q, k, v_cols, descales, mask, scale, fmt), notes={"gemm": "torch._scaled_mm"})

@@ -248,6 +248,7 @@ class FlashinferBackend(Backend):
                                   "which this adapter does not pass yet; its FP8 KV-cache decode it does (kv_dtype)")
     #: An FP8 KV cache beside fp16/bf16 queries, in the paged decode wrapper (kv_data_type at plan(), k_scale/v_scale at run()).
     kv_dtypes = frozenset({"fp8_e4m3", "fp8_e5m2"})
+    dtypes = frozenset({"fp16", "bf16"})
     #: What an FP8-cache row's trace must show: FlashInfer's decode kernels are templated on the cache's __nv_fp8 type (unverified).
     fp8_kernels = ("fp8", "e4m3", "e5m2")
 
@@ -264,8 +265,6 @@ class FlashinferBackend(Backend):
         reason = super().supports(case) or layout_refusal(self, case)
         if reason:
             return reason
-        if case.dtype not in ("fp16", "bf16"):
-            return f"flashinfer computes in fp16 and bf16 only (case is {case.dtype})"
         if case.mla:
             return "flashinfer's MLA kernels are the flashinfer-mla backend (BatchMLAPagedAttentionWrapper over a paged latent cache)"
         if case.padding:

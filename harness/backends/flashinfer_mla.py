@@ -87,6 +87,7 @@ class FlashinferMlaBackend(Backend):
     native_gqa = True
     supports_backward = False
     layouts = frozenset({"paged"})
+    dtypes = frozenset({"fp16", "bf16"})
     #: One of the kernels an MLA row must show (harness.backends.kernel_claims), by the backend "auto" plans: fa2's
     #: `flashinfer::mla::BatchMLAPagedAttentionKernel` (mla.cuh), fa3's `…::hopper::BatchMLAPageAttentionHopperKernel`
     #: (mla_hopper.cuh, SM90), trtllm-gen's `fmhaSm100…HQk576HV512…` (SM100). The cute-dsl, cutlass and xqa backends'
@@ -108,8 +109,6 @@ class FlashinferMlaBackend(Backend):
         reason = super().supports(case)
         if reason:
             return reason
-        if case.dtype not in ("fp16", "bf16"):
-            return f"flashinfer's MLA kernels compute in fp16 and bf16 only (case is {case.dtype})"
         widths = (case.d_v, case.d_k - case.d_v)
         if widths != LATENT_WIDTHS:
             return (f"flashinfer's MLA kernels are built for d_c={LATENT_WIDTHS[0]}, d_rope={LATENT_WIDTHS[1]} "

@@ -92,6 +92,7 @@ class FlashmlaBackend(Backend):
     native_gqa = True
     supports_backward = False
     layouts = frozenset({"paged"})
+    dtypes = frozenset({"bf16", "fp16"})  # its FP8 cache is another layout, not adapted
     #: The kernel an MLA row must show in the profiler (harness.backends.kernel_claims): FlashMLA's own benchmark times it by
     #: this name (tests/test_flash_mla_dense_decoding.py: `get_kernel_time("flash_fwd_splitkv_mla_kernel")`); unverified on a GPU here.
     mla_kernels = ("flash_fwd_splitkv_mla",)
@@ -126,8 +127,6 @@ class FlashmlaBackend(Backend):
             return reason
         if case.page_size != PAGE_SIZE:
             return f"flash_mla's paged KV cache has {PAGE_SIZE}-token pages only (case: page_size={case.page_size})"
-        if case.dtype not in ("bf16", "fp16"):
-            return f"flash_mla computes in bf16 and fp16 only (case is {case.dtype}; its FP8 cache is another layout)"
         if (case.d_k, case.d_v) != HEAD_DIMS:
             return (f"flash_mla is built for d_k={HEAD_DIMS[0]}, d_v={HEAD_DIMS[1]} (d_c 512 + d_rope 64); "
                     f"case: d_k={case.d_k}, d_v={case.d_v}")
