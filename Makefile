@@ -8,7 +8,7 @@ TEST_STAMP := $(VENV)/.attnbench-test-installed
 SUITE ?= auto
 ARGS ?=
 
-.PHONY: bench test gpu-check setup clean
+.PHONY: bench test test-fast gpu-check setup clean
 
 setup: $(STAMP)
 
@@ -26,9 +26,20 @@ $(TEST_STAMP): $(STAMP)
 	sh scripts/setup-env.sh "$(PYTHON)" "$(VENV)" test
 	touch $(TEST_STAMP)
 
-## test: the CPU test suite (what CI runs)
+# Tests run in parallel (pytest-xdist): more workers than cores, since many wait on worker processes of their own.
+# `--dist loadgroup` keeps each shared service's tests (a Ray head, a PostgreSQL server) on one worker.
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+# The inner loop leaves out every test marked for its cost (pyproject.toml lists the markers).
+FAST_TIER := not e2e and not slow and not compile and not ray and not postgres and not browser
+
+## test: the whole CPU test suite (what CI runs), in parallel; the 25 slowest tests are printed last
 test: $(TEST_STAMP)
-	$(VPY) -m pytest -q $(ARGS)
+	$(VPY) -m pytest -q $(PYTEST_PARALLEL) --durations=25 $(ARGS)
+
+## test-fast: the inner-loop tier (no end-to-end runs, compiles, services or browser), in parallel
+test-fast: $(TEST_STAMP)
+	$(VPY) -m pytest -q $(PYTEST_PARALLEL) -m "$(FAST_TIER)" $(ARGS)
 
 ## gpu-check: a short all-backend check on a CUDA box, with the python3 already there (no install)
 gpu-check:

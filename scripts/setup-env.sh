@@ -21,8 +21,8 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 # module:requirement, as pyproject.toml's dependencies (tests/test_setup_offline.py holds them equal).
 RUNTIME_NEEDS="numpy:numpy>=1.24 pandas:pandas>=2.0 matplotlib:matplotlib>=3.7 pytest:pytest>=7.4 pytest_benchmark:pytest-benchmark>=4.0 sqlalchemy:sqlalchemy>=2.0"
-# psycopg: the results database on PostgreSQL (`--db postgresql://…`), which the tests run against a real server.
-TEST_NEEDS="pytest_timeout:pytest-timeout>=2.1 psycopg:psycopg[binary]>=3.1"
+# pytest-xdist: `make test` runs in parallel. psycopg: the results database on PostgreSQL (`--db postgresql://…`), which the tests run against a real server.
+TEST_NEEDS="pytest_timeout:pytest-timeout>=2.1 xdist:pytest-xdist>=3.5 psycopg:psycopg[binary]>=3.1"
 
 case "$PURPOSE" in
     bench) NEEDS=$RUNTIME_NEEDS ;;

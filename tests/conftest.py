@@ -50,3 +50,23 @@ def pytest_runtest_makereport(item, call):
     if report.skipped and _in_ci() and item.path.name in LIBRARY_TESTS:
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, where make test installs what it reads: {report.longrepr}"
+
+
+#: Markers whose tests share something one machine holds once (a Ray head, a PostgreSQL server): under
+#: pytest-xdist's `--dist loadgroup` each group runs on one worker, so two never start side by side.
+SHARED_SERVICE_GROUPS = ("ray", "postgres")
+#: The fixtures that start such a service: a test that asks for one carries its marker whether or not it says so.
+SERVICE_FIXTURES = {"ray_cluster": "ray", "postgres_base": "postgres"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests that use a shared service's fixture, and put each in that service's xdist group (before xdist reads them)."""
+    for item in items:
+        for fixture, marker in SERVICE_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(getattr(pytest.mark, marker))
+        for group in SHARED_SERVICE_GROUPS:
+            if item.get_closest_marker(group) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break

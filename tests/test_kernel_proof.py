@@ -77,8 +77,30 @@ def test_a_backend_that_claims_scaled_mm_and_calls_it_on_float8_tensors_meets_it
     assert record.status.value == "ok" and traced == ["cpu"]
     assert record.kernel_mismatch is False and record.kernel_mismatch_reason is None
     assert record.kernels.split(";")[0] == "aten::_scaled_mm"  # the claimed operator first
-    # torch's CPU _scaled_mm multiplies in fp32 inside itself: a GEMM under the claimed operator is no fallback.
-    assert "aten::mm" in record.kernels
+
+
+def test_a_wide_gemm_inside_the_claimed_operator_is_no_fallback_and_one_beside_it_is():
+    # Some CPU builds of torch's _scaled_mm multiply in fp32 inside themselves (an aten::mm below it), others not:
+    # what the claim promises is that work *under* the claimed operator never counts against it.
+    from harness.profiling.kernel_trace import KernelTrace, TracedGemm
+
+    inside = TracedGemm("aten::mm", ("fp32",), ("aten::_scaled_mm", "ScaledMm.forward"))
+    beside = TracedGemm("aten::bmm", ("bf16",), ("naive.forward",))
+    claimed = matches_scaled_mm
+    trace = KernelTrace("cpu", ("aten::_scaled_mm", "aten::mm"), ("aten::_scaled_mm", "aten::mm"), (inside,), True)
+    assert trace.wide_gemms(claimed) == ()
+    claim = KernelClaim((("FP8", ("_scaled_mm",)),), no_wide_gemms=True)
+    assert mismatch(claim, trace.shown, trace.searched, trace.wide_gemms(claimed)) is None
+    both = KernelTrace("cpu", trace.shown + ("aten::bmm",), trace.operators + ("aten::bmm",), (inside, beside), True)
+    assert both.wide_gemms(claimed) == ("aten::bmm(bf16)",)
+    assert mismatch(claim, both.shown, both.searched, both.wide_gemms(claimed)).endswith("a bf16 GEMM ran: aten::bmm(bf16)")
+
+
+def matches_scaled_mm(name: str) -> bool:
+    """The claim's own matcher for the FP8 operator, as the executor applies it."""
+    from harness.backends.kernel_claims import matches
+
+    return matches(name, ("_scaled_mm",))
 
 
 def test_a_backend_without_a_claim_gets_no_profiled_call(runner, traced):
