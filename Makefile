@@ -30,16 +30,19 @@ $(TEST_STAMP): $(STAMP)
 # `--dist loadgroup` keeps each shared service's tests (a Ray head, a PostgreSQL server) on one worker.
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+# Bytecode is cached for the tests' hundreds of processes (each worker, each `attnbench` child): where the shell sets
+# PYTHONDONTWRITEBYTECODE, every one would compile harness/ and rewrite the tests' asserts again (8 s per collection).
+TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 # The inner loop leaves out every test marked for its cost (pyproject.toml lists the markers).
 FAST_TIER := not e2e and not slow and not compile and not ray and not postgres and not browser
 
 ## test: the whole CPU test suite (what CI runs), in parallel; the 25 slowest tests are printed last
 test: $(TEST_STAMP)
-	$(VPY) -m pytest -q $(PYTEST_PARALLEL) --durations=25 $(ARGS)
+	$(TEST_ENV) $(VPY) -m pytest -q $(PYTEST_PARALLEL) --durations=25 $(ARGS)
 
 ## test-fast: the inner-loop tier (no end-to-end runs, compiles, services or browser), in parallel
 test-fast: $(TEST_STAMP)
-	$(VPY) -m pytest -q $(PYTEST_PARALLEL) -m "$(FAST_TIER)" $(ARGS)
+	$(TEST_ENV) $(VPY) -m pytest -q $(PYTEST_PARALLEL) -m "$(FAST_TIER)" $(ARGS)
 
 ## gpu-check: a short all-backend check on a CUDA box, with the python3 already there (no install)
 gpu-check:

@@ -127,6 +127,7 @@ def test_roofline_columns_come_from_the_rows_run_peaks():
     assert row["bound"] == ("compute" if row["arithmetic_intensity"] >= 10 else "memory")
 
 
+@pytest.mark.slow
 def test_measured_peaks_are_positive_and_stored(tmp_path):
     path = write_peaks(tmp_path, "cpu", ["fp32"])
     peaks = json.loads(path.read_text())
@@ -151,6 +152,7 @@ def test_a_low_precision_ceiling_is_never_below_the_fp32_product_it_can_be_widen
     assert not row["impossible"] and 90 < row["pct_peak_flops"] < 92
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks how a failed CUDA measurement is recorded")
 def test_a_failed_cuda_peak_measurement_is_recorded_not_fatal(tmp_path):
     # On this CPU-only machine the CUDA child process fails; the run keeps a peaks.json that says why.

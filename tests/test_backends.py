@@ -135,6 +135,7 @@ def test_mha_layer_check_can_fail():
     assert prepared.check(wrong).agree is False
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("name", ["flex", "naive-compiled"])
 def test_compiled_backends_agree_and_record_compile_time(name):
     case = Case(B=2, S_q=16, S_kv=16, H=4, H_kv=2, d_k=16, d_v=16, causal=True, padding=True, seed=1)
@@ -142,6 +143,7 @@ def test_compiled_backends_agree_and_record_compile_time(name):
     assert record.compile_s is not None and record.compile_s >= 0
 
 
+@pytest.mark.compile
 def test_compiled_naive_backward_with_a_window():
     run_ok("naive-compiled", Case(B=1, S_q=8, S_kv=24, H=4, H_kv=2, d_k=16, d_v=16, window=5, mode="bwd"))
 
@@ -190,6 +192,7 @@ def test_gpu_check_says_no_cuda_and_exits_2(capsys):
     assert len(err) == 1 and "no CUDA device" in err[0]
 
 
+@pytest.mark.slow
 def test_gpu_check_on_cpu_prints_its_table_last(capsys):
     from harness.cli.main import main
 

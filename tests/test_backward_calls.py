@@ -60,6 +60,7 @@ def test_the_backends_with_a_backward_here_are_all_covered():
     assert EXPECTED <= set(_backward_backends())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", _backward_backends())
 def test_every_call_of_a_backward_step_gives_the_reference_gradients(name, fresh_inductor_cache, one_thread):
     backend = load_registry().get(name)

@@ -24,6 +24,7 @@ def finished_run(tmp_path_factory):
     return out / "done"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("extra, words", [
     (["--suite", "quick"], ["--suite/--model cannot change it"]),
     (["--force"], ["--force"]),
@@ -92,6 +93,7 @@ def _file_size_limit(limit_bytes: int):
     return apply
 
 
+@pytest.mark.e2e
 def test_a_full_disk_stops_the_run_in_one_line_and_leaves_it_resumable(tmp_path, capsys):
     suite = write_suite(tmp_path / "many.toml", ["naive", "sdpa"], [8, 16, 32, 64, 128, 256])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

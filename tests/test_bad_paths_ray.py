@@ -100,6 +100,7 @@ def _server(handle: Callable[[socket.socket], None] | None) -> Iterator[str]:
         listener.close()
 
 
+@pytest.mark.ray
 @needs_ray
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("handle, reason", [

@@ -158,6 +158,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "ATTNBENCH_BACKENDS": WRONG, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
+@pytest.mark.e2e
 def test_the_installed_command_exits_1_and_names_the_case(tiny):
     """The real process: exit status 1 and the failing case on stdout."""
     proc = attnbench(["check", "--suite", tiny, "--backends", "naive,wrong-gqa", "--only", "Hkv2-dk16-fp32-causal"], _env(), timeout_s=120)
@@ -166,6 +167,7 @@ def test_the_installed_command_exits_1_and_names_the_case(tiny):
     assert "[naive]" not in "\n".join(line for line in proc.stdout.splitlines() if line.startswith("FAILED"))
 
 
+@pytest.mark.e2e
 def test_agreement_module_turns_disagreements_into_pytest_failures(tiny):
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "suites" / "test_agreement.py"),

@@ -19,6 +19,7 @@ from harness.suite.cases import Case
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU machine's behaviour")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suite", ["train", "decode", "models"])
 def test_check_of_a_cuda_suite_on_a_cpu_checks_its_cpu_variant_and_errs_on_no_pair(suite):
     cpu_cases = _resolve_suite(suite, "cpu")[0].cases  # what `attnbench run --suite S` runs here

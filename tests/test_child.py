@@ -53,6 +53,7 @@ def test_the_gpu_check_job_refuses_in_one_line_without_cuda(capsys):
     assert_one_line_error(Ran(child.main(["gpu-check", "naive"]), *capsys.readouterr()), "no CUDA device is present", prefix=CHILD_ERROR)
 
 
+@pytest.mark.slow
 def test_the_stability_job_measures_in_a_fresh_process():
     done = run_child(child_command("stability", CASE_ID, "--device", "cpu", "--backend", "naive", "--measure-s", "0.02"), timeout_s=300)
     assert done.ok, done.describe()
@@ -67,6 +68,7 @@ def test_the_gpu_check_job_runs_one_backend_on_the_cpu(capsys):
     assert len(rows) == 8 and {r["backend"] for r in rows} == {"naive"} and {r["status"] for r in rows} == {"ok"}
 
 
+@pytest.mark.slow
 def test_the_cuda_peaks_are_measured_by_the_peaks_job_as_the_run_folder_builds_it(tmp_path, monkeypatch):
     started = []
 

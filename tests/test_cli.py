@@ -8,6 +8,7 @@ import pytest
 from tests.cli_runs import assert_one_line_error, attnbench, attnbench_in_process, write_suite
 
 
+@pytest.mark.e2e
 def test_backends_json_lists_availability():
     result = attnbench(["backends", "--json"], timeout_s=600)
     assert result.returncode == 0, result.stderr
@@ -49,6 +50,7 @@ def test_bad_suite_files_name_the_field(grid, message, tmp_path, capsys):
     assert_one_line_error(attnbench_in_process(["run", "--suite", suite, "--out", tmp_path / "out"], capsys), message)
 
 
+@pytest.mark.e2e
 def test_existing_run_folder_is_not_overwritten(tmp_path):
     suite = write_suite(tmp_path / "bad.toml", grid=GOOD, budget="")
     first = attnbench(["run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive"], timeout_s=600)
@@ -60,6 +62,7 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
     assert (tmp_path / "r" / "records.jsonl").read_bytes() == before
 
 
+@pytest.mark.e2e
 def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path):
     """`attnbench run --suite quick` restricted to a few pairs: folder, files, a row per pair."""
     result = attnbench(["run", "--suite", "quick", "--out", tmp_path, "--run-id", "q",

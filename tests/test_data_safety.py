@@ -174,6 +174,7 @@ def test_nothing_is_destroyed_or_written_outside(tmp_path, capsys, setup, words)
     assert {k: after.get(k) for k in before} == before
 
 
+@pytest.mark.slow
 def test_force_replaces_a_runs_own_folder_and_keeps_only_its_locks(tmp_path, capsys):
     """The other side of the table: a genuine run folder (even one of an older version, without the marker) is replaced."""
     run = make_run(tmp_path / "out" / "r1")

@@ -125,6 +125,7 @@ def _check(capsys, monkeypatch, tmp_path, backends: str, deterministic: str) -> 
     return code, json.loads(out)
 
 
+@pytest.mark.slow
 def test_naive_and_sdpa_math_agree_and_repeat_bitwise(capsys, monkeypatch, tmp_path):
     code, pairs = _check(capsys, monkeypatch, tmp_path, "naive,sdpa-math", "true")
     assert code == 0 and len(pairs) == 16

@@ -81,6 +81,7 @@ def test_flex_serves_packed_and_paged_forward_and_packed_backward_on_cuda():
     assert "padded" in flex.supports(serving_case(layout="padded"))
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("page_size", [None, 4], ids=["packed", "paged"])
 def test_compiled_flex_runs_a_ragged_batch_on_cpu_with_its_block_mask_as_the_plan(page_size, one_thread):
     inputs = ragged_batch([4, 1, 6], [9, 13, 6], causal=True, page_size=page_size, seed=4)
@@ -91,6 +92,7 @@ def test_compiled_flex_runs_a_ragged_batch_on_cpu_with_its_block_mask_as_the_pla
     assert agrees(prepared.to_bhsd(prepared.fn()), inputs)
 
 
+@pytest.mark.compile
 def test_compiled_bwd_leaves_donated_buffer_as_the_process_has_it_after_prepare_and_after_the_step(one_thread):
     from harness.backends.compiled import NaiveCompiledBackend
     from harness.execution.execute import build_step

@@ -70,6 +70,7 @@ def test_bytes_count_one_per_fp8_element_and_two_per_bf16_output():
     assert theory.touched_bytes(kv)["q"] == 2 * 1 * 4 * 32 * 2  # bf16 queries stay two bytes
 
 
+@pytest.mark.slow
 def test_the_fp8_suite_on_the_cpu_agrees_or_says_why_never_errs(one_thread):
     plan = plan_checks(suite="fp8", backends=None, device="cpu")
     results = run_checks(plan.pairs)

@@ -44,6 +44,7 @@ def frozen(run_dir: Path) -> dict[str, str]:
     return {entry["file"]: entry["sha256"] for entry in entries}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["edited", "deleted"])
 def test_a_repro_rebuilds_its_case_after_the_lengths_file_changed(tmp_path, capsys, change):
     run_dir, first = first_run(tmp_path, capsys)
@@ -63,6 +64,7 @@ def test_a_repro_rebuilds_its_case_after_the_lengths_file_changed(tmp_path, caps
     assert rows(tmp_path / "again" / "r2")[0]["case_id"] == row["case_id"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, words", [
     ("edited", ["has changed since the run", "sha256", "then", "now", "frozen copy batches/", "is missing"]),
     ("deleted", ["frozen copy batches/", "is missing", "is gone too"]),
@@ -84,6 +86,7 @@ def test_a_run_folder_whose_frozen_copy_is_gone_says_why_in_one_line(tmp_path, c
     assert not (tmp_path / "again" / "r2").exists()
 
 
+@pytest.mark.e2e
 def test_force_replaces_a_run_folder_holding_frozen_lengths_files(tmp_path, capsys):
     run_dir, _ = first_run(tmp_path, capsys)
     assert (run_dir / "batches").is_dir()

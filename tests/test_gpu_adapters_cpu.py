@@ -162,6 +162,7 @@ def test_gpu_check_holds_single_kernel_pairs_to_their_kernel_time():
     assert "1.016" in table and "timer 3.232x the kernel time on c2 after the 4.0 µs fixed overhead" in table
 
 
+@pytest.mark.slow
 def test_gpu_check_cpu_mode_shows_the_profiled_ratio(capsys):
     from harness.cli.main import main
 

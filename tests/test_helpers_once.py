@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 HELPERS = TESTS / "cli_runs.py"
 
@@ -43,6 +45,7 @@ def copies(folder: Path, helpers: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_module_of_the_tests_defines_its_own_copy_of_a_shared_helper():
     assert len(list(TESTS.glob("test_*.py"))) > 10  # the folder is read, not empty
     assert copies(TESTS, HELPERS) == []

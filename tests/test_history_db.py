@@ -39,6 +39,7 @@ def two_runs(tmp_path: Path, **second) -> tuple[Path, Path]:
             run_folder(tmp_path / "run-b", "b", "2026-11-02T10:00:00+00:00", **second))
 
 
+@pytest.mark.slow
 def test_each_run_added_twice_is_kept_once(db_target, tmp_path, capsys):
     """Two runs, each added twice: two runs listed, and the rows are the two runs' records."""
     a, b = two_runs(tmp_path)

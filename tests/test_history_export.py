@@ -101,12 +101,14 @@ def check_pytest_benchmark(run: Path, out: Path, capsys) -> None:
     assert set(shown) == set(exported)
 
 
+@pytest.mark.slow
 @needs_h200
 def test_h200_run_exports_to_pytest_benchmark_compare(h200_run, tmp_path, capsys):
     """84 ok H200 rows, each with 1,000 samples: compare shows each at its recorded median."""
     check_pytest_benchmark(h200_run, tmp_path / "h200.json", capsys)
 
 
+@pytest.mark.slow
 def test_cpu_run_exports_to_pytest_benchmark_compare(cpu_run, tmp_path, capsys):
     """A run made here by the CLI exports the same way."""
     check_pytest_benchmark(cpu_run, tmp_path / "cpu.json", capsys)

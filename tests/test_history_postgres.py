@@ -23,6 +23,7 @@ def test_an_unreachable_server_is_one_line(tmp_path, capsys, monkeypatch):
     assert "attnbench" in err
 
 
+@pytest.mark.e2e
 def test_a_plain_postgresql_url_uses_psycopg(postgres_base, tmp_path, capsys):  # noqa: F811
     """`postgresql://` (no driver named) is the same database through psycopg 3: a run added there is listed."""
     url = fresh_database(postgres_base)

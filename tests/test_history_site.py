@@ -31,6 +31,7 @@ def site(tmp_path_factory):
     return build_site(runs, rows, tmp / "out"), rows
 
 
+@pytest.mark.slow
 def test_site_holds_both_runs_trends_changes_winners_and_csvs(site):
     index, rows = site
     html = index.read_text()
@@ -60,6 +61,7 @@ def test_site_opens_in_chromium(site, tmp_path):
         assert not found["zero_width"]
 
 
+@pytest.mark.slow
 def test_contended_rows_are_no_change_and_a_bad_run_is_listed_without_a_link(tmp_path):
     first = _run(tmp_path / "run-a", 1.0, "a" * 32, "2026-11-01T00:00:00+00:00")
     second = _run(tmp_path / "run-b", 1.3, "b" * 32, "2026-11-02T00:00:00+00:00")

@@ -10,6 +10,7 @@ from harness.measure.memory import cpu_peak, cpu_peak_supported
 pytestmark = pytest.mark.skipif(cpu_peak_supported() is not None, reason=f"{cpu_peak_supported()}")
 
 
+@pytest.mark.slow
 def test_naive_peak_is_its_two_score_matrices():
     # At S = 2048 the two fp32 [B, H, S, S] tensors (scores, weights) are 256 MiB; Q·scale and
     # the output add 8 MiB (3 %), inside the ±10 % the model is held to.

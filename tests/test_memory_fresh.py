@@ -45,6 +45,7 @@ print(json.dumps({{"peak": measure_peak(fn, "cpu").peak_bytes, "output": nbytes}
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("S,calls", [(2048, 2), (256, 2), (256, 5)])
 def test_first_pair_of_a_fresh_process_sees_at_least_its_output(S, calls):
     # The issue's case read 0 (independently 4.9–5.4 MB; the output alone is 4,194,304 bytes): the
@@ -87,6 +88,7 @@ print(json.dumps({"before": before, "after": after, "peak": peak}))
 """
 
 
+@pytest.mark.slow
 def test_measuring_memory_leaves_glibcs_dynamic_mmap_threshold_as_it_was():
     # The old probe pinned M_MMAP_THRESHOLD to 128 KiB for good: the pairs timed after it ran under
     # another allocator (1.18–1.23× slower at S=256 for naive and projections).

@@ -70,6 +70,7 @@ def run_quick(tmp_path: Path, env: dict[str, str]) -> list[dict]:
     return rows(tmp_path / "results" / "r")
 
 
+@pytest.mark.slow
 def test_the_readme_plugin_loaded_through_the_variable_runs_ok_and_agrees(tmp_path):
     (tmp_path / "my_attention.py").write_text(readme_plugin())
     records = run_quick(tmp_path, user_env(tmp_path, "my_attention:MyAttention"))
@@ -79,6 +80,7 @@ def test_the_readme_plugin_loaded_through_the_variable_runs_ok_and_agrees(tmp_pa
         assert row["agree"] is True and row["max_abs_err"] is not None and row["samples"] >= 1, row
 
 
+@pytest.mark.e2e
 def test_the_readme_plugin_found_by_an_entry_point_and_the_variable_twice_is_one_backend(tmp_path):
     (tmp_path / "my_attention.py").write_text(readme_plugin())
     dist = tmp_path / "my_attention-0.1.dist-info"  # an installed distribution, as `pip install` leaves one

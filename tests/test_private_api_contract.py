@@ -152,6 +152,7 @@ def test_cuda_pairs_are_unsupported_with_the_reason_when_sleep_is_missing(monkey
 # -- torch._functorch.config.donated_buffer: never changed; compiled bwd steps compile their backward for retain_graph --
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("mode", ["bwd", "fwd_bwd"])
 def test_compiled_backward_pairs_leave_donated_buffer_as_they_found_it(mode, one_thread):
     # bwd differentiates one saved forward many times, which donated buffers forbid: its backward is

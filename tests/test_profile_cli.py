@@ -13,6 +13,7 @@ from tests.browser import browse, chromium
 CASE_ID = "B1-Sq512-Skv512-H8-Hkv8-dk64-fp32"
 
 
+@pytest.mark.slow
 def test_profile_lists_the_matmuls_and_the_softmax_against_the_median_and_writes_a_trace(tmp_path, capsys):
     assert main(["profile", CASE_ID, "--backend", "naive", "--out", str(tmp_path), "--steps", "3"]) == 0
     out = capsys.readouterr().out
@@ -48,6 +49,7 @@ def profiled_run(tmp_path_factory):
     return out / "p"
 
 
+@pytest.mark.slow
 def test_run_profile_fills_the_profile_columns_and_writes_a_trace_per_pair(profiled_run):
     rows = [json.loads(line) for line in (profiled_run / "records.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
@@ -74,6 +76,7 @@ def test_the_report_shows_the_profiling_section_in_chromium(profiled_run, tmp_pa
     assert "Where the time goes" in section and "<img" in section and "matmul" in section
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", [
     "B1-Sq128-Skv128-H8-Hkv2-dk64-fp32-causal",     # is_causal
     "B2-Sq16-Skv80-H4-Hkv2-dk32-fp32-causal",       # lower-right CausalBias
@@ -92,6 +95,7 @@ def test_sdpa_names_the_kernel_the_profiler_sees_it_run(case_id):
     assert record.notes["sdpa_kernel"] == ("FLASH_ATTENTION" if profiled_flash else "MATH"), (record.notes, record.profile_top_kernel)
 
 
+@pytest.mark.e2e
 def test_the_timer_a_user_chooses_is_named_in_every_row(tmp_path):
     from harness.results.record import Status
 

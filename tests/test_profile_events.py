@@ -358,6 +358,7 @@ def test_the_memory_peak_and_step_windows_cost_records_plus_steps_not_their_prod
 KINETO_LINE = re.compile(r"^(USDT|STAGE|INFO|VERBOSE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\.cpp:\d+\]", re.M)
 
 
+@pytest.mark.e2e
 def test_attnbench_profile_prints_none_of_kinetos_log_lines(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(

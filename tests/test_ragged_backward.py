@@ -171,6 +171,7 @@ def test_xformers_packed_backward_differentiates_the_packed_inputs(monkeypatch):
     assert agreement.agree, agreement
 
 
+@pytest.mark.compile
 def test_check_of_the_train_suite_on_the_cpu_agrees_on_its_packed_and_padded_documents(one_thread, capsys):
     from harness.cli.main import main
 

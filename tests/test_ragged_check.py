@@ -47,6 +47,7 @@ def test_the_mutation_set_is_all_here():
     assert {cls for cls, _ in MUTANTS} == set(wr.WRONG_RAGGED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phases", [RUN, CHECK_ONLY], ids=["run", "check"])
 @pytest.mark.parametrize("backend_cls, case", MUTANTS, ids=[cls.name for cls, _ in MUTANTS])
 def test_every_wrong_ragged_backend_disagrees_and_the_next_backend_still_agrees(backend_cls, case, phases, one_thread):

@@ -145,6 +145,7 @@ def test_a_windowed_batch_reads_nothing_back_either(registry, backend, layout, p
     assert check_ragged_forward(case, inputs, prepared.to_bhsd(step())).agree
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("layout, page_size", [("packed", None), ("paged", 4)])
 def test_compiled_flex_reads_nothing_back_in_its_timed_call(registry, layout, page_size, one_thread):
     case, inputs, prepared = _prepared(registry, "flex", "2x8 + 3x1@12", layout, page_size, causal=True)

@@ -33,6 +33,7 @@ from tests.cli_runs import PLUGIN, ROOT, attnbench, attnbench_in_process, cli_en
 # -- the sweep of the "done when": crash, hang, OOM (raised and real) among normal pairs ---------------------------
 
 
+@pytest.mark.e2e
 def test_sweep_survives_crash_hang_oom_and_sticky_error(tmp_path):
     # A plugin that raises at import sits in the same run: listed unavailable, its pairs unsupported.
     (tmp_path / "broken_plugin.py").write_text("raise ImportError('broken on purpose at import')\n")
@@ -78,6 +79,7 @@ def test_sweep_survives_crash_hang_oom_and_sticky_error(tmp_path):
 # -- kill -9 of the whole run, then --resume; two CPU workers sharing one run --------------------------------------
 
 
+@pytest.mark.e2e
 def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(ENV_VAR, PLUGIN)
     suite = write_suite(tmp_path / "slow.toml", ["t-slow"], [8, 16, 24, 40, 48, 56])
@@ -136,6 +138,7 @@ def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsy
     assert sum(ran.values()) <= 6 + 1  # at most the one pair cut short by the kill ran twice
 
 
+@pytest.mark.e2e
 def test_resume_drops_only_a_truncated_last_line_and_refuses_a_corrupt_file(tmp_path, capsys, monkeypatch):
     suite = write_suite(tmp_path / "three.toml", ["t-slow"], [8, 16, 24])
     env = cli_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0")
@@ -170,6 +173,7 @@ def test_resume_drops_only_a_truncated_last_line_and_refuses_a_corrupt_file(tmp_
     assert err.count("\n") == 1 and f"{corrupt_dir / 'records.jsonl'}:2" in err
 
 
+@pytest.mark.e2e
 def test_a_live_run_folder_is_neither_resumed_nor_overwritten(tmp_path, capsys):
     suite = write_suite(tmp_path / "one.toml", ["naive"], [8])
     run_dir = tmp_path / "busy"
@@ -366,6 +370,7 @@ def test_coefficient_of_variation_is_the_sample_stdev_over_the_mean():
     assert "coefficient of variation 14.14 %" in result.report()
 
 
+@pytest.mark.slow
 def test_stability_cli_measures_in_fresh_processes(tmp_path, monkeypatch, capsys):
     log = tmp_path / "executions.log"
     monkeypatch.setenv(ENV_VAR, PLUGIN)

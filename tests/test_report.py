@@ -51,6 +51,7 @@ def report(tmp_path_factory) -> Path:
     return build_report([run], out_root=root / "reports")
 
 
+@pytest.mark.slow
 def test_report_has_every_section_and_its_csvs(report):
     html = report.read_text()
     for anchor in SECTIONS:
@@ -118,6 +119,7 @@ def test_the_browser_probe_sees_a_broken_image(tmp_path):
 
 
 # -- end to end -------------------------------------------------------------------------------------
+@pytest.mark.e2e
 def test_run_with_report_ends_with_the_report_path(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     suite = ROOT / "suites" / "example.toml"
@@ -166,6 +168,7 @@ def test_a_thermal_slowdown_is_called_throttled_whatever_else_is_set():
     assert html.count('class="bad') == 1  # the idle GPU before the run is not
 
 
+@pytest.mark.slow
 def test_the_report_says_when_the_run_was_contended(tmp_path):
     quiet = [_records()[1]]
     busy = synthetic_record(Case(B=1, S_q=128, S_kv=128, H=8, H_kv=8, d_k=64, d_v=64), "sdpa-math", 8.0)
@@ -177,6 +180,7 @@ def test_the_report_says_when_the_run_was_contended(tmp_path):
     assert "contended" not in calm.read_text().split('<section id="choose">')[0]
 
 
+@pytest.mark.slow
 def test_rows_flagged_too_short_or_launch_leaked_are_listed_with_what_the_flags_mean(tmp_path):
     decode = Case(B=1, S_q=1, S_kv=4096, H=32, H_kv=8, d_k=128, d_v=128, dtype="bf16", device="cuda")
     short = synthetic_record(decode, "sdpa-flash", 0.004)
@@ -214,6 +218,7 @@ def test_the_run_time_section_counts_what_stopped_each_rows_sampling():
     assert sampling_summary(frame.drop(columns="stopped_by")) is None  # records from before the column: nothing claimed
 
 
+@pytest.mark.e2e
 def test_importing_and_drawing_the_report_leaves_matplotlibs_backend_and_rcparams_alone(tmp_path):
     # A fresh interpreter whose backend is set (svg, as a GUI program's would be): the report must draw on its own canvas.
     script = (
@@ -233,6 +238,7 @@ def test_importing_and_drawing_the_report_leaves_matplotlibs_backend_and_rcparam
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.e2e
 def test_the_report_reads_rows_without_importing_torch(tmp_path):
     """Reading rows needs no tensor library: `attnbench report` of a run that recorded its backends' capabilities leaves
     torch unimported (seconds of a report's CPU time; a run without them loads the registry, and torch with it)."""

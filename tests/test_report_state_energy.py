@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from harness import analysis
 from harness.report import build_report
@@ -50,6 +51,7 @@ def test_winners_by_energy_pick_the_most_frugal_agreeing_backend():
     assert analysis.winners(frame).set_index("S").loc[16384, "winner"] == "sdpa-cudnn"  # by time, unchanged
 
 
+@pytest.mark.slow
 def test_the_section_lists_throttled_rows_to_distrust_and_energy_winners_beside_time_winners(tmp_path):
     page = build_report([write_run(tmp_path / "results" / "gpu", _gpu_rows(), peaks=PEAKS, env=CUDA_ENV)], out_root=tmp_path / "reports")
     html = page.read_text()

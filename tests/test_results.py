@@ -26,6 +26,7 @@ def records():
     return [execute(CASE, registry.get(name), runner, run_id="r1") for name in ("naive", "sdpa", "sdpa-cudnn")]
 
 
+@pytest.mark.slow
 def test_every_record_has_every_column(records):
     for record in records:
         assert set(COLUMNS) <= set(record.to_dict())

@@ -42,6 +42,7 @@ def test_a_truncated_manifest_is_named_on_resume(tmp_path, capsys):
     assert err.count("\n") == 1 and "manifest.json: not valid JSON" in err
 
 
+@pytest.mark.e2e
 def test_a_run_records_what_its_backends_declare(tmp_path, capsys):
     suite = write_suite(tmp_path / "one.toml", ["naive", "sdpa-math", "projections"], [8])
     assert main(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "caps", "--quiet", "--no-check"]) == 0

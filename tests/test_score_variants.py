@@ -223,6 +223,7 @@ def test_a_wrong_variant_disagrees():
     assert check_pair(case(softcap=0.5), NoCap()).verdict == "disagree"
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("changes", [dict(softcap=2.5, causal=True), dict(alibi=True, causal=True, scale=0.3)])
 def test_flex_computes_softcap_and_alibi(changes):
     result = check_pair(case(S_q=16, S_kv=24, **changes), FlexBackend())
@@ -279,6 +280,7 @@ def test_other_ragged_layouts_with_alibi_and_sinks_agree_through_naive(layout):
         assert check_pair(c, NaiveBackend()).verdict == "agree", (layout, changes)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("layout", ["packed", "paged"])
 def test_flex_computes_alibi_per_request_in_a_ragged_batch(layout):
     c = ragged_case("2x5 + 1x1@7 + 1x3@6", layout, H=4, H_kv=2, d_k=8, alibi=True, causal=True, page_size=4 if layout == "paged" else None)

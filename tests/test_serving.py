@@ -261,6 +261,7 @@ def test_a_layout_a_backend_does_not_declare_is_unsupported_with_its_reason(back
     assert record.status is Status.UNSUPPORTED and words in record.reason
 
 
+@pytest.mark.slow
 def test_a_paged_backward_pass_is_refused_with_a_reason_and_a_packed_one_is_timed_and_checked():
     paged = execute(ragged(mode="bwd", layout="paged", page_size=16), load_registry().get("naive"), PairRunner(budget=TINY))
     assert paged.status is Status.UNSUPPORTED and "paged KV cache serves decoding" in paged.reason
@@ -268,6 +269,7 @@ def test_a_paged_backward_pass_is_refused_with_a_reason_and_a_packed_one_is_time
     assert packed.status is Status.OK and packed.agree is True and packed.latency_ms_median > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["padded", "packed", "paged"])
 @pytest.mark.parametrize("backend", ["naive", "sdpa", "sdpa-math", "sdpa-flash"])
 def test_cpu_backends_serve_every_layout_and_agree(backend, layout):

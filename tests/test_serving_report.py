@@ -134,6 +134,7 @@ def test_lengths_are_read_from_json_lists_and_from_their_csv_text_and_a_row_with
 
 
 # -- the report section --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_serving_section_appears_with_serving_rows_only(tmp_path):
     records = _skew_records() + _decode_records() + _mixed_records()
     page = build_report([write_run(tmp_path / "results" / "serving", records, peaks=PEAKS)], out_root=tmp_path / "reports")

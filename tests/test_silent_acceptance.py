@@ -74,6 +74,7 @@ def test_impossible_latencies_are_refused_at_read_by_report_compare_and_recommen
 MATHTEXT_NAMES = ["my$x^2$_{bad}", "cost$\\frac{1$", "a$^$b", "$_$", "two$$dollars", "$\\sqrt{$x", "lone$dollar", "{unbalanced_^"]
 
 
+@pytest.mark.slow
 def test_a_report_draws_backend_names_that_look_like_mathtext(tmp_path, capsys):
     run = _run(tmp_path, "mathtext", _records(backends=tuple(MATHTEXT_NAMES)))
     code, out, err = attnbench_in_process(["report", str(run), "--out", str(tmp_path / "reports")], capsys)
@@ -82,6 +83,7 @@ def test_a_report_draws_backend_names_that_look_like_mathtext(tmp_path, capsys):
     assert html.count("data:image/png;base64,") >= 3  # the latency, memory and agreement figures were drawn
 
 
+@pytest.mark.slow
 def test_run_ids_that_look_like_mathtext_are_drawn_too(tmp_path, capsys):
     # Two runs: each run's measured peak is then labelled with its run id in the throughput figure.
     runs = [str(_run(tmp_path, name)) for name in ("run$\\frac{$", "b$^$")]
@@ -116,6 +118,7 @@ def test_a_plugin_with_a_field_of_the_wrong_type_is_listed_unavailable(monkeypat
     assert any(line.startswith(listed) and "unavailable" in line and reason in line for line in out.splitlines()), out
 
 
+@pytest.mark.e2e
 def test_a_run_records_a_plugin_with_a_bad_version_as_unsupported_with_the_reason(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ATTNBENCH_BACKENDS", "tests.bad_plugins:VersionIsBytes")
     suite = tmp_path / "one.toml"

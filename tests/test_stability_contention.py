@@ -130,6 +130,7 @@ def test_bad_threads_are_refused_before_any_process_starts(children, capsys, tmp
     assert children[1] == [] and not out.exists()
 
 
+@pytest.mark.slow
 def test_the_stability_job_times_with_the_threads_it_was_given():
     done = run_child(child_command("stability", CASE_ID, "--device", "cpu", "--backend", "naive", "--measure-s", "0.02", "--threads", "1"),
                      timeout_s=300)

@@ -59,6 +59,7 @@ def _flags_html(tmp_path: Path, name: str, records, env=None) -> str:
     return page.read_text()
 
 
+@pytest.mark.slow
 def test_drifting_rows_and_rows_short_of_the_minimum_are_flagged_and_bf16_emulation_is_explained(tmp_path):
     fp32 = Case(B=2, S_q=1024, S_kv=1024, H=8, H_kv=2, d_k=64, d_v=64, dtype="fp32")
     bf16 = fp32.replace(dtype="bf16")

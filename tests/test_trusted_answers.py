@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness import analysis
 from harness.analysis.compare import NOT_JUDGED, compare_runs
 from harness.cli.main import main
@@ -131,6 +133,7 @@ def test_compare_still_gates_on_a_quiet_regression_and_sizes_its_case_column(tmp
     assert header.index("backend") == row.index("flashinfer-paged-long-name") and header.index("verdict") == row.index("slower")
 
 
+@pytest.mark.e2e
 def test_the_report_leaves_flagged_rows_out_of_its_choices_and_lists_them_as_flags(tmp_path):
     run = write_run(tmp_path / "results" / "run", shared_box_rows(), peaks=PEAKS)
     page = build_report([run], out_root=tmp_path / "reports").read_text()
@@ -141,6 +144,7 @@ def test_the_report_leaves_flagged_rows_out_of_its_choices_and_lists_them_as_fla
     assert "sdpa-flash" in winners_csv.splitlines()[1]
 
 
+@pytest.mark.slow
 def test_a_report_over_two_runs_uses_the_quiet_repeat_and_lists_every_runs_row(tmp_path):
     quiet = write_run(tmp_path / "results" / "quiet", [flagged("sdpa", 7.0, run_id="quiet"), flagged("naive", 9.0, run_id="quiet")], peaks=PEAKS)
     busy = write_run(tmp_path / "results" / "busy", [flagged("sdpa", 15.0, contended=True, run_id="busy")], peaks=PEAKS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness.analysis.variants import variant_costs
 from harness.report import build_report
 from harness.suite.cases import Case
@@ -25,6 +27,7 @@ def test_each_variant_row_is_paired_with_its_plain_twin_of_the_same_backend():
     assert costs.loc[("sinks", "naive"), "ratio"] == 1.1
 
 
+@pytest.mark.slow
 def test_a_flagged_twin_is_no_pair_and_the_report_shows_the_section(tmp_path):
     rows = _rows()
     rows[0].contended = True  # naive's plain row ran beside other work: its softcap cost is not known

@@ -16,6 +16,7 @@ def _checked(capsys, *args: str) -> tuple[int, list[dict]]:
     return ran.code, json.loads(ran.out)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_check_of_every_variant_agrees_for_naive_and_sdpa_or_names_why(capsys):
     code, rows = _checked(capsys, "--backends", "naive,sdpa,sdpa-math")
@@ -29,6 +30,7 @@ def test_check_of_every_variant_agrees_for_naive_and_sdpa_or_names_why(capsys):
     assert len(sdpa_alibi) == 12 and all(r["verdict"] == "agree" for r in sdpa_alibi)  # ALiBi as SDPA's float bias
 
 
+@pytest.mark.compile
 @pytest.mark.timeout(300)
 def test_flex_computes_softcap_alibi_and_the_scale_and_says_why_not_sinks_on_a_cpu(capsys):
     code, rows = _checked(capsys, "--backends", "flex", "--only", "dk128-fp32-causal")
@@ -38,6 +40,7 @@ def test_flex_computes_softcap_alibi_and_the_scale_and_says_why_not_sinks_on_a_c
     assert all("return_lse" in r["reason"] for k, r in verdicts.items() if "sinks" in k)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_the_cpu_variant_of_models_2026_runs_and_reports_what_each_variant_costs(tmp_path, capsys):
     ran = attnbench_in_process(["run", "--suite", "models-2026", "--backends", "naive,sdpa", "--device", "cpu",

@@ -228,6 +228,7 @@ def test_paged_biases_materialize_the_harness_masks_at_the_pages_the_block_table
     assert torch.equal(paged_bias_emulator(call.attn_bias, pool_rows) == 0, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in DENSE if DENSE[n][0].mode == "fwd"])
 def test_dense_and_padded_biases_materialize_the_harness_visible_mask(name):
     from harness.backends.xformers import attention_bias
