@@ -20,9 +20,10 @@ PURPOSE=${3:-bench}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 # module:requirement, as pyproject.toml's dependencies (tests/test_setup_offline.py holds them equal).
-RUNTIME_NEEDS="numpy:numpy>=1.24 pandas:pandas>=2.0 matplotlib:matplotlib>=3.7 pytest:pytest>=7.4 pytest_benchmark:pytest-benchmark>=4.0 sqlalchemy:sqlalchemy>=2.0"
-# pytest-xdist: `make test` runs in parallel. psycopg: the results database on PostgreSQL (`--db postgresql://…`), which the tests run against a real server.
-TEST_NEEDS="pytest_timeout:pytest-timeout>=2.1 xdist:pytest-xdist>=3.5 psycopg:psycopg[binary]>=3.1"
+RUNTIME_NEEDS="numpy:numpy>=1.24 pandas:pandas>=2.0 matplotlib:matplotlib>=3.7 pytest:pytest>=7.4 pytest_benchmark:pytest-benchmark>=4.0"
+# sqlalchemy, psycopg: the results database (pyproject's `db` extra), on SQLite and on PostgreSQL (`--db postgresql://…`),
+# which the tests run against a real server; pytest-xdist: `make test` runs in parallel. Not for bench: the GPU box has neither, and no index to fetch them from.
+TEST_NEEDS="pytest_timeout:pytest-timeout>=2.1 xdist:pytest-xdist>=3.5 sqlalchemy:sqlalchemy>=2.0 psycopg:psycopg[binary]>=3.1"
 
 case "$PURPOSE" in
     bench) NEEDS=$RUNTIME_NEEDS ;;
@@ -161,7 +162,7 @@ else
     if [ "$PURPOSE" = test ]; then
         install_library_sources
     fi
-    # Every package NEEDS names, not a list of its own: one added to NEEDS (sqlalchemy, psycopg) reaches an existing VENV too.
+    # Every package NEEDS names, not a list of its own: one added to NEEDS (sqlalchemy, psycopg for test) reaches an existing VENV too.
     if [ -z "$(missing_requirements)" ]; then
         echo "setup: torch and every package $PURPOSE needs are installed: nothing to download"
     else

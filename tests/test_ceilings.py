@@ -127,3 +127,41 @@ def test_an_h200_rows_share_at_its_own_clock_is_computed_from_the_recorded_clock
 def test_datasheets_match_only_their_own_board():
     assert datasheet_of("NVIDIA H200") is DATASHEETS["NVIDIA H200"] and datasheet_of("NVIDIA H200 NVL") is None
     assert datasheet_of(None) is None and datasheet_of("Intel Xeon") is None
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_the_fp8_ceiling_is_measured_with_scaled_mm_on_operands_cudas_checks_accept(fmt, monkeypatch):
+    """torch.matmul has no float8 kernel on CUDA: the GPU's FP8 peak is `_scaled_mm`, as eager-fp8 and FA3's FP8 GEMMs run it,
+    never two e5m2 operands (CUDA's Blas.cpp refuses them), its K and N accepted by torch's own meta checks (the CUDA rules)."""
+    calls, real = [], torch._scaled_mm
+
+    def recording(a, b, **kwargs):
+        calls.append((a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype))
+        return real(a, b, **kwargs)
+
+    def no_matmul(*args, **kwargs):
+        raise AssertionError("an FP8 ceiling through torch.matmul, which CUDA lacks")
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    monkeypatch.setattr(torch, "matmul", no_matmul)
+    monkeypatch.setattr(device_peaks, "CUDA_MATMUL_N", 64)
+    monkeypatch.setattr(device_peaks, "CUDA_BUDGET", device_peaks.CPU_BUDGET)
+    entry = device_peaks._cuda_matmul_peak(torch, fmt, time.perf_counter, None, device="cpu")  # the CUDA path's calls, on the CPU
+    assert entry["tflops"] > 0 and entry["op"].startswith("torch._scaled_mm") and calls
+    monkeypatch.undo()
+    one = torch.ones((), device="meta")
+    for a_shape, a_stride, a_dtype, b_shape, b_stride, b_dtype in calls:
+        assert (a_dtype, b_dtype) != (torch.float8_e5m2, torch.float8_e5m2)
+        torch._scaled_mm(torch.empty_strided(a_shape, a_stride, dtype=a_dtype, device="meta"),
+                         torch.empty_strided(b_shape, b_stride, dtype=b_dtype, device="meta"), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    # The CPU's sweep gives FP8 a ceiling too, through the same call.
+    rows = products.sweep(torch, fmt, products.square_products()[:1])
+    assert rows[0]["op"] == "_scaled_mm" and rows[0]["tflops"] > 0
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_row_reads_the_datasheets_fp8_figure(fmt):
+    sheet = datasheet_of("NVIDIA H200")
+    columns = roofline.roofline_row(989.4, None, None, 1500.0, None, peaks={"matmul": {fmt: {"tflops": 1500.0}}}, dtype=fmt, sheet=sheet)
+    assert columns["datasheet_tflops"] == sheet.tflops["fp8"] == 1978.9
+    assert columns["pct_datasheet_flops"] == pytest.approx(50.0, abs=0.01)

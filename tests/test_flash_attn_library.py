@@ -272,3 +272,25 @@ def test_fa4_gpus_are_its_interfaces_and_it_refuses_what_sm80_and_sm120_lack(mon
     assert FlashAttn4Backend().supports(cuda_case()) is None
     monkeypatch.setattr(fa, "cuda_capability", lambda: (9, 0))
     assert FlashAttn4Backend().supports(paged) is None and FlashAttn4Backend().supports(cuda_case(mode="bwd")) is None
+
+
+#: Dao-AILab/flash-attention hopper/flash_api.cpp (mha_fwd), as read for issue 45: FP8 e4m3 head dims align to 16, fp16/bf16 to 8.
+FA3_CPP_ALIGNMENT = ("int const alignment = q_type == torch::kFloat8_e4m3fn ? 16 : 8;\n"
+                     'TORCH_CHECK(head_size % alignment == 0, "head_size should be a multiple of " + std::to_string(alignment));\n'
+                     'TORCH_CHECK(head_size_v % alignment == 0, "head_size_v should be a multiple of " + std::to_string(alignment));')
+
+
+def test_fa3_fp8_head_dims_are_multiples_of_16_as_hopper_flash_api_cpp_checks():
+    """hopper/flash_api.cpp's alignment (FA3_CPP_ALIGNMENT: that source is not in the 2.8.3 sdist, so its lines are quoted here)."""
+    fa3 = FlashAttn3Backend()
+    for d_k, d_v in ((72, 72), (64, 40), (24, 24), (136, 136)):  # multiples of 8, not of 16
+        bf16, fp8 = cuda_case(d_k=d_k, d_v=d_v), cuda_case(d_k=d_k, d_v=d_v, dtype="fp8_e4m3")
+        refused = fa3.supports(fp8)
+        assert refused and "head_size should be a multiple of 16" in refused, (d_k, d_v, refused)
+        if d_k == d_v:
+            assert fa3.supports(bf16) is None, (d_k, d_v)
+    for d in (64, 96, 128, 256):
+        assert fa3.supports(cuda_case(d_k=d, d_v=d, dtype="fp8_e4m3")) is None, d
+    for d_k in range(8, 264, 8):  # the rule, over every head dim up to 256: FP8 aligns to 16, bf16 to 8
+        assert (head_dim_refusal(3, d_k, d_k, backward=False, major=9, fp8=True) is None) == (d_k % 16 == 0), d_k
+        assert head_dim_refusal(3, d_k, d_k, backward=False, major=9) is None, d_k

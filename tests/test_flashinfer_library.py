@@ -183,3 +183,79 @@ def test_plan_is_handed_host_index_tensors_and_the_library_copies_them_itself():
 def _defines(cls: str, method: str) -> bool:
     """Whether the class's source defines the method."""
     return any(isinstance(n, ast.FunctionDef) and n.name == method for n in class_node(cls).body)
+
+
+def _real_decode_module_namespace():
+    """flashinfer.decode's two names planned_decode_module reads, from the installed source: PosEncodingMode (utils.py) and
+    get_batch_decode_uri (jit/attention/modules.py) over the dtype names of jit/utils.py, none of which imports without CUDA whole."""
+    import types
+    from enum import Enum
+
+    spec = importlib.util.spec_from_file_location("flashinfer_jit_utils", SOURCE / "jit" / "utils.py")
+    jit_utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(jit_utils)
+    namespace = {"Enum": Enum, **vars(jit_utils)}
+    for path, name in ((SOURCE / "utils.py", "PosEncodingMode"), (SOURCE / "jit" / "attention" / "modules.py", "get_batch_decode_uri")):
+        node = next(n for n in ast.parse(path.read_text()).body if getattr(n, "name", None) == name)
+        exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
+    return types.SimpleNamespace(PosEncodingMode=namespace["PosEncodingMode"], get_batch_decode_uri=namespace["get_batch_decode_uri"])
+
+
+#: What the CUDA-core decode kernel's traced name looks like: its template ends in `Params`, no dtype (issue 45).
+DECODE_KERNEL = "void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u, 4u, 8u, 16u, 1u, 8u, Params>"
+
+
+@needs_source
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_fp8_kv_decode_on_the_cuda_core_kernel_is_proved_fp8_by_the_module_its_plan_built(kv_dtype, monkeypatch):
+    """The CUDA-core decode kernel's name holds no dtype: the proof reads the module plan() built for kv_data_type (its URI)."""
+    import sys
+    import types
+
+    from harness.backends.kernel_claims import claimed_kernels, mismatch
+
+    plan = method_node(fi.PAGED_DECODE, "_plan_impl")  # plan() hands every argument to it
+    # What the adapter reads back is what the real plan() records, and the CUDA-core module it loads is built from exactly that.
+    assigned = {ast.unparse(t): ast.unparse(n.value) for n in ast.walk(plan) if isinstance(n, ast.Assign) for t in n.targets}
+    recorded = {"_cached_q_data_type": "q_data_type", "_cached_kv_data_type": "kv_data_type", "_cached_o_data_type": "o_data_type",
+                "_pos_encoding_mode": "pos_encoding_mode", "_window_left": "window_left", "_logits_soft_cap": "logits_soft_cap"}
+    assert {a: assigned.get(f"self.{a}") for a in recorded} == recorded
+    assert assigned["self._paged_kv_indptr_buf"].startswith("indptr.to(")
+    builds = [ast.unparse(n) for n in ast.walk(plan) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "get_batch_decode_module"]
+    assert builds == ["get_batch_decode_module(q_data_type, kv_data_type, o_data_type, indptr.dtype, head_dim, head_dim, "
+                      "PosEncodingMode[pos_encoding_mode].value, window_left != -1, logits_soft_cap > 0)"]
+    module_fn = next(n for n in ast.parse((SOURCE / "decode.py").read_text()).body if getattr(n, "name", "") == "get_batch_decode_module")
+    assert "uri = get_batch_decode_uri(*args)" in ast.unparse(module_fn)
+
+    class DecodeWrapper:  # records what plan() records, in the names and from the arguments asserted above
+        use_tensor_cores, _jit_module = False, None
+
+        def __init__(self, workspace, layout, **kwargs):
+            assert not kwargs.get("use_tensor_cores")
+
+        def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode="NONE",
+                 window_left=-1, logits_soft_cap=None, q_data_type=torch.float16, kv_data_type=None, **_):
+            self._cached_q_data_type, self._cached_kv_data_type = q_data_type, kv_data_type or q_data_type
+            self._cached_o_data_type, self._paged_kv_indptr_buf = q_data_type, indptr.to("cpu")
+            self._pos_encoding_mode, self._window_left, self._logits_soft_cap = pos_encoding_mode, window_left, logits_soft_cap
+
+        def run(self, q, cache, **_):
+            return torch.zeros(q.shape[0], q.shape[1], cache[1].shape[-1], dtype=q.dtype)
+
+    decode = _real_decode_module_namespace()
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(**{fi.PAGED_DECODE: DecodeWrapper}, decode=decode))
+    monkeypatch.setitem(sys.modules, "flashinfer.decode", decode)
+    case = Case(B=2, S_q=1, S_kv=64, H=8, H_kv=2, d_k=64, d_v=64, dtype="bf16", kv_dtype=kv_dtype, device="cpu")
+    prepared = fi.FlashinferBackend().prepare(case, make_inputs(case))
+    short = kv_dtype.removeprefix("fp8_")
+    assert prepared.planned_kernels == (fi.PLANNED_PREFIX + "batch_decode_with_kv_cache_dtype_q_bf16_dtype_kv_" + short +
+                                        "_dtype_o_bf16_dtype_idx_i32_head_dim_qk_64_head_dim_vo_64_posenc_0_use_swa_False_use_logits_cap_False",)
+    claim = claimed_kernels(fi.FlashinferBackend(), case)
+    trace = [DECODE_KERNEL]
+    assert mismatch(claim, trace, trace) is not None  # the name alone proves nothing
+    assert mismatch(claim, trace, [*trace, *prepared.planned_kernels]) is None
+    # A plan that left the cache in bf16 (kv_data_type not passed) builds the bf16 module: no proof, the row is kernel_mismatch.
+    wrapper = DecodeWrapper(None, "NHD")
+    wrapper.plan(torch.zeros(3, dtype=torch.int32), None, None, 8, 2, 64, 16, q_data_type=torch.bfloat16)
+    bf16_plan = fi.planned_decode_module(wrapper, 64)
+    assert "dtype_kv_bf16" in bf16_plan and mismatch(claim, trace, [*trace, bf16_plan]) is not None

@@ -142,3 +142,63 @@ def test_flashinfer_fp8_kv_decode_plans_the_cache_format_and_binds_its_scales_to
     prefill = _case(dtype="bf16", kv_dtype="fp8_e4m3", S_q=4, S_kv=32, causal=True)
     with pytest.raises(Exception, match="paged decode only"):
         prepared_calls(monkeypatch, prefill, make_inputs(prefill))
+
+
+def _replayed_on_cuda_rules(monkeypatch) -> list[tuple]:
+    """Record every `torch._scaled_mm` call's operands; each is later replayed on meta tensors, where torch applies its CUDA checks."""
+    calls, real = [], torch._scaled_mm
+
+    def recording(a, b, **kwargs):
+        calls.append((a.shape, a.stride(), a.dtype, b.shape, b.stride(), b.dtype))
+        return real(a, b, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    return calls
+
+
+@pytest.mark.parametrize("shape", [dict(d_k=24, d_v=40, S_q=5, S_kv=37, causal=True), dict(d_k=8, d_v=8, S_q=1, S_kv=1),
+                                   dict(d_k=72, d_v=56, S_q=48, S_kv=48)])
+def test_every_scaled_mm_call_passes_torchs_cuda_checks_and_the_result_agrees(shape, monkeypatch, one_thread):
+    """K and N multiples of 16, A row-major and B column-major: torch's own meta kernel (`_check_scaled_mm_sizes`, which applies
+    the CUDA rules to meta tensors) accepts every call eager-fp8 makes, and the padded computation still agrees with the reference."""
+    case = _case(**shape)
+    calls = _replayed_on_cuda_rules(monkeypatch)
+    assert check_pair(case, EagerFp8Backend()).verdict == "agree"
+    assert calls
+    monkeypatch.undo()  # the real operator again: on meta tensors, its meta kernel's (CUDA) checks
+    one = torch.ones((), device="meta")
+    for a_shape, a_stride, a_dtype, b_shape, b_stride, b_dtype in calls:
+        a = torch.empty_strided(a_shape, a_stride, dtype=a_dtype, device="meta")
+        b = torch.empty_strided(b_shape, b_stride, dtype=b_dtype, device="meta")
+        torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+
+
+def test_an_e5m2_case_is_refused_on_cuda_with_torchs_reason_and_still_computed_on_the_cpu(one_thread):
+    """CUDA's `_scaled_mm` refuses two e5m2 operands (Blas.cpp): unsupported there, with the reason; the CPU's kernel takes them."""
+    case = _case(dtype="fp8_e5m2")
+    reason = EagerFp8Backend().supports(case.replace(device="cuda"))
+    assert reason and "Multiplication of two Float8_e5m2 matrices is not supported" in reason
+    assert EagerFp8Backend().supports(case.replace(device="cuda", dtype="fp8_e4m3")) is None
+    assert check_pair(case, EagerFp8Backend()).verdict == "agree"
+
+
+def test_a_scaled_mm_refusal_is_unsupported_in_prepare_never_in_the_timed_call(monkeypatch):
+    """prepare makes one trial call: torch's refusal becomes `unsupported` with its words before anything is timed; another error stays one."""
+    from harness.errors import Unsupported
+
+    case = _case()
+    inputs = make_inputs(case)
+
+    def refusing(a, b, **kwargs):
+        raise ValueError("Multiplication of two Float8_e5m2 matrices is not supported")
+
+    monkeypatch.setattr(torch, "_scaled_mm", refusing)
+    with pytest.raises(Unsupported, match="torch._scaled_mm refused this case: Multiplication of two Float8_e5m2"):
+        EagerFp8Backend().prepare(case, inputs)
+
+    def broken(a, b, **kwargs):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(torch, "_scaled_mm", broken)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        EagerFp8Backend().prepare(case, inputs)

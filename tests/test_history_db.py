@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 import shutil
+import sys
 import sqlite3
 from pathlib import Path
 
@@ -285,3 +286,20 @@ def test_a_flag_the_schema_has_no_column_for_is_read_from_the_stored_record():
 
     frame = pd.DataFrame({"record_json": [json.dumps({"kernel_mismatch": True}), json.dumps({}), None]})
     assert with_every_flag(frame)["kernel_mismatch"].tolist() == [True, None, None]
+
+
+@pytest.mark.parametrize("missing, target, words", [
+    (("sqlalchemy",), "r.sqlite", ("the results database needs sqlalchemy>=2.0", "pip install 'sqlalchemy>=2.0'")),
+    (("psycopg",), "postgresql://u@localhost/db", ("postgresql:// results database needs psycopg[binary]>=3.1", "'psycopg[binary]>=3.1'")),
+    (("sqlalchemy", "psycopg"), "postgresql://u@localhost/db", ("needs sqlalchemy>=2.0 and psycopg[binary]>=3.1",)),
+])
+def test_a_database_command_without_its_driver_says_what_to_install(missing, target, words, tmp_path, capsys, monkeypatch):
+    """SQLAlchemy and psycopg are the optional `db` extra (the GPU box has neither): each db command names what to pip install."""
+    for module in missing:
+        monkeypatch.setitem(sys.modules, module, None)  # `import module` raises ImportError, as where it is not installed
+    where = target if "://" in target else str(tmp_path / target)
+    run = run_folder(tmp_path / "run-a", "a", "2026-11-01T10:00:00+00:00")
+    for argv in (["db", "add", run, "--db", where], ["db", "list", "--db", where], ["regress", "--db", where],
+                 ["site", "--db", where, "--out", str(tmp_path / "site")]):
+        assert_one_line_error(attnbench_in_process(argv, capsys), *words)
+    assert not (tmp_path / "r.sqlite").exists() and not (tmp_path / "site").exists()

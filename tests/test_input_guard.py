@@ -117,3 +117,48 @@ def test_the_check_command_exits_1_naming_every_wrong_backend(tmp_path, monkeypa
     out = capsys.readouterr().out
     failed = {line.split("[")[1].split("]")[0] for line in out.splitlines() if line.startswith("FAILED")}
     assert failed == set(names), out
+
+
+FP8 = Case(B=1, S_q=32, S_kv=32, H=2, H_kv=2, d_k=32, d_v=32, dtype="fp8_e4m3", causal=True)
+
+
+@pytest.mark.parametrize("writer", wb.fp8_descale_writers(), ids=lambda c: c.name)
+def test_a_backend_writing_an_fp8_descale_is_flagged_and_the_next_honest_one_is_not_blamed(writer):
+    """The descales dict was kept by reference, so a write into it compared with itself; the honest eager-fp8 after it
+    then read the doubled scale and was judged against a reference cached from q, k, v alone (issue 45, 6 of 6 FP8 cases)."""
+    runner = PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.001, min_rounds=1, max_rounds=2), phases=Phases(memory=False))
+    honest = load_registry(plugins=False).get("eager-fp8")
+    assert runner.run(FP8, honest).agreement.agree is True
+    wrong = runner.run(FP8, writer())
+    assert wrong.agreement.agree is False and f"modified its inputs in place (descales.{writer.descale})" in wrong.reason, wrong.reason
+    after, _ = runner.inputs.get(FP8)
+    drawn = make_inputs(FP8)
+    assert all(torch.equal(after.descales[n], drawn.descales[n]) for n in ("q", "k", "v"))
+    assert runner.run(FP8, honest).agreement.agree is True
+
+
+def test_a_backend_writing_the_sinks_is_flagged():
+    case = FP32.replace(sinks=True)
+    outcome = run_pair(case, wb.ShiftsSinksInPlace(), CHECK_ONLY, references=ReferenceCache(), inputs=InputsCache())
+    assert outcome.agreement.agree is False and "modified its inputs in place (sinks)" in outcome.reason
+
+
+def test_the_cached_reference_is_keyed_on_everything_it_reads():
+    """A descale or the sinks changed in place (the tensors q, k, v unchanged) is a new reference, never the cached one."""
+    cache, computed = ReferenceCache(), []
+
+    def compute():
+        computed.append(1)
+        return len(computed)
+
+    fp8 = make_inputs(FP8)
+    assert cache.get(("fwd",), fp8, compute) == 1 and cache.get(("fwd",), fp8, compute) == 1
+    fp8.descales["k"].mul_(2.0)
+    assert cache.get(("fwd",), fp8, compute) == 2
+    fp8.descales["v"] = fp8.descales["v"] * 2.0
+    assert cache.get(("fwd",), fp8, compute) == 3
+    sinks = make_inputs(FP32.replace(sinks=True))
+    assert cache.get(("fwd",), sinks, compute) == 4
+    with torch.no_grad():
+        sinks.sinks.add_(1.0)
+    assert cache.get(("fwd",), sinks, compute) == 5 and cache.get(("fwd",), sinks, compute) == 5

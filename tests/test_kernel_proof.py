@@ -202,3 +202,23 @@ def test_the_report_lists_a_mismatched_row_with_its_reason(tmp_path):
     flagged = pd.read_csv(page.parent / "sample_flags.csv")
     assert flagged[["backend", "kernel_mismatch"]].values.tolist() == [["claims-fp8-runs-bf16", True]]
     assert "1 not running the kernel they claim" in page.read_text()
+
+
+def test_what_the_library_planned_is_searched_beside_the_trace_and_listed_in_the_kernels_column(monkeypatch):
+    """A kernel whose traced name holds no dtype is proved by Prepared.planned_kernels; without them the same trace is a mismatch."""
+    from harness.execution.outcome import PairOutcome
+    from harness.profiling.kernel_trace import KernelTrace
+    from harness.results.record import Status
+
+    class DecodeClaimsFp8:
+        fp8_kernels = ("e4m3",)
+
+    decode = "BatchDecodeWithPagedKVCacheKernel<(PosEncodingMode)0, 2u, Params>"
+    monkeypatch.setattr(kernel_proof, "trace_kernels", lambda step, device: KernelTrace(device, (decode,), (), (), True))
+    case = Case(B=1, S_q=1, S_kv=32, H=2, H_kv=2, d_k=32, d_v=32, dtype="bf16", kv_dtype="fp8_e4m3")
+    bare, planned = PairOutcome(Status.OK), PairOutcome(Status.OK)
+    kernel_proof.prove_kernels(case, DecodeClaimsFp8(), lambda: None, bare)
+    module = "planned module batch_decode_with_kv_cache_dtype_q_bf16_dtype_kv_e4m3_dtype_o_bf16"
+    kernel_proof.prove_kernels(case, DecodeClaimsFp8(), lambda: None, planned, (module,))
+    assert bare.kernel_mismatch and "claims an FP8 kernel (e4m3)" in bare.kernel_mismatch
+    assert planned.kernel_mismatch is None and planned.kernels == f"{module};{decode}"

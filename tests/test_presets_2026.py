@@ -3,6 +3,8 @@ become cases, tensor parallelism gives each GPU's share of the heads, and the mo
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from harness.errors import UserError
@@ -68,9 +70,10 @@ def test_cases_carry_sinks_softcap_and_scale():
     assert all(c.softcap == 50.0 and c.scale is None for c in gemma2) and {c.window for c in gemma2} == {4096, None}
     gemma3 = model_cases(get_preset("gemma3-27b"), [1024])
     assert all(c.softcap is None and c.scale == pytest.approx(168**-0.5) for c in gemma3)
-    # The presets that came before keep their cases exactly: no variant is set on them.
-    assert all(not c.sinks and c.softcap is None and c.scale is None for p in PRESETS.values() if p.name not in MODELS_2026
+    # The presets that came before keep their cases exactly: no variant is set on them (DeepSeek-V3 carries its own scale).
+    assert all(not c.sinks and c.softcap is None and c.scale == p.scale for p in PRESETS.values() if p.name not in MODELS_2026
                for c in model_cases(p, [1024]))
+    assert [p.name for p in PRESETS.values() if p.name not in MODELS_2026 and p.scale is not None] == ["deepseek-v3"]
 
 
 def test_tp8_of_a_gqa_model_gives_each_gpu_an_eighth_of_the_heads():
@@ -112,3 +115,29 @@ def test_models_2026_cpu_variant_loads_small_and_its_cases_build():
     assert {c.H for c in cuda if c.d_k == 64} == {64, 8}  # gpt-oss at TP 1 and 8
     assert any(c.mla for c in cuda) and all(c.dtype == "bf16" and c.device == "cuda" for c in cuda)
     assert "qwen3-30b-a3b TP 8" in suite.description and "replicated" in suite.description
+
+
+@pytest.mark.parametrize("name, factor", [("deepseek-v3", 40.0), ("kimi-k2", 32.0)])
+def test_mla_presets_carry_the_models_own_scale_in_every_case(name, factor):
+    """DeepSeek-V3 and Kimi-K2 scale by 1/√192 (128 + 64 q-k head) × mscale², mscale = 0.1·ln(factor) + 1 (their YaRN
+    rope_scaling, mscale_all_dim 1.0): prefill (d_k 192) and the absorbed decode (d_k 576) alike, never 1/√576."""
+    preset = get_preset(name)
+    mscale = 0.1 * math.log(factor) + 1.0
+    expected = 192 ** -0.5 * mscale ** 2
+    assert preset.scale == pytest.approx(expected) and abs(expected - 576 ** -0.5) > 0.01
+    cases = model_cases(preset, [1024], modes=("fwd", "bwd"))
+    assert {(c.mla, c.mode) for c in cases} == {(False, "fwd"), (False, "bwd"), (True, "fwd")}
+    assert all(c.scale == pytest.approx(expected) and c.softmax_scale == pytest.approx(expected) for c in cases)
+    decode = next(c for c in cases if c.mla)
+    assert decode.d_k == 576 and f"{decode.scale:g}"[:5] in decode.id  # the case says which scale it uses
+
+
+def test_an_mla_case_at_the_models_scale_agrees_on_the_cpu(one_thread):
+    """The absorbed MLA baseline computes at the case's scale, and the reference judges it at the same one."""
+    from harness.backends.registry import load_registry
+    from harness.checks.correctness import check_pair
+
+    preset = get_preset("deepseek-v3")
+    decode = next(c for c in model_cases(preset, [64], device="cpu", prefill=False) if c.mla).replace(H=4)
+    assert check_pair(decode, load_registry().get("mla")).verdict == "agree"
+    assert check_pair(decode.replace(scale=None), load_registry().get("mla")).verdict == "agree"

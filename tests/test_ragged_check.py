@@ -39,6 +39,12 @@ MUTANTS = [
     (wr.WrongInsideALongRequest, _case(MIXED)),
     (wr.WrongOnEvenCalls, _case(SMALL)),
     (wr.PermutesQueriesAndBack, _case(SMALL)),
+    # Issue 45's second ragged hidden set: the lengths rebound on a large mixed batch whose rows are sampled, and an fp32
+    # result cast back by its adapter on a padded batch (its output has more elements than the packed rows checked).
+    (wr.RebindsKvLengths, _case(MIXED, dtype="bf16")),
+    (wr.RebindsDecodeLengthWhilePreparing, _case(MIXED, dtype="bf16")),
+    (wr.Fp32CastBackPadded, _case(SMALL, "padded", dtype="bf16")),
+    (wr.Fp32CastBackPadded, _case(MIXED, "padded", dtype="bf16")),
 ]
 RUN = Phases(memory=False)
 
@@ -49,7 +55,7 @@ def test_the_mutation_set_is_all_here():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("phases", [RUN, CHECK_ONLY], ids=["run", "check"])
-@pytest.mark.parametrize("backend_cls, case", MUTANTS, ids=[cls.name for cls, _ in MUTANTS])
+@pytest.mark.parametrize("backend_cls, case", MUTANTS, ids=[f"{cls.name}-{case.layout}-{case.dtype}-B{case.B}" for cls, case in MUTANTS])
 def test_every_wrong_ragged_backend_disagrees_and_the_next_backend_still_agrees(backend_cls, case, phases, one_thread):
     runner = PairRunner(budget=QUICK_BUDGET, phases=phases)
     wrong = runner.run(case, backend_cls())
@@ -66,8 +72,9 @@ def test_a_rebound_field_is_named_and_blamed_on_the_backend_that_rebound_it(cls,
     assert f"modified its inputs in place ({cls.field})" in outcome.agreement.check_note
 
 
-def test_a_kernel_that_returns_fp32_for_a_bf16_case_is_named_though_its_adapter_casts_back(one_thread):
-    outcome = PairRunner(phases=CHECK_ONLY).run(_case(SMALL, dtype="bf16"), wr.Fp32CastBack())
+@pytest.mark.parametrize("cls, layout", [(wr.Fp32CastBack, "packed"), (wr.Fp32CastBackPadded, "padded")])
+def test_a_kernel_that_returns_fp32_for_a_bf16_case_is_named_though_its_adapter_casts_back(cls, layout, one_thread):
+    outcome = PairRunner(phases=CHECK_ONLY).run(_case(SMALL, layout, dtype="bf16"), cls())
     assert "the call returned float32, not the case's bfloat16" in outcome.agreement.check_note
 
 

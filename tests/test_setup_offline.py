@@ -8,9 +8,11 @@ pip-installed: every pip setting points at nothing, so any download fails the ru
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import site
 import subprocess
 import sys
@@ -33,6 +35,33 @@ PROXIES = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
 def _purelib(python: Path) -> Path:
     return Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
+
+
+#: The H200 image's package list: what its python3 holds, and all `make bench` and `make gpu-check` may need.
+IMAGE_PACKAGES = Path(__file__).with_name("h200_image_packages.txt")  # a copy of ../shared/data/h200-image-packages.txt
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_package_names(listing: Path = IMAGE_PACKAGES) -> set[str]:
+    """The (normalized) distribution names the image's package list holds."""
+    return {_normalized(line.strip()) for line in listing.read_text().splitlines() if line.strip() and not line.startswith("#")}
+
+
+#: A distribution of the CPU venv that the image holds under another name, providing the same module (`cpuinfo`).
+SAME_MODULE_AS = {"py-cpuinfo2": "py-cpuinfo"}
+
+
+def entries_not_on(names: set[str]) -> tuple[str, ...]:
+    """The site-packages entries (top-level modules, their .dist-info, .pth files) of this interpreter's distributions outside `names`."""
+    entries = set()
+    for dist in importlib.metadata.distributions():
+        name = _normalized(dist.metadata["Name"])
+        if SAME_MODULE_AS.get(name, name) not in names:
+            entries.update(Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith(".."))
+    return tuple(sorted(e for e in entries if e != "__pycache__"))
 
 
 def _box_python(where: Path, leave_out: tuple[str, ...] = ()) -> Path:
@@ -72,6 +101,13 @@ def whole_box(tmp_path_factory) -> tuple[Path, tuple[str, str]]:
     return python, _torch_of(python)
 
 
+@pytest.fixture(scope="module")
+def image_box(tmp_path_factory) -> tuple[Path, tuple[str, str]]:
+    """A box python holding only packages on the H200 image's list (no SQLAlchemy, no psycopg), and its torch (version, file)."""
+    python = _box_python(tmp_path_factory.mktemp("image") / "box", leave_out=entries_not_on(image_package_names()))
+    return python, _torch_of(python)
+
+
 def _setup(python: Path, venv: Path, purpose: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(["sh", str(SETUP), str(python), str(venv), purpose], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -90,21 +126,25 @@ def _calls(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_make_bench_on_an_offline_box_keeps_its_torch_and_records_rows(tmp_path, whole_box):
-    box_python, box_torch = whole_box
+def test_make_bench_on_a_box_holding_only_the_image_packages_keeps_its_torch_and_reports(tmp_path, image_box):
+    box_python, box_torch = image_box
     box = box_python.parents[1]
     assert box_torch[1].startswith(str(box)), "the box python must hold torch itself"
+    for absent in ("sqlalchemy", "psycopg", "pydantic"):  # what the image lacks is absent from the box
+        assert subprocess.run([str(box_python), "-c", f"import {absent}"], capture_output=True).returncode != 0, absent
     repo = copy_checkout(tmp_path / "repo")  # as CI's clean clone is one of main
     suite = tmp_path / "tiny.toml"
     suite.write_text('name = "tiny"\ndevice = "cpu"\nbackends = ["naive", "sdpa"]\n'
                      "[budget]\nwarmup_s = 0.01\nmeasure_s = 0.02\n"
                      '[[grid]]\nB = [1]\nS = [32]\nH = [2]\nH_kv = ["H"]\nd_k = [16]\ndtype = ["fp32"]\ncausal = [false]\n')
     venv = tmp_path / "venv"
+    env = _offline_env(box)
     done = subprocess.run(["make", "bench", "PYTHON=python3", f"VENV={venv}", f"SUITE={suite}",
                            f"ARGS=--backends naive,sdpa --out {tmp_path / 'results'} --run-id offline"],
-                          cwd=repo, env=_offline_env(box), capture_output=True, text=True, timeout=540)
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "setup: nothing to install" in done.stdout and "installing" not in done.stdout, done.stdout
     assert _torch_of(venv / "bin" / "python") == box_torch
@@ -117,6 +157,17 @@ def test_make_bench_on_an_offline_box_keeps_its_torch_and_records_rows(tmp_path,
     # The report lies beside --out (a run into tmp/results reports into tmp/reports), never in the checkout whatever --out says.
     page = tmp_path / "reports" / "offline" / "index.html"
     assert last == f"report: {page}" and page.is_file() and not (repo / "reports" / "offline").exists(), last
+    # gpu-check runs on the box's python3 itself, with nothing installed: here on its CPU grid, each pair in a child process.
+    gpu = subprocess.run(["make", "gpu-check", "PYTHON=python3", "ARGS=--cpu --backends naive"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert gpu.returncode == 0 and "Traceback" not in gpu.stdout + gpu.stderr, gpu.stdout[-2000:] + gpu.stderr[-2000:]
+    assert re.search(r"^naive +(\d+) +\1 +0 +0 ", gpu.stdout, re.M), gpu.stdout[-2000:]
+    # A results-database command says in one line what to install, and exits 2.
+    db = subprocess.run([str(venv / "bin" / "python"), "-m", "harness", "db", "add", str(run), "--db", str(tmp_path / "r.sqlite")],
+                        cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert db.returncode == 2 and db.stderr.count("\n") == 1, db.stderr
+    assert db.stderr.startswith("attnbench: error: the results database needs sqlalchemy>=2.0") and "pip install 'sqlalchemy>=2.0'" in db.stderr
+    assert not (tmp_path / "r.sqlite").exists()
 
 
 @pytest.mark.slow
@@ -196,6 +247,9 @@ def test_the_script_asks_for_what_pyproject_declares():
 
     assert ["torch>=2.11", *listed("RUNTIME_NEEDS")] == project["dependencies"]
     assert listed("TEST_NEEDS") == project["optional-dependencies"]["test"]
+    # The results database is no runtime need (the GPU box has no SQLAlchemy), but `make test` installs all its extra holds.
+    assert not any(d.startswith(("sqlalchemy", "psycopg")) for d in project["dependencies"])
+    assert set(project["optional-dependencies"]["db"]) <= set(listed("TEST_NEEDS"))
 
 
 def test_the_oldest_torch_is_declared_once_and_refused_below_it(monkeypatch, capsys):

@@ -209,3 +209,24 @@ def test_each_score_variants_flops_match_a_brute_force_count_of_the_products(var
     c = case(B=2, S_q=24, S_kv=40, H=4, H_kv=2, d_k=16, d_v=8, causal=causal or "window" in variant, **variant)
     pairs = brute_force_pairs([c.S_q] * c.B, [c.S_kv] * c.B, c.causal, c.window)
     assert theory.flops(c) == 2 * c.H * (c.d_k + c.d_v) * pairs
+
+
+def test_a_backward_with_d_k_not_d_v_counts_its_five_products():
+    """S = Q·Kᵀ, dQ = dS·K and dK = dSᵀ·Q cost 2·d_k per pair, dV = Pᵀ·dO and dP = dO·Vᵀ 2·d_v: 2·H·(3·d_k + 2·d_v)."""
+    c = Case(B=2, S_q=64, S_kv=64, H=4, H_kv=4, d_k=192, d_v=128, dtype="bf16", causal=True, mode="bwd")
+    pairs = 2 * 64 * 65 // 2
+    assert theory.flops(c) == 2 * 4 * pairs * (3 * 192 + 2 * 128)
+    assert theory.flops(c) / (2.5 * theory.forward_flops(c)) == pytest.approx(832 / 800)  # 2.5× read 3.8 % low
+    assert theory.flops(c.replace(mode="fwd_bwd")) == theory.forward_flops(c) + theory.flops(c)
+    square = c.replace(d_k=128)
+    assert theory.flops(square) == 2.5 * theory.forward_flops(square)  # the convention holds where d_k = d_v
+
+
+def test_an_mla_backward_counts_its_dv_write():
+    """MLA reads V inside K's latent (no V read), but its backward writes dV: H_kv·d_v per key row beside dQ and dK."""
+    c = Case(B=1, S_q=16, S_kv=16, H=8, H_kv=1, d_k=576, d_v=512, dtype="bf16", mla=True, causal=True, mode="bwd")
+    t = theory.touched_bytes(c)
+    dv = 16 * 1 * 512 * 2
+    assert t["v"] == 0
+    assert theory.min_bytes(c) == 2 * (t["q"] + t["k"]) + dv + 2 * t["o"]
+    assert theory.min_bytes(c.replace(mode="fwd_bwd")) == theory.min_bytes(c) + theory.min_bytes(c.replace(mode="fwd"))

@@ -6,6 +6,7 @@ Never registered in the built-in registry. Tests add them to a registry by hand 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -282,3 +283,53 @@ def add_guarded(registry) -> None:
     """Add the guard's wrong backends to `registry` (`ATTNBENCH_BACKENDS=tests.wrong_backends:add_guarded`)."""
     for cls in GUARD_BACKENDS:
         registry.add(cls())
+
+
+class _WritesADescaleInPlace:
+    """The honest eager-fp8, which doubles one FP8 descale of its inputs in place after its first call (a kernel updating
+    its own scale state), or rebinds it in the descales dict: the dict itself is the same object either way."""
+
+    descale = "k"
+    rebind = False
+
+    def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
+        """The honest call, then the write."""
+        honest = super().prepare(case, inputs)
+        descales, calls = inputs.descales, [0]
+
+        def fn() -> torch.Tensor:
+            out = honest.fn()
+            calls[0] += 1
+            if calls[0] == 1:
+                if self.rebind:
+                    descales[self.descale] = descales[self.descale] * 2.0
+                else:
+                    descales[self.descale].mul_(2.0)
+            return out
+
+        return dataclasses.replace(honest, fn=fn)
+
+
+def fp8_descale_writers() -> list[type]:
+    """The wrong FP8 backends (built on the registry's eager-fp8, imported here only when asked for)."""
+    from harness.backends.eager_fp8 import EagerFp8Backend
+
+    class DoublesKeyDescaleInPlace(_WritesADescaleInPlace, EagerFp8Backend):
+        name = "wrong-double-k-descale"
+
+    class RebindsValueDescale(_WritesADescaleInPlace, EagerFp8Backend):
+        name = "wrong-rebind-v-descale"
+        descale, rebind = "v", True
+
+    return [DoublesKeyDescaleInPlace, RebindsValueDescale]
+
+
+class ShiftsSinksInPlace(_InputWriter):
+    """Adds 1 to the sink logits in place on its first call (sinks cases)."""
+
+    name = "wrong-shift-sinks"
+    tensor = "sinks"
+    score_variants = frozenset({"sinks"})
+
+    def change(self, t):
+        return t + 1.0

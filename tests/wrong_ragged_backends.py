@@ -158,3 +158,38 @@ class PermutesQueriesAndBack(_RaggedWrong):
 
 REBINDING = (RebindsKvLengths, RebindsCausal, RebindsPageSize)
 WRONG_RAGGED = (*REBINDING, Fp32CastBack, WrongOnOneDecode, WrongInsideALongRequest, WrongOnEvenCalls, PermutesQueriesAndBack)
+
+
+class Fp32CastBackPadded(_RaggedWrong):
+    """Computes a padded batch in fp32 and returns the padded fp32 output; its adapter drops the padding and casts back,
+    so the checked packed rows are bf16 and of another element count than anything the call returned."""
+
+    name = "wrong-fp32-cast-back-padded"
+
+    def prepare(self, case: Case, inputs: RaggedInputs) -> Prepared:
+        """The step on fp32 copies; to_bhsd unpads (the honest adapter's) and casts back."""
+        wide = dataclasses.replace(inputs, q=inputs.q.float(), k=inputs.k.float(), v=inputs.v.float())
+        prepared = NaiveBackend.prepare(self, case, wide)
+        return dataclasses.replace(prepared, to_bhsd=lambda out: prepared.to_bhsd(out).to(inputs.q.dtype))
+
+
+class RebindsDecodeLengthWhilePreparing(_RaggedWrong):
+    """Rebinds the batch's KV lengths (one key fewer for the middle decode) while it prepares, and puts them back before
+    returning: the batch is as drawn whenever the guard looks, and only the output says its kernel read other lengths."""
+
+    name = "wrong-rebinds-lengths-and-back"
+
+    def prepare(self, case: Case, inputs: RaggedInputs) -> Prepared:
+        """The naive step planned on the rebound lengths; the drawn ones restored."""
+        drawn = inputs.seq_lens_kv
+        decodes = [i for i, n in enumerate(inputs.seq_lens_q) if n == 1]
+        lengths = list(drawn)
+        lengths[decodes[len(decodes) // 2]] -= 1
+        inputs.seq_lens_kv = tuple(lengths)
+        try:
+            return NaiveBackend.prepare(self, case, inputs)
+        finally:
+            inputs.seq_lens_kv = drawn
+
+
+WRONG_RAGGED = (*WRONG_RAGGED, Fp32CastBackPadded, RebindsDecodeLengthWhilePreparing)

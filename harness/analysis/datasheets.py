@@ -21,6 +21,15 @@ class Datasheet:
     gbps: float
     source: str
 
+    def tflops_of(self, dtype: str | None) -> float | None:
+        """The listed dense TFLOP/s of a row's dtype: both FP8 formats (fp8_e4m3, fp8_e5m2) read the sheet's one `fp8` figure."""
+        if not dtype:
+            return None
+        return self.tflops.get(SHEET_DTYPE.get(dtype, dtype))
+
+
+#: A row's dtype → the datasheet's name for its rate: vendors list one FP8 figure, for e4m3 and e5m2 alike.
+SHEET_DTYPE = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 
 _HOPPER_TFLOPS = {"fp64": 67.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9}
 

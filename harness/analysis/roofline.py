@@ -133,7 +133,7 @@ def roofline_row(tflops: float | None, gbps: float | None, intensity: float | No
         "above_contended_ceiling": bool(contended) and not honest,
         "peak_tflops_at_clock": flops_at_clock, "pct_peak_flops_at_clock": pct(tflops, flops_at_clock),
         "pct_peak_bw_at_clock": pct(gbps, bw_at_clock),
-        "datasheet_tflops": sheet.tflops.get(dtype) if sheet is not None and dtype else None,
-        "pct_datasheet_flops": pct(tflops, sheet.tflops.get(dtype)) if sheet is not None and dtype else None,
+        "datasheet_tflops": sheet.tflops_of(dtype) if sheet is not None else None,
+        "pct_datasheet_flops": pct(tflops, sheet.tflops_of(dtype)) if sheet is not None else None,
         "pct_datasheet_bw": pct(gbps, sheet.gbps) if sheet is not None else None,
     }

@@ -78,3 +78,21 @@ def fp8_eager_kernel(scale: float, fmt: str):
         return out.to(FP8_OUTPUT_DTYPE)
 
     return kernel
+
+
+def scaled_mm_product(m: int, k: int, n: int, fmt: str, device: str, generator: torch.Generator):
+    """One FP8 GEMM as the FP8 kernels run it (`torch._scaled_mm`, row-major A, column-major B, unit descales, fp32 out), on seeded operands.
+
+    `torch.matmul` has no float8 kernel on CUDA; `_scaled_mm` is the FP8 tensor-core path (FlashAttention 3's FP8 GEMMs run on
+    the same units). CUDA's refuses two e5m2 operands (Blas.cpp): an e5m2 product reads an e4m3 B (on every device, one rule),
+    the mixed pair cuBLASLt takes at the same rate. K and N must be multiples of 16 on CUDA (the ceiling's 8192² is).
+    """
+    a_dtype = FP8_FORMATS[fmt]
+    b_dtype = torch.float8_e4m3fn if a_dtype == torch.float8_e5m2 else a_dtype
+
+    def draw(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.randn(rows, cols, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+    a, b = draw(m, k, a_dtype), draw(n, k, b_dtype).t()  # b: [k, n], column-major
+    one = torch.ones((), dtype=torch.float32, device=device)
+    return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)

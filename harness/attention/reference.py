@@ -6,7 +6,8 @@ cases are sampled (query rows forward, slices backward) so a float64 pass stays 
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+import copy
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -15,7 +16,7 @@ from harness.attention.eager import naive_attention
 from harness.attention.fp8 import dequantized
 from harness.attention.variants import alibi_bias, alibi_slopes
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs, query_positions, visible_mask
+from harness.suite.inputs import AttentionInputs, input_leaves, query_positions, visible_mask
 from harness.suite.ragged import RaggedInputs, sequence_mask
 
 #: Above this many score elements (B·H·S_q·S_kv) the reference samples query rows (forward) or
@@ -224,28 +225,42 @@ class ReferenceCache:
 
     def __init__(self) -> None:
         self._key: tuple | None = None
-        self._inputs: list[torch.Tensor] = []
+        self._inputs: list[tuple[str, Any]] = []
         self._value: object = None
 
     @staticmethod
-    def _tensors(inputs: AttentionInputs) -> list[torch.Tensor]:
-        return [t for t in (inputs.q, inputs.k, inputs.v, inputs.grad_out) if t is not None]
+    def _leaves(inputs: AttentionInputs) -> list[tuple[str, Any]]:
+        """Everything the reference reads: every leaf of the inputs (q, k, v, grad_out, the FP8 descales, the sinks, the lengths)."""
+        return input_leaves(inputs)
 
-    def _holds(self, key: tuple, tensors: list[torch.Tensor]) -> bool:
+    @staticmethod
+    def _tensor_like(value: Any) -> bool:
+        """A tensor, or what stands for one where the cache looks (shape, dtype, detach, cpu, to): compared by its contents."""
+        return isinstance(value, torch.Tensor) or all(hasattr(value, name) for name in ("shape", "dtype", "detach", "to"))
+
+    def _holds(self, key: tuple, leaves: list[tuple[str, Any]]) -> bool:
+        def same(a: Any, b: Any) -> bool:
+            if self._tensor_like(a) or isinstance(b, torch.Tensor):
+                return (self._tensor_like(a) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+                        and torch.equal(a.detach().cpu(), b))
+            return type(a) is type(b) and a == b
+
         return (
-            self._key == key and len(tensors) == len(self._inputs)
-            and all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.detach().cpu(), b) for a, b in zip(tensors, self._inputs))
+            self._key == key and [p for p, _ in leaves] == [p for p, _ in self._inputs]
+            and all(same(a, b) for (_, a), (_, b) in zip(leaves, self._inputs))
         )
 
     def get(self, key: tuple, inputs: AttentionInputs, compute: Callable[[], object]) -> object:
         """The value for `key` and these inputs, computed (and kept) when not the last one."""
-        tensors = self._tensors(inputs)
-        if self._holds(key, tensors):
+        leaves = self._leaves(inputs)
+        if self._holds(key, leaves):
             return self._value
         self._key, self._inputs, self._value = None, [], None
         value = compute()
-        # `.to(copy=True)`: a CPU tensor's `.cpu()` is itself, and a later in-place write would pass the comparison.
-        self._key, self._inputs, self._value = key, [t.detach().to("cpu", copy=True) for t in tensors], value
+        # `.to(copy=True)`: a CPU tensor's `.cpu()` is itself, and a later in-place write would pass the comparison;
+        # a value deep-copied, so that a dict written in place is not compared with itself.
+        self._key, self._value = key, value
+        self._inputs = [(p, v.detach().to("cpu", copy=True) if self._tensor_like(v) else copy.deepcopy(v)) for p, v in leaves]
         return value
 
 

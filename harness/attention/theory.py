@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, Iterator
 
 import numpy as np
 
 from harness.suite.cases import Case
 from harness.suite.case_values import DTYPE_BYTES, FP8_DTYPES
-
-#: Backward costs 2.5× the forward (two matmuls become five); forward+backward 3.5×.
-MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 
 
 #: Padded sequences whose lengths are drawn and counted at a time: memory stays bounded whatever B is.
@@ -147,9 +143,22 @@ def forward_flops(case: Case) -> int:
     return 2 * case.H * (case.d_k + case.d_v) * mask_counts(case).pairs
 
 
+def backward_flops(case: Case) -> int:
+    """Backward FLOPs: `2·H·(3·d_k + 2·d_v)` per visible pair, its five products.
+
+    S = Q·Kᵀ recomputed (2·d_k), dV = Pᵀ·dO (2·d_v), dP = dO·Vᵀ (2·d_v), dQ = dS·K (2·d_k), dK = dSᵀ·Q (2·d_k): 2.5× the
+    forward only when d_k = d_v (FlashAttention's benchmark convention); a DeepSeek-shaped 192/128 backward is 832/800 of that.
+    """
+    return 2 * case.H * (3 * case.d_k + 2 * case.d_v) * mask_counts(case).pairs
+
+
 def flops(case: Case) -> int:
-    """FLOPs of the case's pass (fwd, bwd = 2.5× fwd, fwd_bwd = 3.5× fwd)."""
-    return round(forward_flops(case) * Fraction(MODE_FLOP_FACTOR[case.mode]))  # exact, however large
+    """FLOPs of the case's pass: the forward's, the backward's five products, or both (exact integers, however large)."""
+    if case.mode == "fwd":
+        return forward_flops(case)
+    if case.mode == "bwd":
+        return backward_flops(case)
+    return forward_flops(case) + backward_flops(case)
 
 
 def touched_bytes(case: Case) -> dict[str, int]:
@@ -181,13 +190,14 @@ def touched_bytes(case: Case) -> dict[str, int]:
 def min_bytes(case: Case) -> int:
     """The fewest bytes the pass must move through memory, counting only what the mask leaves.
 
-    fwd: read Q, K, V once and write O once. bwd: read Q, K, V, O and dO, write dQ, dK, dV.
-    fwd_bwd: the sum of both. Decoding (S_q = 1) is dominated by K and V:
+    fwd: read Q, K, V once and write O once. bwd: read Q, K, V, O and dO, write dQ, dK, dV (MLA reads V inside K's
+    latent, but its backward still writes dV: H_kv·d_v per key row). fwd_bwd: the sum of both. Decoding (S_q = 1) is dominated by K and V:
     `(q + o + Σ_b len_b·H_kv·(d_k + d_v))·bytes`, the formula FlashInfer's decode benchmarks use.
     """
     t = touched_bytes(case)
     fwd = t["q"] + t["k"] + t["v"] + t["o"] + t.get("table", 0) + t.get("sinks", 0)
-    bwd = 2 * (t["q"] + t["k"] + t["v"]) + 2 * t["o"] + t.get("sinks", 0)
+    dv_written = mask_counts(case).key_rows * case.H_kv * case.d_v * kv_element_size(case) if case.mla else t["v"]
+    bwd = 2 * (t["q"] + t["k"]) + t["v"] + dv_written + 2 * t["o"] + t.get("sinks", 0)
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[case.mode]
 
 

@@ -55,6 +55,9 @@ class Prepared:
     grads_to_packed: Callable[[Any], list[torch.Tensor]] | None = None
     #: A padded batch's backward: the largest |value| its gradients hold in the padding rows (which no reference judges), or None.
     padding_gradients: Callable[[Any], float] | None = None
+    #: What the library says it planned for this call, read from it after its plan (FlashInfer's decode module, built for
+    #: kv_data_type): searched by the kernel proof beside the trace, for a kernel whose traced name carries no dtype.
+    planned_kernels: tuple[str, ...] = ()
 
 
 class NotPrepared(TypeError):

@@ -180,7 +180,8 @@ class _FlashBase(Backend):
         # The rules differ by GPU (FA3's d_v ≠ d_k, FA4's head dims): this machine's GPU when it has one.
         cc = cuda_capability()
         major = cc[0] if cc else None
-        words = head_dim_refusal(self.generation, case.d_k, case.d_v, backward=case.mode != "fwd", major=major)
+        words = head_dim_refusal(self.generation, case.d_k, case.d_v, backward=case.mode != "fwd", major=major,
+                                 fp8=case.dtype in FP8_DTYPES)
         if words:
             return f"{self.name} {words}; case has d_k={case.d_k}, d_v={case.d_v}"
         words = arch_refusal(self.generation, case, major)  # the variants the base let through, on this GPU

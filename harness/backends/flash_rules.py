@@ -5,7 +5,8 @@
   `page_block_size % 256 == 0` (:583, :1264); `flash_attn/flash_attn_interface.py` pads a head dim
   that is not a multiple of 8 itself (:830, :921), so any d ≤ 256 is served.
 - FA3 (`hopper/flash_api.cpp` at v2.8.3): forward `head_size <= max_headdim` (256, :745), head dims
-  multiples of 8 for fp16/bf16 (:820), d_v ≠ d_k only for d_k in (128, 192] with d_v in (96, 128],
+  multiples of 8 for fp16/bf16 and of 16 for FP8 e4m3 (:820, `int const alignment = q_type ==
+  torch::kFloat8_e4m3fn ? 16 : 8; TORCH_CHECK(head_size % alignment == 0, ...)`, head_size_v alike), d_v ≠ d_k only for d_k in (128, 192] with d_v in (96, 128],
   or d_k ≤ 64 with d_v ≤ 512 (:747-751), and only on Hopper (:752); its backward checks
   `max(head_size, head_size_v) <= 256` (:1301). Its default build has sm80 and sm90 kernels.
 - FA4 (flash-attn-4 4.0.0b36, `flash_attn/cute/interface.py`): `_validate_head_dims` (:121) per
@@ -48,8 +49,8 @@ def fa4_head_dims_ok(d_k: int, d_v: int, major: int) -> bool:
     return True  # sm80 and sm120: the interface checks no head dims there
 
 
-def head_dim_refusal(generation: int, d_k: int, d_v: int, *, backward: bool, major: int | None) -> str | None:
-    """Why FlashAttention `generation` refuses these head dims (in its own words), or None; `major` None: GPU unknown."""
+def head_dim_refusal(generation: int, d_k: int, d_v: int, *, backward: bool, major: int | None, fp8: bool = False) -> str | None:
+    """Why FlashAttention `generation` refuses these head dims (in its own words), or None; `major` None: GPU unknown; `fp8`: e4m3 inputs."""
     if generation == 2:
         if d_v != d_k:
             return "needs d_v = d_k (flash_api.cpp checks v's head_size against q's)"
@@ -57,13 +58,15 @@ def head_dim_refusal(generation: int, d_k: int, d_v: int, *, backward: bool, maj
             return 'supports head dims up to 256 ("FlashAttention forward only supports head dimension at most 256")'
         return None
     if generation == 3:
-        return _fa3_refusal(d_k, d_v, backward, major)
+        return _fa3_refusal(d_k, d_v, backward, major, fp8)
     return _fa4_refusal(d_k, d_v, backward, major)
 
 
-def _fa3_refusal(d_k: int, d_v: int, backward: bool, major: int | None) -> str | None:
-    if d_k % 8 or d_v % 8:
-        return 'needs head dims that are multiples of 8 ("head_size should be a multiple of 8")'
+def _fa3_refusal(d_k: int, d_v: int, backward: bool, major: int | None, fp8: bool = False) -> str | None:
+    alignment = 16 if fp8 else 8  # hopper/flash_api.cpp: `q_type == torch::kFloat8_e4m3fn ? 16 : 8`, for head_size and head_size_v
+    if d_k % alignment or d_v % alignment:
+        return (f'needs {"FP8 " if fp8 else ""}head dims that are multiples of {alignment} '
+                f'("head_size should be a multiple of {alignment}")')
     if d_k > 256:
         return 'supports head dims up to 256 ("FlashAttention forward only supports head dimension at most 256")'
     if d_v != d_k:

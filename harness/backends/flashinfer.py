@@ -181,6 +181,31 @@ def flashinfer_dense_call(case: Case, inputs: AttentionInputs) -> FlashinferCall
     return call
 
 
+#: How a planned module is named among the traced kernels (the kernels column, a mismatch line).
+PLANNED_PREFIX = "planned module "
+
+
+def planned_decode_module(wrapper: Any, head_dim: int) -> str | None:
+    """The CUDA-core decode module the wrapper's last plan() built, as FlashInfer names it (its URI, which holds dtype_kv), or None.
+
+    BatchDecodeWithPagedKVCacheWrapper.plan() records the data types it planned (`_cached_q/kv/o_data_type`, `_pos_encoding_mode`,
+    `_window_left`, `_logits_soft_cap`) and, without tensor cores, loads `get_batch_decode_module(q, kv, o, indptr.dtype, head_dim,
+    head_dim, PosEncodingMode[pos_encoding_mode].value, window_left != -1, logits_soft_cap > 0)`, whose URI
+    `get_batch_decode_uri(*args)` is computed here from what plan() recorded (flashinfer 0.7.2.post1's decode.py). None on the
+    tensor-core path (another module, whose kernel name holds the type) or where the wrapper records none of it.
+    """
+    if getattr(wrapper, "use_tensor_cores", True) or getattr(wrapper, "_jit_module", None) is not None:
+        return None
+    decode = importlib.import_module("flashinfer.decode")
+    try:
+        args = (wrapper._cached_q_data_type, wrapper._cached_kv_data_type, wrapper._cached_o_data_type, wrapper._paged_kv_indptr_buf.dtype,
+                head_dim, head_dim, decode.PosEncodingMode[wrapper._pos_encoding_mode].value, wrapper._window_left != -1,
+                (wrapper._logits_soft_cap or 0) > 0)
+    except (AttributeError, KeyError):
+        return None  # another FlashInfer's wrapper: the kernel-name claim stands alone
+    return PLANNED_PREFIX + decode.get_batch_decode_uri(*args)
+
+
 def kernel_build_refusal() -> str | None:
     """Why FlashInfer could get no kernels here, or None: no prebuilt ones, and no nvcc or ninja to JIT-compile them.
 
@@ -249,7 +274,9 @@ class FlashinferBackend(Backend):
     #: An FP8 KV cache beside fp16/bf16 queries, in the paged decode wrapper (kv_data_type at plan(), k_scale/v_scale at run()).
     kv_dtypes = frozenset({"fp8_e4m3", "fp8_e5m2"})
     dtypes = frozenset({"fp16", "bf16"})
-    #: What an FP8-cache row's trace must show: FlashInfer's decode kernels are templated on the cache's __nv_fp8 type (unverified).
+    #: What an FP8-cache row's trace must show: a name holding the cache's FP8 type (the tensor-core path's prefill kernel is
+    #: templated on __nv_fp8_e4m3/e5m2), or, for the CUDA-core decode kernel, whose traced name (`…, Params>`) holds none and
+    #: whose module loads through TVM-FFI (no operator names it), the module plan() built for kv_data_type (planned_decode_module).
     fp8_kernels = ("fp8", "e4m3", "e5m2")
 
     def version(self) -> str:
@@ -293,4 +320,6 @@ class FlashinferBackend(Backend):
 
         built_with = ", ".join(f"{key}={value}" for key, value in call.init_args.items())
         notes = {"kernel": f"flashinfer.{call.wrapper}" + (f"({built_with})" if built_with else ""), "kv_layout": "NHD", **call.notes}
-        return Prepared(fn=fn, to_bhsd=call.to_checked, notes=notes, plan_s=plan_s, compile_s=max(0.0, first_s - plan_s))
+        planned = planned_decode_module(wrapper, call.plan_args["head_dim"]) if call.wrapper == PAGED_DECODE else None
+        return Prepared(fn=fn, to_bhsd=call.to_checked, notes=notes, plan_s=plan_s, compile_s=max(0.0, first_s - plan_s),
+                        planned_kernels=(planned,) if planned else ())

@@ -87,6 +87,8 @@ class FlashinferMlaBackend(Backend):
     native_gqa = True
     supports_backward = False
     layouts = frozenset({"paged"})
+    #: The model's softmax scale (an MLA case's `scale`) is plan()'s sm_scale.
+    score_variants = frozenset({"scale"})
     dtypes = frozenset({"fp16", "bf16"})
     #: One of the kernels an MLA row must show (harness.backends.kernel_claims), by the backend "auto" plans: fa2's
     #: `flashinfer::mla::BatchMLAPagedAttentionKernel` (mla.cuh), fa3's `…::hopper::BatchMLAPageAttentionHopperKernel`

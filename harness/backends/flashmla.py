@@ -92,6 +92,8 @@ class FlashmlaBackend(Backend):
     native_gqa = True
     supports_backward = False
     layouts = frozenset({"paged"})
+    #: The model's softmax scale (an MLA case's `scale`: 1/√192 × YaRN's mscale²) is flash_mla_with_kvcache's softmax_scale.
+    score_variants = frozenset({"scale"})
     dtypes = frozenset({"bf16", "fp16"})  # its FP8 cache is another layout, not adapted
     #: The kernel an MLA row must show in the profiler (harness.backends.kernel_claims): FlashMLA's own benchmark times it by
     #: this name (tests/test_flash_mla_dense_decoding.py: `get_kernel_time("flash_fwd_splitkv_mla_kernel")`); unverified on a GPU here.

@@ -13,7 +13,9 @@ Substrings are case-insensitive, and one of a group is enough (a library picks a
 may instead define `kernel_claim(case) -> KernelClaim | None` itself. An FP8 claim also forbids a GEMM operator on
 bf16, fp16 or fp32 operands that no claimed operator called (`wide_gemms`): the dequantize-then-GEMM fallback,
 told by its operands' dtypes, which torch's profiler records with `record_shapes`. What a trace holds and where it
-comes from is harness.profiling.kernel_trace's; the executor's phase is harness.execution.kernel_proof's.
+comes from is harness.profiling.kernel_trace's; the executor's phase is harness.execution.kernel_proof's. Where a
+kernel's traced name carries no dtype (FlashInfer's CUDA-core decode), the adapter hands what the library recorded it
+planned (Prepared.planned_kernels: the module built for kv_data_type), which the proof searches beside the trace.
 """
 
 from __future__ import annotations

@@ -17,14 +17,13 @@ backend is their eager baseline: the timed call gathers each request's latent ro
 padded `[B, S_kv, d_c + d_rope]` batch (the gather a paged cache costs an eager kernel), then runs the same absorbed
 attention under each request's own mask.
 
-The softmax scale is the harness's 1/√d_k; DeepSeek uses 1/√(d_nope + d_rope) = 1/√192, a constant
-that changes no cost. Training uses the decompressed form, which is plain MHA with d_k = 192 and
+The softmax scale is the case's (`Case.softmax_scale`): a model preset's MLA cases carry the model's own,
+1/√(d_nope + d_rope) = 1/√192 times YaRN's mscale², never the absorbed head's 1/√576. Training uses the decompressed form, which is plain MHA with d_k = 192 and
 d_v = 128 (every other backend serves it), so this backend is forward only.
 """
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
@@ -61,7 +60,7 @@ def paged_absorbed(case: Case, inputs: RaggedInputs) -> Prepared:
     pages = inputs.k_pages.detach().reshape(-1, case.d_k)  # H_kv = 1: one latent row per cached token
     rows = padded_latent_rows(inputs)
     mask = padded_mask(inputs, case.window, q.device)
-    scale = 1.0 / math.sqrt(case.d_k)
+    scale = case.softmax_scale
 
     def fn() -> torch.Tensor:
         return absorbed_mla(q, pages[rows], case.d_v, mask, scale)
@@ -102,6 +101,7 @@ class MlaBackend(Backend):
     native_gqa = True
     supports_backward = False
     layouts = frozenset({"dense", "paged"})
+    score_variants = frozenset({"scale"})
 
     def supports(self, case: Case) -> str | None:
         """Only MLA cases (mla=True: one latent cache, V inside K), dense or paged, forward only."""
@@ -118,7 +118,7 @@ class MlaBackend(Backend):
         q = inputs.q
         latent = inputs.k[:, 0]
         mask = visible_mask(case, device=q.device)
-        scale = 1.0 / math.sqrt(case.d_k)
+        scale = case.softmax_scale
         notes = {
             "form": "absorbed", "d_c": case.d_v, "d_rope": case.d_k - case.d_v,
             "kv_cache_bytes_per_token": kv_cache_bytes_per_token(case),

@@ -316,7 +316,8 @@ def _run_phases(case: Case, backend: Backend, phases: Phases, budget: Budget, re
             if case.deterministic and outcome.bitwise_repeatable is False:  # the claim measured, and failed
                 agreement = agreement.disagreeing(NOT_REPEATABLE)
             if phases.check:  # the backend's kernel claim, proved by one untimed profiled call of the plain step (kernel_proof)
-                prove_kernels(case, backend, build_step(case, prepared, inputs) if phases.timer == "graph" else step, outcome)
+                prove_kernels(case, backend, build_step(case, prepared, inputs) if phases.timer == "graph" else step, outcome,
+                              prepared.planned_kernels)
         if phases.time and phases.energy:
             with watch("energy"):
                 outcome.energy = pair_energy(step, case.device, outcome.measurement.stats.median,

@@ -25,8 +25,11 @@ MAX_KERNELS = 20
 MAX_NAME_CHARS = 160
 
 
-def prove_kernels(case: Case, backend: Backend, step: Callable[[], Any], outcome: PairOutcome) -> None:
-    """Profile one call of `step` and record in `outcome` what ran and whether it meets the backend's claim (if it claims one)."""
+def prove_kernels(case: Case, backend: Backend, step: Callable[[], Any], outcome: PairOutcome, planned: Sequence[str] = ()) -> None:
+    """Profile one call of `step` and record in `outcome` what ran and whether it meets the backend's claim (if it claims one).
+
+    `planned`: what the library recorded it planned (Prepared.planned_kernels), searched beside the trace's names: a kernel
+    whose traced name holds no dtype (FlashInfer's CUDA-core decode) is proved FP8 by the module its plan built."""
     claim = claimed_kernels(backend, case)
     if claim is None:
         return
@@ -41,8 +44,8 @@ def prove_kernels(case: Case, backend: Backend, step: Callable[[], Any], outcome
     def claimed(name: str) -> bool:
         return matches(name, claim.substrings)
 
-    outcome.kernels = kernels_column(trace.shown, claimed)
-    outcome.kernel_mismatch = mismatch(claim, trace.shown, trace.searched, trace.wide_gemms(claimed))
+    outcome.kernels = kernels_column([*planned, *trace.shown], claimed)
+    outcome.kernel_mismatch = mismatch(claim, trace.shown, [*trace.searched, *planned], trace.wide_gemms(claimed))
     if claim.no_wide_gemms and not trace.dtypes_known:
         outcome.notes = {**outcome.notes,
                          "kernel_proof_dtypes": "the profiler gave no operand dtypes: a bf16 GEMM fallback could not be told"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -10,7 +11,7 @@ import torch
 
 from harness.attention.numerics import Agreement
 from harness.suite.cases import Case
-from harness.suite.inputs import AttentionInputs
+from harness.suite.inputs import AttentionInputs, input_leaves
 from harness.suite.ragged import make_case_inputs
 
 #: Elements compared per step when a host copy is checked against a device tensor: bounds the device memory the
@@ -27,11 +28,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 class KeptInputs:
     """An exact copy of a case's inputs as drawn, on the host, to tell whether a backend changed them.
 
-    Every field of the inputs is kept: tensors bit for bit (a sum or a norm cannot tell: a permutation,
-    q reversed along S_q or heads swapped, leaves both unchanged), the rest by value (a ragged batch's
-    lengths, page size and causal flag, which a backend could rebind). The copy costs the inputs' size
-    again in host memory, never device memory: at the top of `default` (B 8, S 16384, H 32, d_k 128,
-    bf16) about 3 GiB of RAM, beside the device's 141 GB left to the backends.
+    Every field of the inputs is kept, down to its leaves (`input_leaves`: the FP8 descales in their dict, the
+    sinks, a ragged batch's lengths): tensors bit for bit (a sum or a norm cannot tell: a permutation, q reversed
+    along S_q or heads swapped, leaves both unchanged), the rest by value, copied (a dict kept by reference would
+    compare an in-place write with itself). The copy costs the inputs' size again in host memory, never device
+    memory: at the top of `default` (B 8, S 16384, H 32, d_k 128, bf16) about 3 GiB of RAM.
     """
 
     tensors: dict[str, torch.Tensor]
@@ -39,28 +40,32 @@ class KeptInputs:
 
     @classmethod
     def of(cls, inputs: Any) -> "KeptInputs":
-        """A host copy of every field of `inputs` (an AttentionInputs or a RaggedInputs)."""
+        """A host copy of every leaf of `inputs` (an AttentionInputs or a RaggedInputs)."""
         tensors, values = {}, {}
         with torch.no_grad():
-            for f in dataclasses.fields(inputs):
-                value = getattr(inputs, f.name)
+            for path, value in input_leaves(inputs):
                 if isinstance(value, torch.Tensor):
-                    tensors[f.name] = value.detach().to("cpu", copy=True)
+                    tensors[path] = value.detach().to("cpu", copy=True)
                 else:
-                    values[f.name] = value
+                    values[path] = copy.deepcopy(value)
         return cls(tensors, values)
 
     def changed(self, inputs: Any) -> list[str]:
-        """The fields of `inputs` that are no longer the kept ones: a tensor's shape, dtype or any bit, or another value."""
+        """The leaves of `inputs` that are no longer the kept ones (a tensor's shape, dtype or any bit, another value), or are new or gone."""
+        now = dict(input_leaves(inputs))
         changed = []
-        for f in dataclasses.fields(inputs):
-            now = getattr(inputs, f.name)
-            if f.name in self.tensors:
-                same = isinstance(now, torch.Tensor) and self._same(self.tensors[f.name], now)
+        for path in [*self.tensors, *self.values, *(p for p in now if p not in self.tensors and p not in self.values)]:
+            if path not in now:
+                changed.append(path)
+            elif path in self.tensors:
+                if not (isinstance(now[path], torch.Tensor) and self._same(self.tensors[path], now[path])):
+                    changed.append(path)
+            elif path in self.values:
+                kept = self.values[path]
+                if isinstance(now[path], torch.Tensor) or type(now[path]) is not type(kept) or now[path] != kept:
+                    changed.append(path)
             else:
-                same = not isinstance(now, torch.Tensor) and type(now) is type(self.values.get(f.name)) and now == self.values.get(f.name)
-            if not same:
-                changed.append(f.name)
+                changed.append(path)
         return changed
 
     @staticmethod

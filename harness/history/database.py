@@ -5,6 +5,9 @@ is PostgreSQL (through psycopg 3). Opening creates the tables or migrates an old
 transaction. Every problem a user can cause is one line (UserError): a file that is no SQLite database or a corrupt one
 (never written to: it is checked read-only before anything else touches it), a database locked by another process (after
 a busy wait of ATTNBENCH_DB_TIMEOUT_S, default 10 s), an unreachable server, a --db that names neither.
+
+SQLAlchemy (and psycopg for PostgreSQL) is the optional `db` extra, imported only here: a sweep, its report and `gpu-check`
+run without it (the GPU box has none and no index to fetch it from); a database command without it says what to install.
 """
 
 from __future__ import annotations
@@ -204,10 +207,6 @@ class Database:
 
 def _postgres(url: str) -> Database:
     """Open a PostgreSQL database through psycopg 3; one line when the URL is malformed or the server unreachable."""
-    try:
-        import psycopg  # noqa: F401  (checked here: the message names what to install)
-    except ImportError:
-        raise UserError("a postgresql:// database needs psycopg 3: pip install 'psycopg[binary]'") from None
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
@@ -232,9 +231,37 @@ def _postgres(url: str) -> Database:
     return db
 
 
+#: What the results database needs installed (pyproject's `db` extra), as the refusal names it.
+SQLALCHEMY_REQUIREMENT = "sqlalchemy>=2.0"
+PSYCOPG_REQUIREMENT = "psycopg[binary]>=3.1"
+
+
+def require_drivers(postgres: bool) -> None:
+    """Refuse in one line, naming what to pip install, when SQLAlchemy 2 (or, for PostgreSQL, psycopg 3) does not import."""
+    wanted, found = [], ""
+    try:
+        import sqlalchemy
+
+        if int(sqlalchemy.__version__.split(".")[0]) < 2:
+            wanted.append(SQLALCHEMY_REQUIREMENT)
+            found = f" (SQLAlchemy {sqlalchemy.__version__} is too old)"
+    except ImportError:
+        wanted.append(SQLALCHEMY_REQUIREMENT)
+    if postgres:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            wanted.append(PSYCOPG_REQUIREMENT)
+    if wanted:
+        kind = "a postgresql:// results database" if postgres else "the results database"
+        raise UserError(f"{kind} needs {' and '.join(wanted)}, which is not installed here{found}: pip install "
+                        + " ".join(f"'{w}'" for w in wanted) + " (attnbench's `db` extra); runs and reports need neither")
+
+
 def open_database(target: str | Path | None, *, create: bool = True) -> Database:
     """Open (creating or migrating) the results database `target` names: None → results/attnbench.sqlite, a path, or a PostgreSQL URL."""
     text = str(DEFAULT_PATH if target is None else target)
+    require_drivers(postgres=text.startswith(_POSTGRES_PREFIXES))
     if text.startswith(_POSTGRES_PREFIXES):
         return _postgres(text)
     if "://" in text:

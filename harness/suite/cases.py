@@ -131,9 +131,10 @@ class Case:
 
     def _check_variants(self) -> None:
         """Refuse score variants together that no model has and no definition here covers."""
-        used = [name for name in ("softcap", "sinks", "alibi", "scale") if getattr(self, name) not in (None, False)]
+        used = [name for name in ("softcap", "sinks", "alibi") if getattr(self, name) not in (None, False)]
         if self.mla and used:
-            raise UserError(f"an MLA case has no {used[0]}: DeepSeek's latent attention uses none of softcap, sinks, alibi or scale")
+            # A scale it has: DeepSeek's absorbed attention scales by its 192-wide q-k head's 1/√192 (times YaRN's mscale²), not 1/√576.
+            raise UserError(f"an MLA case has no {used[0]}: DeepSeek's latent attention uses none of softcap, sinks or alibi")
         if self.alibi and (self.softcap is not None or self.sinks):
             other = "softcap" if self.softcap is not None else "sinks"
             raise UserError(f"alibi with {other}: no model combines them, so no definition says in which order they apply")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +43,30 @@ class AttentionInputs:
     grad_out: torch.Tensor | None = None
     sinks: torch.Tensor | None = None
     descales: dict[str, torch.Tensor] | None = None
+
+
+def input_leaves(inputs: Any) -> list[tuple[str, Any]]:
+    """Every field of an inputs dataclass (AttentionInputs, RaggedInputs) down to its leaves, by path: a dict's entries
+    ("descales.k") and a list's or tuple's items of tensors ("x[1]") each on their own, every other value as it is.
+
+    What the input guard and the cached reference compare: a leaf held inside a container (an FP8 descale in the
+    `descales` dict) is compared by value, never through the container's identity, which an in-place write keeps."""
+    leaves: list[tuple[str, Any]] = []
+
+    def walk(path: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key in sorted(value, key=str):
+                walk(f"{path}.{key}", value[key])
+        elif isinstance(value, (list, tuple)) and any(isinstance(item, (torch.Tensor, dict, list, tuple)) for item in value):
+            for i, item in enumerate(value):
+                walk(f"{path}[{i}]", item)
+        else:
+            leaves.append((path, value))
+
+    names = [f.name for f in dataclasses.fields(inputs)] if dataclasses.is_dataclass(inputs) else list(vars(inputs))
+    for name in names:
+        walk(name, getattr(inputs, name))
+    return leaves
 
 
 def draw_sinks(case: Case, device: str | torch.device) -> torch.Tensor | None:

@@ -13,6 +13,8 @@ and left out, never approximated.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -60,6 +62,9 @@ class ModelPreset:
     layer_kinds: tuple[LayerKind, ...] = ()
     #: What the preset leaves out and why (a layer kind no Case field expresses, a constant not carried).
     note: str = ""
+    #: The model's own softmax scale where it is not 1/√d_k (a layer kind's `scale` overrides it): every case it makes,
+    #: MLA's absorbed decode included, says so in its `scale`.
+    scale: float | None = None
 
     @property
     def mla(self) -> bool:
@@ -90,7 +95,13 @@ _GEMMA2 = "attn_logit_softcapping, sliding_window, query_pre_attn_scalar (scale 
 _LLAMA4_NOTE = ("layer_types 'chunked_attention' (attention_chunk_size 8192, the RoPE layers: 3 of every 4, no_rope_layer_interval 4) "
                 "is left out: a query sees the keys of its own 8192-token chunk, which no Case field expresses (a window slides, a chunk does not). "
                 "The NoPE global layers are plain causal GQA; their attn_temperature_tuning scales the queries before attention")
-_MLA_NOTE = "the softmax scale's YaRN mscale correction is not carried (an MLA case has no scale; the cost does not depend on it)"
+_MLA_NOTE = "scale: 1/√(qk_nope_head_dim + qk_rope_head_dim) × YaRN's mscale² (rope_scaling factor, mscale_all_dim)"
+
+
+def yarn_mla_scale(qk_head_dim: int, factor: float, mscale_all_dim: float = 1.0) -> float:
+    """DeepSeek's MLA softmax scale: qk_head_dim^-0.5 × mscale², mscale = 0.1·mscale_all_dim·ln(factor) + 1 (its yarn_get_mscale)."""
+    mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return qk_head_dim ** -0.5 * mscale * mscale
 
 
 def _gpt_oss(name: str, layers: int) -> ModelPreset:
@@ -116,7 +127,9 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset("mistral-7b", "Jiang et al. 2023 (sliding window 4096)", D=4096, H=32, H_kv=8, d_k=128, d_v=128, context=32768, window=4096),
         # DeepSeek-V3 released config: hidden 7168, 128 heads, kv_lora_rank 512, qk_rope_head_dim 64,
         # qk_nope_head_dim 128, v_head_dim 128. Decompressed (prefill/training): d_k = 128 + 64 = 192, d_v = 128.
-        ModelPreset("deepseek-v3", "DeepSeek-AI 2024, released config (MLA)", D=7168, H=128, H_kv=128, d_k=192, d_v=128, context=163840, d_c=512, d_rope=64),
+        # Its scale: 1/√192 × mscale², rope_scaling {type yarn, factor 40, mscale_all_dim 1.0}.
+        ModelPreset("deepseek-v3", "DeepSeek-AI 2024, released config (MLA)", D=7168, H=128, H_kv=128, d_k=192, d_v=128, context=163840, d_c=512, d_rope=64,
+                    scale=yarn_mla_scale(192, 40.0), note=_MLA_NOTE),
         # 2025-2026 models, each from its official config.json (the fields read are named in its source).
         _gpt_oss("gpt-oss-20b", 24),
         _gpt_oss("gpt-oss-120b", 36),
@@ -136,8 +149,9 @@ PRESETS: dict[str, ModelPreset] = {
                     D=5120, H=40, H_kv=8, d_k=128, d_v=128, context=10485760, layers=48, note=_LLAMA4_NOTE,
                     layer_kinds=(LayerKind("global-nope", 12),)),
         ModelPreset("kimi-k2", _hf("moonshotai/Kimi-K2-Instruct", "hidden_size, num_attention_heads, kv_lora_rank, qk_rope_head_dim, "
-                                   "qk_nope_head_dim, v_head_dim, num_hidden_layers, max_position_embeddings"),
-                    D=7168, H=64, H_kv=64, d_k=192, d_v=128, context=131072, d_c=512, d_rope=64, layers=61, note=_MLA_NOTE),
+                                   "qk_nope_head_dim, v_head_dim, num_hidden_layers, max_position_embeddings, rope_scaling"),
+                    D=7168, H=64, H_kv=64, d_k=192, d_v=128, context=131072, d_c=512, d_rope=64, layers=61, note=_MLA_NOTE,
+                    scale=yarn_mla_scale(192, 32.0)),  # rope_scaling {type yarn, factor 32, mscale_all_dim 1.0}
         ModelPreset("mistral-nemo-12b", _hf("mistralai/Mistral-Nemo-Base-2407", _GQA_FIELDS + ", sliding_window (null)"),
                     D=5120, H=32, H_kv=8, d_k=128, d_v=128, context=128000, layers=40),
     )
@@ -202,14 +216,17 @@ def model_cases(
             continue
         for kind in preset.kinds:
             extra = kind.case_fields()
+            if preset.scale is not None and "scale" not in extra:
+                extra["scale"] = preset.scale
             if prefill:
                 for mode in modes:
                     cases.append(Case(B=B, S_q=s, S_kv=s, H=H, H_kv=H_kv, d_k=preset.d_k, d_v=preset.d_v,
                                       dtype=dtype, device=device, causal=True, mode=mode, **extra))
             if decode:
                 if preset.mla:
+                    # The absorbed form's 576-wide head keeps the model's scale (its 192-wide q-k head's), never 1/√576.
                     cases.append(Case(B=B, S_q=1, S_kv=s, H=H, H_kv=1, d_k=preset.d_c + preset.d_rope, d_v=preset.d_c,
-                                      dtype=dtype, device=device, causal=True, mla=True))
+                                      dtype=dtype, device=device, causal=True, mla=True, scale=extra.get("scale")))
                 else:
                     cases.append(Case(B=B, S_q=1, S_kv=s, H=H, H_kv=H_kv, d_k=preset.d_k, d_v=preset.d_v,
                                       dtype=dtype, device=device, causal=True, **extra))

@@ -43,18 +43,27 @@ def _timed(fn: Callable[[], object], clock: Clock, budget: Budget, sampler: Any 
     return out
 
 
-def _cuda_matmul_peak(torch: Any, dtype: str, clock: Clock, sampler: Any) -> dict[str, Any]:
-    """TFLOP/s of one 8192² product in `dtype` on the GPU, with the clocks it ran at."""
+def _cuda_matmul_peak(torch: Any, dtype: str, clock: Clock, sampler: Any, device: str = "cuda") -> dict[str, Any]:
+    """TFLOP/s of one 8192² product in `dtype` on the GPU (FP8: through `_scaled_mm`, as the FP8 kernels run it), with its clocks.
+
+    `device`: cuda (a test runs the same calls on the CPU)."""
+    from harness.attention.fp8 import FP8_FORMATS, scaled_mm_product
     from harness.suite.inputs import torch_dtype
 
-    tdtype = torch_dtype(dtype)
-    generator = torch.Generator(device="cuda").manual_seed(0)
+    generator = torch.Generator(device=device).manual_seed(0)
     n = CUDA_MATMUL_N
-    a = torch.randn(n, n, generator=generator, device="cuda", dtype=torch.float32).to(tdtype)
-    b = torch.randn(n, n, generator=generator, device="cuda", dtype=torch.float32).to(tdtype)
-    timed = _timed(lambda: torch.matmul(a, b), clock, CUDA_BUDGET, sampler)
+    extra: dict[str, Any] = {}
+    if dtype in FP8_FORMATS:  # torch.matmul has no float8 kernel on CUDA
+        call = scaled_mm_product(n, n, n, dtype, device, generator)
+        extra["op"] = "torch._scaled_mm" + (" (e5m2 · e4m3: CUDA refuses two e5m2 operands)" if dtype == "fp8_e5m2" else "")
+    else:
+        tdtype = torch_dtype(dtype)
+        a = torch.randn(n, n, generator=generator, device=device, dtype=torch.float32).to(tdtype)
+        b = torch.randn(n, n, generator=generator, device=device, dtype=torch.float32).to(tdtype)
+        call = lambda: torch.matmul(a, b)  # noqa: E731
+    timed = _timed(call, clock, CUDA_BUDGET, sampler)
     flops = 2 * n**3
-    return {"n": n, "product": f"{n}×{n}·{n}×{n}", "flops": flops, **timed,
+    return {"n": n, "product": f"{n}×{n}·{n}×{n}", "flops": flops, **extra, **timed,
             "tflops": flops / timed["best_s"] / 1e12, "tflops_median": flops / timed["median_s"] / 1e12}
 
 

@@ -94,6 +94,11 @@ def _call(torch: Any, product: Product, tdtype: Any, device: str, generator: Any
     def draw(*shape: int) -> Any:
         return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(tdtype)
 
+    if tdtype.is_floating_point and tdtype.itemsize == 1:  # FP8: no matmul kernel; the 2-D `_scaled_mm` the FP8 kernels run (sweep skips batched)
+        from harness.attention.fp8 import FP8_FORMATS, scaled_mm_product
+
+        fmt = next(name for name, dt in FP8_FORMATS.items() if dt == tdtype)
+        return scaled_mm_product(product.m, product.k, product.n, fmt, device, generator)
     lead = (product.batch,) if product.batch > 1 else ()
     a = draw(*lead, product.m, product.k)
     if product.transposed and not lead:
@@ -114,11 +119,15 @@ def sweep(torch: Any, dtype: str, products: Sequence[Product], clock: Clock = ti
     rows = []
     # The cases' own products first, smallest first, then the squares: where the bound cuts, it cuts what the suite never runs.
     for product in sorted(products, key=lambda p: (p.source == "square", p.flops)):
-        op = "linear" if product.transposed and product.batch == 1 else "matmul"
+        fp8 = tdtype.is_floating_point and tdtype.itemsize == 1
+        op = "_scaled_mm" if fp8 else "linear" if product.transposed and product.batch == 1 else "matmul"
         row: dict[str, Any] = {"product": product.label, "source": product.source, "op": op, "flops": product.flops}
         left = bound_s - (time.perf_counter() - started)
         if left <= 0:
             rows.append({**row, "skipped": f"the sweep's {bound_s:g} s bound was spent"})
+            continue
+        if fp8 and product.batch > 1:
+            rows.append({**row, "skipped": "an FP8 product runs as torch._scaled_mm, which takes 2-D operands only"})
             continue
         call = _call(torch, product, tdtype, device, generator)
         first = time.perf_counter()
