@@ -6,11 +6,14 @@ CUDA torch, and whatever attention libraries the box has): it runs from the chec
 
 Each backend runs in its own child process (a kernel that kills its process, or leaves a sticky
 CUDA error, costs that backend only) over: fwd and bwd, causal and not, GQA at S = 1024, d_k 128,
-bf16; MHA at d_k 64; a padded batch (varlen); decoding against a 4 Ki cache; DeepSeek's absorbed MLA.
+bf16; MHA at d_k 64; a padded batch (varlen); decoding against a 4 Ki cache; DeepSeek's absorbed MLA; and, so that a
+first GPU run reaches them (PATHS), FP8 Q/K/V and an FP8 KV-cache decode, sinks in a window, softcap, ALiBi, a paged
+MLA decode, and the train suite's packed-documents backward with its deterministic twin. A backend's estimate counts
+only the cases it does not refuse by declaration (`declared_refusal`): those are answered in no time.
 Backends that compile each case (flex, naive-compiled) run COMPILING_CASES, 3 of them, first, so
 that every backend's estimate fits the budget (gpu_plan). Every output and gradient is
 checked against the float64 reference. Each child also measures the clock's fixed overhead per
-sample (an almost empty kernel), which single-kernel pairs are judged with. A backend the 270 s
+sample (an almost empty kernel), which single-kernel pairs are judged with. A backend the 345 s
 budget could not hold is a `skipped` row, which fails the check. The table and the exit status
 are harness/cli/gpu_check.py's; `--cpu` runs the same on the CPU with tiny shapes, for testing the command itself.
 """
@@ -29,13 +32,15 @@ from harness.measure.timing import Budget
 from harness.process.children import child_command, emit, run_child
 from harness.process.jobs import job_parser
 from harness.results.record import NOT_FAILURES, Record, Status
+from harness.suite.batch_axes import ragged_cases
 from harness.suite.cases import Case
 
 #: Short measurements: this is a check that kernels run and agree, with a rough time beside it.
 CHECK_BUDGET = Budget(warmup_s=0.01, measure_s=0.03, min_sample_s=0.0, min_rounds=3, max_rounds=50)
-#: The whole check's budget: `make gpu-check` must finish within 5 minutes. A backend the budget
+#: The whole check's budget: `make gpu-check` must finish within 6 minutes (19 backends × 16 cases, each backend's
+#: estimate counting only the cases it does not refuse by declaration: 331 s at most, a child with no library ~6 s). A backend the budget
 #: cannot hold is reported `skipped` (counted as a failure: it was not checked), never silently passed.
-TOTAL_BUDGET_S = 270.0
+TOTAL_BUDGET_S = 345.0
 #: How far a single-kernel pair's harness median, less the fixed overhead, may be from the profiler's kernel time (3 %).
 TIMER_TOLERANCE = 0.03
 #: Which of check_cases a compiling backend runs: a forward (MHA), a backward (GQA), a padded batch (GQA).
@@ -46,12 +51,18 @@ OVERHEAD_PROFILE_STEPS = 20
 OVERHEAD_ERROR = "fixed_overhead_error"
 
 
+#: The train suite's packed documents (suites/train.py DOCUMENTS): 16 on a heavy tail from 256 to 8 Ki tokens.
+TRAIN_DOCUMENTS = "longtail(256,8192,1.1)"
+
+
 def check_cases(device: str) -> list[Case]:
-    """The grid: realistic but small on CUDA, tiny on the CPU (--cpu)."""
+    """The grid: realistic but small on CUDA, tiny on the CPU (--cpu); `PATHS` names the cases past the first eight."""
     if device == "cuda":
-        B, S, H, H_kv, d, dtype, L, mla = 2, 1024, 16, 4, 128, "bf16", 4096, (128, 576, 512)
+        B, S, H, H_kv, d, dtype, L, mla, window = 2, 1024, 16, 4, 128, "bf16", 4096, (128, 576, 512), 128
+        mla_paged, documents, train = (16, 576, 512, "2x1@uniform(1024,4096)"), TRAIN_DOCUMENTS, {"B": 16, "H": 32, "H_kv": 8, "d_k": 128}
     else:
-        B, S, H, H_kv, d, dtype, L, mla = 2, 64, 4, 2, 32, "bf16", 256, (8, 72, 64)
+        B, S, H, H_kv, d, dtype, L, mla, window = 2, 64, 4, 2, 32, "bf16", 256, (8, 72, 64), 32
+        mla_paged, documents, train = (8, 72, 64, "2x1@uniform(32,200)"), "longtail(8,128)", {"B": 6, "H": 4, "H_kv": 2, "d_k": 32}
     cases = [
         Case(B=B, S_q=S, S_kv=S, H=H, H_kv=H_kv, d_k=d, d_v=d, dtype=dtype, device=device, causal=causal, mode=mode)
         for mode in ("fwd", "bwd") for causal in (False, True)
@@ -62,7 +73,51 @@ def check_cases(device: str) -> list[Case]:
         Case(B=B, S_q=1, S_kv=L, H=H, H_kv=H_kv, d_k=d, d_v=d, dtype=dtype, device=device, padding=True),
         Case(B=B, S_q=1, S_kv=L, H=mla[0], H_kv=1, d_k=mla[1], d_v=mla[2], dtype=dtype, device=device, mla=True),
     ]
+    gqa = {"B": B, "S_q": S, "S_kv": S, "H": H, "H_kv": H_kv, "d_k": d, "d_v": d, "device": device}
+    cases += [
+        # FP8: all-FP8 Q, K, V (FA3's FP8 kernel, eager-fp8) and bf16 queries over an FP8 KV cache (FlashInfer's decode).
+        Case(**gqa, dtype="fp8_e4m3", causal=True),
+        Case(B=B, S_q=1, S_kv=L, H=H, H_kv=H_kv, d_k=d, d_v=d, dtype=dtype, device=device, kv_dtype="fp8_e4m3"),
+        # Score variants, gpt-oss's sinks in a sliding window, Gemma's softcap, ALiBi.
+        Case(**gqa, dtype=dtype, causal=True, sinks=True, window=window),
+        Case(**gqa, dtype=dtype, causal=True, softcap=50.0),
+        Case(**gqa, dtype=dtype, causal=True, alibi=True),
+    ]
+    # MLA decode over a paged latent cache (FlashMLA's 64-token pages; DeepSeek-V3's heads at TP 8): flashmla, flashinfer-mla, mla.
+    cases += ragged_cases([mla_paged[3]], ("paged",), page_sizes=(64,), H=mla_paged[0], H_kv=1, d_k=mla_paged[1], d_v=mla_paged[2],
+                          mla=True, causal=True, dtype=dtype, device=device)
+    # The train suite's packed-documents backward, and its deterministic twin.
+    (packed,) = ragged_cases([documents], ("packed",), dtype=dtype, causal=True, device=device, **train)
+    cases += [packed.replace(mode="bwd"), packed.replace(mode="bwd", deterministic=True)]
     return cases
+
+
+#: What each case past the first eight reaches: its index in check_cases and the backends whose path it is (a test holds each
+#: of those exists and serves the case, by its own `supports`, on the CUDA grid).
+PATHS = {
+    "fp8 q/k/v": (8, ("flash-attn3", "eager-fp8")),
+    "fp8 kv cache decode": (9, ("flashinfer", "naive")),
+    "sinks + window": (10, ("flash-attn4", "naive")),
+    "softcap": (11, ("flash-attn2", "flash-attn3", "flash-attn4", "flashinfer", "naive")),
+    "alibi": (12, ("sdpa", "flash-attn2", "flashinfer", "naive")),
+    "paged mla decode": (13, ("flashmla", "flashinfer-mla", "mla")),
+    "packed backward": (14, ("flash-attn2", "flash-attn3", "flash-attn4", "sdpa")),
+    "deterministic packed backward": (15, ("flash-attn2", "flash-attn3", "flash-attn4")),
+}
+
+
+def declared_refusal(backend, case: Case) -> str | None:
+    """Why `backend` declares it cannot serve `case` (device, backward, dtype, layout, variants: class attributes, no import), or None.
+
+    Such a pair is answered unsupported in well under a second, so gpu-check's cost model counts only the others.
+    """
+    from harness.backends.base import layout_refusal
+
+    if case.device not in backend.devices:
+        return f"{backend.name} has no {case.device.upper()} kernel"
+    if case.mode != "fwd" and not backend.supports_backward:
+        return f"{backend.name} has no backward pass"
+    return layout_refusal(backend, case)
 
 
 def cases_for(family: str, device: str) -> list[Case]:
@@ -276,7 +331,8 @@ def plan_gpu_check(device: str, backends: Sequence[str] | None) -> GpuCheckPlan:
     registry = load_registry()
     names = tuple(backends) if backends else tuple(registry.names())
     families = {name: registry.get(name).family for name in names}
-    schedule = plan_schedule([(n, families[n], estimate_s(families[n], cases_for(families[n], device))) for n in names], TOTAL_BUDGET_S)
+    served = {n: [c for c in cases_for(families[n], device) if declared_refusal(registry.get(n), c) is None] for n in names}
+    schedule = plan_schedule([(n, families[n], estimate_s(families[n], served[n])) for n in names], TOTAL_BUDGET_S)
     return GpuCheckPlan(device, names, families, schedule)
 
 
