@@ -141,7 +141,12 @@ def test_on_the_h200s_numbers_flex_runs_first_with_time_for_its_compiles_and_eve
 
 
 def test_the_cost_models_estimates_for_the_h200s_backends_fit_the_budget():
-    estimates = [(n, f, estimate_s(f, gc.cases_for(f, "cuda"))) for n, f, _ in RUN1]
+    from harness.backends.registry import load_registry
+
+    registry = load_registry()  # every registered backend (RUN1's 15 and those added since), as plan_gpu_check counts them
+    estimates = [(n, registry.get(n).family, estimate_s(registry.get(n).family, [c for c in gc.cases_for(registry.get(n).family, "cuda")
+                                                                              if gc.declared_refusal(registry.get(n), c) is None]))
+                 for n in registry.names()]
     schedule = plan_schedule(estimates, gc.TOTAL_BUDGET_S)
     assert not schedule.skipped and sum(s.reserve_s for s in schedule.slots) <= gc.TOTAL_BUDGET_S
     # The full grid would not: two compiles for each of flex's 8 cases.
@@ -174,12 +179,15 @@ def test_gpu_check_runs_compilers_first_bounds_each_child_and_reports_what_it_sk
     monkeypatch.setattr(gc.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(gc, "TOTAL_BUDGET_S", 100.0)
     flex_s = estimate_s("flex", gc.cases_for("flex", "cpu"))
+    reserve = {s.name: s.reserve_s for s in gc.plan_gpu_check("cpu", ["naive", "sdpa", "flex"]).schedule.slots}
     assert main(["gpu-check", "--cpu", "--backends", "naive,sdpa,flex"]) == 0
-    assert ran == [("flex", round(100.0 - 28.0, 1)), ("naive", 36.0), ("sdpa", 14.0)]
-    assert flex_s <= 72.0
+    # flex first, with what the others' reserves leave; naive what flex's 50 s and sdpa's reserve leave; sdpa the rest.
+    naive_s = round(100.0 - 50.0 - reserve["sdpa"], 1)
+    assert ran == [("flex", round(100.0 - reserve["naive"] - reserve["sdpa"], 1)), ("naive", naive_s), ("sdpa", round(100.0 - 50.0 - naive_s, 1))]
+    assert flex_s <= ran[0][1]
     out = capsys.readouterr().out
-    assert "flex: each case compiles, so run first, on 3 of the 8 cases" in out
-    assert "naive: 1 ok, 0 unsupported in 36 s; fixed overhead 4.00 ± 0.05 µs a sample" in out
+    assert f"flex: each case compiles, so run first, on 3 of the {len(gc.check_cases('cpu'))} cases" in out
+    assert f"naive: 1 ok, 0 unsupported in {naive_s:.0f} s; fixed overhead 4.00 ± 0.05 µs a sample" in out
     assert "fixed overhead a sample between events, as the children measured it: 4.00–4.20 µs" in out
     monkeypatch.setattr(gc, "TOTAL_BUDGET_S", 40.0)
     ran.clear()
@@ -188,3 +196,39 @@ def test_gpu_check_runs_compilers_first_bounds_each_child_and_reports_what_it_sk
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("flex") and "skipped" in lines[-1] and "--backends flex" in lines[-1]
     assert MIN_CHILD_S <= 14.0
+
+
+def test_the_grid_reaches_fp8_paged_mla_the_score_variants_and_the_packed_deterministic_backward():
+    from harness.backends.registry import load_registry
+    from suites.train import SUITE as TRAIN
+
+    registry = load_registry()
+    cases = gc.check_cases("cuda")
+    reached = {name: cases[index] for name, (index, _) in gc.PATHS.items()}
+    assert reached["fp8 q/k/v"].dtype == "fp8_e4m3" and reached["fp8 kv cache decode"].kv_dtype == "fp8_e4m3"
+    assert reached["paged mla decode"].mla and reached["paged mla decode"].layout == "paged"
+    assert reached["sinks + window"].sinks and reached["sinks + window"].window
+    assert reached["softcap"].softcap and reached["alibi"].alibi
+    packed, det = reached["packed backward"], reached["deterministic packed backward"]
+    assert packed.layout == det.layout == "packed" and packed.mode == det.mode == "bwd" and det.deterministic and not packed.deterministic
+    assert packed in TRAIN.cases and det in TRAIN.cases  # the train suite's own shapes, not look-alikes
+    assert len({c.id for c in cases}) == len(cases)
+    for name, (index, backends) in gc.PATHS.items():
+        case = cases[index]
+        assert gc.Case.from_id(case.id, "cuda") == case or case.ragged  # a dense case's id rebuilds it exactly
+        for backend in backends:
+            assert backend in registry.names(), (name, backend)
+            assert registry.get(backend).supports(case) is None, (name, backend, registry.get(backend).supports(case))
+    # The CPU grid (--cpu) has the same paths, small.
+    assert len(gc.check_cases("cpu")) == len(cases)
+
+
+def test_the_plan_counts_only_the_cases_a_backend_does_not_refuse_by_declaration():
+    from harness.backends.registry import load_registry
+
+    registry = load_registry()
+    plan = gc.plan_gpu_check("cpu", ["eager-fp8", "naive"])
+    reserve = {slot.name: slot.reserve_s for slot in plan.schedule.slots}
+    served = [c for c in gc.check_cases("cpu") if gc.declared_refusal(registry.get("eager-fp8"), c) is None]
+    assert [c.dtype for c in served] == ["fp8_e4m3"]  # eager-fp8 computes in FP8 only: one case of sixteen
+    assert reserve["eager-fp8"] == max(MIN_CHILD_S, estimate_s("eager", served)) < reserve["naive"]

@@ -1,7 +1,7 @@
 """`attnbench gpu-check` (`make gpu-check`): the engine (harness/checks/gpu.py) called, its progress and table printed.
 
 Exit 0 when every pair that ran agrees, 1 when one disagrees or fails (or a backend was skipped because
-the 270 s budget could not hold it), 2 when there is no CUDA device.
+the 345 s budget could not hold it), 2 when there is no CUDA device.
 """
 
 from __future__ import annotations

@@ -161,8 +161,8 @@ def _release_memory(device: str) -> None:
 def missing_device(case: Case) -> str | None:
     """Why `case` cannot run on this machine because its device is not here (a CUDA case without CUDA), or None."""
     if case.device.startswith("cuda") and not torch.cuda.is_available():
-        return (f"the case is on {case.device}, and this machine has no CUDA device (torch {torch.__version__} sees none); "
-                "its CPU variant runs on a CPU")
+        return (f"the case is on {case.device}, and this machine has no CUDA device (torch {torch.__version__} sees none): "
+                "it runs on a CUDA GPU only (a built-in suite with a CPU grid runs that grid on a CPU)")
     return None
 
 

@@ -20,6 +20,7 @@ from harness.report.flags import emulated_bf16_note, flag_summary, flags_section
 from harness.report.page import commands, esc, fmt
 from harness.report.profiling import profiling_section
 from harness.report.repeats import repeats_section
+from harness.report.published import published_section
 from harness.report.roofline import roofline_section
 from harness.report.variants import models_section, variants_section
 from harness.report.determinism import determinism_section
@@ -304,4 +305,4 @@ def sections(data: analysis.RunData, baseline: str, variation: Variation | None 
         runtime_section(data),
         _environment(data),
     ] + [s for s in (models_section(frame, wins), variants_section(frame, variation.cv if variation else 0.0),
-                     determinism_section(frame), repeats_section(data.repeated)) if s is not None]
+                     determinism_section(frame), published_section(data), repeats_section(data.repeated)) if s is not None]

@@ -44,6 +44,9 @@ class Suite:
     #: The smaller grid the same suite runs on a CPU (None: `cases` on any device), and its budget there.
     cpu_cases: tuple[Case, ...] | None = None
     cpu_budget: Budget | None = None
+    #: A suite whose cases mean something on a CUDA GPU only (`published`: each a figure measured on one): on a CPU its
+    #: cases stay on CUDA, so each pair is answered unsupported with why (execution.execute.missing_device), never shrunk.
+    cuda_only: bool = False
 
     @property
     def slug(self) -> str:
@@ -62,11 +65,12 @@ class Suite:
         return list(self.backends) if self.backends else list(registered)
 
     def on_device(self, device: str) -> "Suite":
-        """The same suite with every case moved to `device`; on the CPU, its `cpu_cases` when it has them."""
+        """The same suite with every case moved to `device` (a `cuda_only` suite's stay); on the CPU, its `cpu_cases` when it has them."""
         cpu = device == "cpu"
         cases = self.cpu_cases if cpu and self.cpu_cases is not None else self.cases
         budget = self.cpu_budget if cpu and self.cpu_budget is not None else self.budget
-        return Suite(self.name, self.description, tuple(c.replace(device=device) for c in cases), self.backends, budget, self.tags)
+        moved = cases if self.cuda_only else tuple(c.replace(device=device) for c in cases)
+        return Suite(self.name, self.description, moved, self.backends, budget, self.tags, cuda_only=self.cuda_only)
 
 
 #: The suite name that picks the suite for the device: `default` on a GPU, `quick` on a CPU.
