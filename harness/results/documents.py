@@ -9,12 +9,13 @@ writer's or the Ray executor's additions pass through to `to_dict()` untouched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, BinaryIO, ClassVar, Iterator, TypeVar
 
 from harness.errors import UserError
 # The field checks live apart, in harness.results.field_checks, so that the run options check theirs the same way.
@@ -40,6 +41,16 @@ def read_regular(path: Path | str, what: str = "regular file", limit: int | None
     The file is opened non-blocking and checked on its descriptor, so a FIFO is refused rather than
     waited on, and nothing can swap the file between the check and the read.
     """
+    with open_regular(path, what, limit) as f:
+        try:
+            return f.read()
+        except OSError as exc:
+            raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def open_regular(path: Path | str, what: str = "regular file", limit: int | None = None) -> Iterator[BinaryIO]:
+    """A regular file open for reading in binary, checked as `read_regular` checks it: for a reader that streams it instead."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -54,12 +65,13 @@ def read_regular(path: Path | str, what: str = "regular file", limit: int | None
             raise UserError(f"{path} is {_KINDS.get(stat.S_IFMT(info.st_mode), 'not a regular file')}, not a {what}")
         if limit is not None and info.st_size > limit:
             raise UserError(f"{path} is {info.st_size} bytes, more than the {limit} bytes such a file can be")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read()
+        f = os.fdopen(os.dup(fd), "rb")
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+    with f:
+        yield f
 
 
 def _kind_of(path: Path) -> str | None:

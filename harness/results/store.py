@@ -6,18 +6,21 @@ Numbers are stored at full precision; only reports round.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from harness.suite.cases import CASE_FIELDS
 from harness.env import harness_identity
 from harness.errors import UserError
-from harness.results.documents import read_regular
+from harness.results.documents import open_regular
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
 if TYPE_CHECKING:  # pandas is imported where frames are built, not by every writer of a record
@@ -45,16 +48,28 @@ LAYOUT_FIELDS = ("page_size", "length_dist", "seq_lens_q", "seq_lens_kv")
 
 
 def write_file(path: Path | str, data: str | bytes) -> None:
-    """Write a run folder's file in place, never through a symbolic link at `path` (it could point at any file)."""
+    """Write a file whole beside `path` and rename it over `path`: a reader never sees half of it, and no other name of the old
+    file changes (a hard link to it keeps its bytes). Never through a symbolic link at `path` (it could point at any file)."""
     path = Path(path)
+    if path.is_symlink():
+        raise UserError(link_refusal(path))
+    mode = 0o644
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UserError(link_refusal(path)) from None
+        mode = stat.S_IMODE(os.stat(path).st_mode)  # a replaced file keeps its permissions
+    except FileNotFoundError:
+        pass
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def link_refusal(path: Path) -> str:
@@ -173,46 +188,100 @@ def _checked(record: dict[str, Any]) -> tuple[str | None, Record | None]:
         return str(exc).removeprefix("record: "), None
 
 
+def record_problem(record: dict[str, Any]) -> str | None:
+    """What a records file's reader would refuse in this parsed record (in words naming the field), or None: the check every
+    reader of records makes, wherever the record was kept (a records file, the results database)."""
+    try:
+        record = upgrade(record)
+    except UserError as exc:
+        return str(exc)
+    return _checked(record)[0]
+
+
+#: The longest line a records file may hold: a record with a million raw samples is a few tens of MB. A longer one is no record
+#: (a crash can leave gigabytes of NUL bytes in a preallocated file), and is never held in memory whole.
+MAX_RECORD_BYTES = 64 * 2**20
+#: How much of a records file is read at a time.
+_CHUNK_BYTES = 2**20
+
+
+def _lines(f, limit: int) -> Iterator[tuple[bytes | None, int, bool]]:
+    """Each line of the binary file `f` without its newline, its length in bytes with it, and whether it ended with a newline
+    (only the last may not); a line longer than `limit` comes as None, read through but never held whole."""
+    pending, size, oversized = bytearray(), 0, False
+    while chunk := f.read(_CHUNK_BYTES):
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if not oversized:
+                pending += chunk[start:end]
+            size += end - start + 1
+            yield (None if oversized or len(pending) > limit else bytes(pending)), size, True
+            pending, size, oversized, start = bytearray(), 0, False, end + 1
+        size += len(chunk) - start
+        if not oversized:
+            pending += chunk[start:]
+            if len(pending) > limit:
+                pending, oversized = bytearray(), True
+    if size:
+        yield (None if oversized else bytes(pending)), size, False
+
+
 def read_records(path: Path | str) -> ReadResult:
     """Read a records file; a truncated last line (a kill mid-write) is dropped, any other bad line is an error naming it.
 
     An empty file has no records (a run killed before its first one). A line must be a JSON object whose
     case_id, backend and status are strings and whose case fields are typed as a Case's; the error says
-    file:line and the field.
+    file:line and the field. The file is streamed: a line longer than MAX_RECORD_BYTES is refused (dropped when it is the
+    cut last one: a crash can leave gigabytes of NUL bytes in a preallocated file) without ever being held whole.
     """
     path = Path(path)
     if path.is_dir():
         path = path / RECORDS
     if not path.exists():
         raise UserError(f"no records file at {path}")
-    raw = read_regular(path, "records file")
     records: list[dict[str, Any]] = []
     built: list[Record | None] = []
-    lines = raw.split(b"\n")
     dropped = False
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    whole_bytes = 0
+    with open_regular(path, "records file") as f:
         try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; absurd nesting a RecursionError
-            if number == len(lines) and not raw.endswith(b"\n"):
-                dropped = True  # the last line, cut short by a kill mid-write: that pair is redone on resume
-                break
-            reason = exc if isinstance(exc, ValueError) else "nested too deep"
-            raise UserError(f"{path}:{number}: corrupt record ({reason})") from None
-        if not isinstance(record, dict):
-            raise UserError(f"{path}:{number}: corrupt record (a {type(record).__name__}, not a JSON object)")
-        try:
-            record = upgrade(record)
-        except UserError as exc:
-            raise UserError(f"{path}:{number}: {exc}") from None
-        problem, typed = _checked(record)
-        if problem is not None:
-            raise UserError(f"{path}:{number}: {problem}")
-        records.append(record)
-        built.append(typed)
-    return ReadResult(records, dropped, path, tuple(built), raw.rfind(b"\n") + 1)
+            for number, (line, size, ended) in enumerate(_lines(f, MAX_RECORD_BYTES), start=1):
+                if line is None and ended:
+                    raise UserError(f"{path}:{number}: corrupt record (a line of more than {MAX_RECORD_BYTES} bytes)")
+                record = None if line is None else _record_of_line(line, path, number, cut=not ended)
+                if record is None and not ended and (line is None or line.strip()):
+                    dropped = True  # the last line, cut short by a kill mid-write: that pair is redone on resume
+                    break
+                if ended:
+                    whole_bytes += size
+                if record is not None:
+                    problem, typed = _checked(record)
+                    if problem is not None:
+                        raise UserError(f"{path}:{number}: {problem}")
+                    records.append(record)
+                    built.append(typed)
+        except OSError as exc:
+            raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return ReadResult(records, dropped, path, tuple(built), whole_bytes)
+
+
+def _record_of_line(line: bytes, path: Path, number: int, cut: bool) -> dict[str, Any] | None:
+    """The record a line holds, upgraded; None for a blank line, or for the cut last line (`cut`) that is no JSON."""
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; absurd nesting a RecursionError
+        if cut:
+            return None
+        reason = exc if isinstance(exc, ValueError) else "nested too deep"
+        raise UserError(f"{path}:{number}: corrupt record ({reason})") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path}:{number}: corrupt record (a {type(record).__name__}, not a JSON object)")
+    try:
+        return upgrade(record)
+    except UserError as exc:
+        raise UserError(f"{path}:{number}: {exc}") from None
 
 
 def load_run(*run_dirs: Path | str):

@@ -1,0 +1,81 @@
+"""What the results database hands back, checked as a run folder's readers check the same data: a row tampered with inside a
+team's database (a record that is not JSON, a median stored as text, a manifest that is not an object) is one line naming the
+database, the run, the row and the field, never a traceback in `regress` or `site` and never a wrong trend.
+
+A row's queried columns are copies of its record's fields (harness.history.ingest), so each must equal what its record says.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from harness.errors import UserError
+from harness.history.ingest import ROW_COLUMNS
+
+#: The run columns that hold a run folder's documents, and the document each is read as.
+_DOCUMENTS = {"manifest_json": "Manifest", "env_json": "Environment", "peaks_json": "Peaks"}
+_COUNTS = ("pairs", "rows", "rows_ok")
+
+
+def _run_name(run_id: Any, run_uuid: Any) -> str:
+    """How a message names a run: its id and the first characters of its uuid."""
+    return f"run {run_id} ({str(run_uuid)[:8]})"
+
+
+def _json_object(text: Any, where: str, field: str) -> dict[str, Any]:
+    """The JSON object stored as text in `field`; UserError naming it otherwise."""
+    if not isinstance(text, str):
+        raise UserError(f"{where}: field {field!r} holds {type(text).__name__}, not JSON text")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise UserError(f"{where}: field {field!r} is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: field {field!r} is not a JSON object")
+    return value
+
+
+def check_run(run: dict[str, Any], database: str) -> None:
+    """Refuse (UserError) a stored run whose key, counts or documents are not what `db add` stores."""
+    from harness.results import documents
+
+    where = f"results database {database}: {_run_name(run.get('run_id'), run.get('run_uuid'))}"
+    for name in ("run_uuid", "run_id"):
+        if not isinstance(run.get(name), str) or not run[name]:
+            raise UserError(f"{where}: field {name!r} is {run.get(name)!r}, not a non-empty string")
+    for name in _COUNTS:
+        value = run.get(name)
+        if not (value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)):
+            raise UserError(f"{where}: field {name!r} is {value!r}, not a count")
+    for name, kind in _DOCUMENTS.items():
+        if name == "manifest_json" or run.get(name) is not None:
+            data = _json_object(run.get(name), where, name)
+            getattr(documents, kind).from_dict(data, where=f"{where}, field {name!r}")
+
+
+def _same(stored: Any, expected: Any) -> bool:
+    """Whether a stored column value is the one its record gives (NaN equal to NaN, a number's type exact)."""
+    if isinstance(expected, float) and math.isnan(expected):  # SQLite stores a NaN as NULL
+        return stored is None or (isinstance(stored, float) and math.isnan(stored))
+    return type(stored) is type(expected) and stored == expected
+
+
+def check_row(row: dict[str, Any], run_id: Any, ordinal: Any, database: str) -> None:
+    """Refuse (UserError) a stored row whose record is not one a records file could hold, or whose columns disagree with it."""
+    from harness.history.schema import coerce
+    from harness.results.store import record_problem
+
+    where = f"results database {database}: {_run_name(run_id, row.get('run_uuid'))}, row {ordinal}"
+    record = _json_object(row.get("record_json"), where, "record_json")
+    problem = record_problem(record)
+    if problem is not None:
+        raise UserError(f"{where}: record_json: {problem}")
+    for name in ROW_COLUMNS:
+        if name in ("run_uuid", "record_json"):
+            continue
+        expected = coerce(name, record.get(name))
+        if not _same(row.get(name), expected):
+            raise UserError(f"{where}: field {name!r} holds {row.get(name)!r} but its record says {expected!r}: the row was changed "
+                            "after it was added; add the run again with --replace from its folder")
