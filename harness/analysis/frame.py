@@ -83,6 +83,8 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
         ids = set(frame["run_id"].dropna()) or {run_id}
         stored_peaks = roofline.read_peaks(run_dir)
         run_env, manifest = read_optional(run_dir / ENV, Environment), read_optional(run_dir / MANIFEST, Manifest)
+        if manifest is not None:
+            manifest.pair_cases(run_dir / MANIFEST)  # every pair a case that can exist, as resume and db add check it
         for rid in ids:
             peaks[rid] = stored_peaks
             env[rid] = run_env.to_dict() if run_env else {}

@@ -198,6 +198,39 @@ class Manifest(Document):
         manifest.options = RunOptions.from_manifest(data, where)
         return manifest
 
+    def pair_cases(self, where: Path | str) -> list[tuple[Any, str]] | None:
+        """Every pair of `pair_specs` as (Case, backend), in run order, each a case that can exist and the pair `pairs` names at its
+        place; UserError naming `where` and the field otherwise; None for a manifest written before it held its pairs as data.
+
+        Every reader of a run checks this the same way (resume, db add, export, report, recommend)."""
+        import math
+
+        from harness.results.record import pair_key
+        from harness.suite.cases import OPTIONAL_FLOAT_FIELDS, case_from_fields
+
+        if self.pair_specs is None:
+            return None
+        keys, specs = self.pairs, self.pair_specs
+        if len(specs) != len(keys):
+            raise UserError(f"{where}: field 'pair_specs' has {len(specs)} pairs and field 'pairs' {len(keys)}: the manifest is damaged")
+        pairs = []
+        for i, (key, spec) in enumerate(zip(keys, specs)):
+            if "case" not in spec or "backend" not in spec:
+                raise UserError(f"{where}: field 'pair_specs[{i}]' lacks {'case' if 'case' not in spec else 'backend'}")
+            for name in OPTIONAL_FLOAT_FIELDS:  # NaN is how a CSV says "unset", never how a manifest does
+                value = spec["case"].get(name)
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise UserError(f"{where}: field 'pair_specs[{i}].case.{name}' is {value!r}, not a finite number")
+            try:
+                case = case_from_fields(spec["case"])
+            except (UserError, TypeError) as exc:
+                raise UserError(f"{where}: field 'pair_specs[{i}].case' is not a case ({exc})") from None
+            if pair_key(case, spec["backend"]) != key:
+                raise UserError(f"{where}: field 'pair_specs[{i}]' is pair {pair_key(case, spec['backend'])!r}, "
+                                f"but field 'pairs' says {key!r}: the manifest is damaged")
+            pairs.append((case, spec["backend"]))
+        return pairs
+
     def run_problem(self) -> str | None:
         """Why this manifest cannot be a run's (another tool's, or a run's without what resuming needs), or None."""
         if self.harness is not None and self.harness != HARNESS:

@@ -205,25 +205,32 @@ MAX_RECORD_BYTES = 64 * 2**20
 _CHUNK_BYTES = 2**20
 
 
-def _lines(f, limit: int) -> Iterator[tuple[bytes | None, int, bool]]:
+def _lines(f, limit: int) -> Iterator[tuple[bytes | str, int, bool]]:
     """Each line of the binary file `f` without its newline, its length in bytes with it, and whether it ended with a newline
-    (only the last may not); a line longer than `limit` comes as None, read through but never held whole."""
-    pending, size, oversized = bytearray(), 0, False
+    (only the last may not). A line that can be no record (longer than `limit`, or holding a NUL byte, which JSON never does)
+    comes as the reason, in words, read through but never held whole."""
+    pending, size, junk = bytearray(), 0, ""
     while chunk := f.read(_CHUNK_BYTES):
         start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            if not oversized:
-                pending += chunk[start:end]
-            size += end - start + 1
-            yield (None if oversized or len(pending) > limit else bytes(pending)), size, True
-            pending, size, oversized, start = bytearray(), 0, False, end + 1
-        size += len(chunk) - start
-        if not oversized:
-            pending += chunk[start:]
-            if len(pending) > limit:
-                pending, oversized = bytearray(), True
+        while start <= len(chunk):
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            size += len(piece) + (end >= 0)
+            if not junk:
+                if b"\0" in piece:
+                    junk = "it holds NUL bytes, as a crash can leave a preallocated file"
+                elif len(pending) + len(piece) > limit:
+                    junk = f"a line of more than {limit} bytes"
+            if junk:
+                pending = bytearray()
+            else:
+                pending += piece
+            if end < 0:
+                break
+            yield (junk or bytes(pending)), size, True
+            pending, size, junk, start = bytearray(), 0, "", end + 1
     if size:
-        yield (None if oversized else bytes(pending)), size, False
+        yield (junk or bytes(pending)), size, False
 
 
 def read_records(path: Path | str) -> ReadResult:
@@ -246,10 +253,10 @@ def read_records(path: Path | str) -> ReadResult:
     with open_regular(path, "records file") as f:
         try:
             for number, (line, size, ended) in enumerate(_lines(f, MAX_RECORD_BYTES), start=1):
-                if line is None and ended:
-                    raise UserError(f"{path}:{number}: corrupt record (a line of more than {MAX_RECORD_BYTES} bytes)")
-                record = None if line is None else _record_of_line(line, path, number, cut=not ended)
-                if record is None and not ended and (line is None or line.strip()):
+                if isinstance(line, str) and ended:
+                    raise UserError(f"{path}:{number}: corrupt record ({line})")
+                record = None if isinstance(line, str) else _record_of_line(line, path, number, cut=not ended)
+                if record is None and not ended and (isinstance(line, str) or line.strip()):
                     dropped = True  # the last line, cut short by a kill mid-write: that pair is redone on resume
                     break
                 if ended:
