@@ -161,7 +161,7 @@ class Database:
         run = {name: coerce(name, ingested.run.get(name)) for name in RUN_COLUMNS} | {"content_sha256": digest}
         rows = [{name: coerce(name, row.get(name)) for name in ROW_COLUMNS} | {"ordinal": i} for i, row in enumerate(ingested.rows)]
         with self.transaction(write=True) as conn:
-            stored = conn.execute(select(RUNS.c.content_sha256, RUNS.c.manifest_json).where(RUNS.c.run_uuid == run_uuid)).first()
+            stored = conn.execute(select(RUNS.c.content_sha256).where(RUNS.c.run_uuid == run_uuid)).first()
             if stored is not None and stored[0] == digest:
                 self.last_action = "unchanged"
                 return False
@@ -228,10 +228,10 @@ class Database:
         with self.transaction() as conn:
             result = conn.execute(query).all()
             run_ids = dict(conn.execute(select(RUNS.c.run_uuid, RUNS.c.run_id)).all())
-        for r in result:
-            check_row(dict(r._mapping), run_ids.get(r.run_uuid), r.ordinal + 1 if isinstance(r.ordinal, int) else r.ordinal, self.name)
+        records = [check_row(dict(r._mapping), run_ids.get(r.run_uuid), r.ordinal + 1 if isinstance(r.ordinal, int) else r.ordinal, self.name)
+                   for r in result]
         frame = pd.DataFrame([tuple(r)[:len(ROW_COLUMNS)] for r in result], columns=list(ROW_COLUMNS))
-        return with_every_flag(frame)
+        return with_every_flag(frame, records)
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -338,7 +338,7 @@ def later_state_problem(stored_manifest: str | None, stored_records: list[str], 
     return None
 
 
-def with_every_flag(frame):
+def with_every_flag(frame, records: Sequence[dict] | None = None):
     """`frame` with a column for each untrusted flag the record vocabulary names, read from each row's whole record where the
     table has none (a flag added after the schema, such as kernel_mismatch): a trend or a gate never trusts a row it flags."""
     import json
@@ -347,5 +347,8 @@ def with_every_flag(frame):
 
     for name in UNTRUSTED_FLAGS:
         if name not in frame.columns:
-            frame[name] = [json.loads(text).get(name) if isinstance(text, str) else None for text in frame["record_json"]]
+            if records is not None:  # each row's record, already parsed (and checked) by the caller
+                frame[name] = [record.get(name) for record in records]
+            else:
+                frame[name] = [json.loads(text).get(name) if isinstance(text, str) else None for text in frame["record_json"]]
     return frame

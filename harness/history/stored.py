@@ -62,8 +62,8 @@ def _same(stored: Any, expected: Any) -> bool:
     return type(stored) is type(expected) and stored == expected
 
 
-def check_row(row: dict[str, Any], run_id: Any, ordinal: Any, database: str) -> None:
-    """Refuse (UserError) a stored row whose record is not one a records file could hold, or whose columns disagree with it."""
+def check_row(row: dict[str, Any], run_id: Any, ordinal: Any, database: str) -> dict[str, Any]:
+    """The stored row's record, parsed; UserError when it is not one a records file could hold, or its columns disagree with it."""
     from harness.history.schema import coerce
     from harness.results.store import record_problem
 
@@ -79,3 +79,4 @@ def check_row(row: dict[str, Any], run_id: Any, ordinal: Any, database: str) -> 
         if not _same(row.get(name), expected):
             raise UserError(f"{where}: field {name!r} holds {row.get(name)!r} but its record says {expected!r}: the row was changed "
                             "after it was added; add the run again with --replace from its folder")
+    return record
