@@ -427,6 +427,26 @@ def test_a_manifest_edited_to_a_case_that_cannot_exist_is_refused_by_every_reade
     refused_untouched(tmp_path, reader(tmp_path, run), capsys, "manifest.json", *words)
 
 
+NON_FINITE = {"an infinite scale": ("scale", 0.25, math.inf), "a softcap of minus infinity": ("softcap", 30.0, -math.inf),
+              "a NaN scale": ("scale", 0.5, math.nan)}
+
+
+@pytest.mark.parametrize("reader", ["db add", "report", "export"])
+@pytest.mark.parametrize("name, was, value", NON_FINITE.values(), ids=NON_FINITE.keys())
+def test_a_record_whose_variant_is_not_finite_is_refused_naming_the_field(name, was, value, reader, tmp_path, capsys):
+    """A record of a case with a score variant, its value made non-finite by hand: every reader names the file, line and field
+    (not a case id that no longer matches)."""
+    from harness.suite.cases import Case
+
+    run = run_folder(tmp_path / "run-a", "a", "2026-11-01T10:00:00+00:00")
+    case = Case(B=1, S_q=16, S_kv=16, H=2, H_kv=2, d_k=16, d_v=16, **{name: was})
+    records = records_of(run)
+    write_records(run, [*records[:2], {**records[2], **case.fields(), "case_id": case.id, name: value}, *records[3:]])
+    argv = {"db add": ["db", "add", run, "--db", tmp_path / "x.sqlite"], "report": ["report", run, "--out", tmp_path / "reports"],
+            "export": ["export", run, "--format", "flashinfer-bench", "--out", tmp_path / "t.jsonl"]}[reader]
+    refused_untouched(tmp_path, argv, capsys, "records.jsonl:3", f"field {name!r}", "not a finite number")
+
+
 @pytest.mark.slow
 def test_a_run_folder_with_its_pairs_as_data_is_read_by_every_reader(tmp_path, capsys):
     """The valid manifest the table edits: every reader takes it (the refusals above are the edit's, not the fixture's)."""

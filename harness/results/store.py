@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import stat
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from harness.suite.cases import CASE_FIELDS
+from harness.suite.cases import CASE_FIELDS, OPTIONAL_FLOAT_FIELDS
 from harness.env import harness_identity
 from harness.errors import UserError
 from harness.results.documents import open_regular
@@ -182,6 +183,10 @@ def _checked(record: dict[str, Any]) -> tuple[str | None, Record | None]:
     missing = [name for name in CASE_FIELDS if name not in record and name not in CASE_FIELDS_ADDED]
     if missing:
         return f"record has no field {missing[0]!r} (a record carries all its case's fields: {', '.join(CASE_FIELDS)})", None
+    for name in OPTIONAL_FLOAT_FIELDS:  # NaN means "unset" only in a CSV; a record says unset with null
+        value = record.get(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"field {name!r} is {value!r}, not a finite number (an unset {name} is null)", None
     try:
         return None, Record.from_dict(record, where="record")  # every column's type, and its case, as the one Record definition declares them
     except UserError as exc:
