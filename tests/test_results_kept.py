@@ -532,9 +532,10 @@ def test_a_database_timeout_no_driver_can_wait_is_one_line(value, kind, tmp_path
     target = f"postgresql://postgres@/attnbench?host={tmp_path}" if kind == "postgresql" else str(tmp_path / "x.sqlite")
     if kind == "postgresql":
         pytest.importorskip("psycopg")
-    refused_untouched(tmp_path, ["db", "list", "--db", target] if kind == "postgresql" else
-                      ["db", "add", run_folder(tmp_path / "run-a", "a", "2026-11-01T10:00:00Z"), "--db", target],
-                      capsys, "ATTNBENCH_DB_TIMEOUT_S", value)
+    err = refused_untouched(tmp_path, ["db", "list", "--db", target] if kind == "postgresql" else
+                            ["db", "add", run_folder(tmp_path / "run-a", "a", "2026-11-01T10:00:00Z"), "--db", target],
+                            capsys, "ATTNBENCH_DB_TIMEOUT_S", value)
+    assert err.startswith("attnbench: error: ATTNBENCH_DB_TIMEOUT_S must be a number of seconds from 0 to"), err
 
 
 @pytest.mark.parametrize("fmt", ["pytest-benchmark", "flashinfer-bench"])

@@ -258,10 +258,10 @@ def _postgres(url: str) -> Database:
 
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    timeout = max(1, int(round(busy_timeout_s())))  # outside the try: its own one line, not a URL's
     try:
         parsed = make_url(url)
         name = parsed.render_as_string(hide_password=True)
-        timeout = max(1, int(round(busy_timeout_s())))
         engine = create_engine(parsed, connect_args={"connect_timeout": timeout}, pool_pre_ping=True)
     except (ArgumentError, ValueError) as exc:
         raise UserError(f"--db {url.split('@')[-1]!r} is not a usable PostgreSQL URL: {_first_line(exc)}") from None

@@ -51,7 +51,11 @@ def check_output_folder(out: Path, what: str, ours: Callable[[Path], bool], flag
     refuse_in_run_folder(out, target, what, flag)
     if out.is_symlink() or (target.exists() and not target.is_dir()):
         raise UserError(f"{flag} {out} is not a plain folder: give the folder to write {what} into")
-    if target.exists() and any(target.iterdir()) and not ours(target):
+    try:
+        foreign = target.exists() and any(target.iterdir()) and not ours(target)
+    except OSError as exc:  # a folder this user cannot list is no place to write either
+        raise UserError(f"cannot use {flag} {out}: {exc.strerror or exc}") from None
+    if foreign:
         raise UserError(f"{flag} {out} exists and is not {what} attnbench wrote: give a new or empty folder, or remove it first")
     return target
 
