@@ -150,7 +150,7 @@ class Database:
     def add_run(self, ingested: IngestedRun, *, replace: bool = False) -> bool:
         """Add a run and its rows in one transaction; False when it is there with the same content, True when added or replaced.
 
-        A run already stored is replaced only by a later state of it (`later_state_problem`), or by anything with `replace`;
+        A run already stored is replaced only by a later state of it (`stored.later_state_problem`), or by anything with `replace`;
         otherwise UserError, the stored run left as it is."""
         from sqlalchemy import select
 
@@ -187,6 +187,8 @@ class Database:
         if stored is None or stored[0] == content_digest(ingested):
             return
         records = conn.execute(select(ROWS.c.record_json).where(ROWS.c.run_uuid == run_uuid).order_by(ROWS.c.ordinal)).scalars().all()
+        from harness.history.stored import later_state_problem
+
         problem = later_state_problem(stored[1], list(records), ingested)
         if problem is not None:
             raise UserError(f"{self.name} already holds run {ingested.run['run_id']} ({run_uuid[:8]}, {len(records)} rows) and "
@@ -311,31 +313,6 @@ def open_database(target: str | Path | None, *, create: bool = True) -> Database
         db.close()
         raise
     return db
-
-
-def later_state_problem(stored_manifest: str | None, stored_records: list[str], new: IngestedRun) -> str | None:
-    """Why `new` cannot be a later state of the stored run (None when it can): a resume only appends records and attempts.
-
-    The stored records are the first of the new ones, byte for byte; the manifest is the same but for attempts appended; and
-    something was appended (records or an attempt). Anything else is an earlier copy, a damaged one or a different run."""
-    import json
-
-    new_records = [row["record_json"] for row in new.rows]
-    if len(new_records) < len(stored_records):
-        return f"it has {len(new_records)} rows, fewer than the {len(stored_records)} stored"
-    for i, (old, now) in enumerate(zip(stored_records, new_records)):
-        if old != now:
-            return f"row {i + 1} differs from the stored one"
-    before, after = json.loads(stored_manifest or "{}"), json.loads(new.run["manifest_json"] or "{}")
-    old_attempts, new_attempts = before.pop("attempts", None) or [], after.pop("attempts", None) or []
-    if before != after:
-        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-        return f"its manifest differs in {', '.join(repr(k) for k in changed[:3])}"
-    if new_attempts[:len(old_attempts)] != old_attempts:
-        return "its manifest's attempts are not the stored ones followed by more"
-    if len(new_records) == len(stored_records) and len(new_attempts) == len(old_attempts):
-        return "it holds the same rows and attempts, with other documents"
-    return None
 
 
 def with_every_flag(frame, records: Sequence[dict] | None = None):

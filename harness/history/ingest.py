@@ -84,6 +84,7 @@ def _document(path: Path) -> dict[str, Any] | None:
 def read_run(run_dir: Path | str) -> IngestedRun:
     """Read a run folder (manifest, environment, peaks, records) into a run row and its record rows; UserError in one line otherwise."""
     from harness.results.documents import Manifest, read_document
+    from harness.results.pair_specs import pair_cases
     from harness.results.store import read_records
 
     run_dir = Path(run_dir)
@@ -96,7 +97,7 @@ def read_run(run_dir: Path | str) -> IngestedRun:
     problem = typed.run_problem()
     if problem is not None:
         raise UserError(f"{manifest_path} is not an attnbench run's manifest: {problem}")
-    typed.pair_cases(manifest_path)  # every pair a case that can exist, as resume checks it
+    pair_cases(typed, manifest_path)  # every pair a case that can exist, as resume checks it
     manifest = _document(manifest_path) or {}
     env = _document(run_dir / "env.json") or {}
     peaks = _document(run_dir / "peaks.json")

@@ -3,6 +3,7 @@ team's database (a record that is not JSON, a median stored as text, a manifest 
 database, the run, the row and the field, never a traceback in `regress` or `site` and never a wrong trend.
 
 A row's queried columns are copies of its record's fields (harness.history.ingest), so each must equal what its record says.
+A run stored is replaced only by what can be a later state of it (`later_state_problem`): a resume only appends.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from typing import Any
 
 from harness.errors import UserError
-from harness.history.ingest import ROW_COLUMNS
+from harness.history.ingest import ROW_COLUMNS, IngestedRun
 
 #: The run columns that hold a run folder's documents, and the document each is read as.
 _DOCUMENTS = {"manifest_json": "Manifest", "env_json": "Environment", "peaks_json": "Peaks"}
@@ -80,3 +81,26 @@ def check_row(row: dict[str, Any], run_id: Any, ordinal: Any, database: str) -> 
             raise UserError(f"{where}: field {name!r} holds {row.get(name)!r} but its record says {expected!r}: the row was changed "
                             "after it was added; add the run again with --replace from its folder")
     return record
+
+
+def later_state_problem(stored_manifest: str | None, stored_records: list[str], new: IngestedRun) -> str | None:
+    """Why `new` cannot be a later state of the stored run (None when it can): a resume only appends records and attempts.
+
+    The stored records are the first of the new ones, byte for byte; the manifest is the same but for attempts appended; and
+    something was appended (records or an attempt). Anything else is an earlier copy, a damaged one or a different run."""
+    new_records = [row["record_json"] for row in new.rows]
+    if len(new_records) < len(stored_records):
+        return f"it has {len(new_records)} rows, fewer than the {len(stored_records)} stored"
+    for i, (old, now) in enumerate(zip(stored_records, new_records)):
+        if old != now:
+            return f"row {i + 1} differs from the stored one"
+    before, after = json.loads(stored_manifest or "{}"), json.loads(new.run["manifest_json"] or "{}")
+    old_attempts, new_attempts = before.pop("attempts", None) or [], after.pop("attempts", None) or []
+    if before != after:
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        return f"its manifest differs in {', '.join(repr(k) for k in changed[:3])}"
+    if new_attempts[:len(old_attempts)] != old_attempts:
+        return "its manifest's attempts are not the stored ones followed by more"
+    if len(new_records) == len(stored_records) and len(new_attempts) == len(old_attempts):
+        return "it holds the same rows and attempts, with other documents"
+    return None

@@ -74,6 +74,41 @@ def open_regular(path: Path | str, what: str = "regular file", limit: int | None
         yield f
 
 
+#: The longest line a records file may hold: a record with a million raw samples is a few tens of MB. A longer one is no record
+#: (a crash can leave gigabytes of NUL bytes in a preallocated file), and is never held in memory whole.
+MAX_RECORD_BYTES = 64 * 2**20
+#: How much of a streamed file is read at a time.
+_CHUNK_BYTES = 2**20
+
+
+def lines_of(f: BinaryIO, limit: int) -> Iterator[tuple[bytes | str, int, bool]]:
+    """Each line of the binary file `f` without its newline, its length in bytes with it, and whether it ended with a newline
+    (only the last may not). A line that can be no record (longer than `limit`, or holding a NUL byte, which JSON never does)
+    comes as the reason, in words, read through but never held whole."""
+    pending, size, junk = bytearray(), 0, ""
+    while chunk := f.read(_CHUNK_BYTES):
+        start = 0
+        while start <= len(chunk):
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            size += len(piece) + (end >= 0)
+            if not junk:
+                if b"\0" in piece:
+                    junk = "it holds NUL bytes, as a crash can leave a preallocated file"
+                elif len(pending) + len(piece) > limit:
+                    junk = f"a line of more than {limit} bytes"
+            if junk:
+                pending = bytearray()
+            else:
+                pending += piece
+            if end < 0:
+                break
+            yield (junk or bytes(pending)), size, True
+            pending, size, junk, start = bytearray(), 0, "", end + 1
+    if size:
+        yield (junk or bytes(pending)), size, False
+
+
 def _kind_of(path: Path) -> str | None:
     """What `path` is when it is not a regular file (a socket, a FIFO, …), or None."""
     try:
@@ -197,39 +232,6 @@ class Manifest(Document):
         manifest = super().from_dict(data, where)
         manifest.options = RunOptions.from_manifest(data, where)
         return manifest
-
-    def pair_cases(self, where: Path | str) -> list[tuple[Any, str]] | None:
-        """Every pair of `pair_specs` as (Case, backend), in run order, each a case that can exist and the pair `pairs` names at its
-        place; UserError naming `where` and the field otherwise; None for a manifest written before it held its pairs as data.
-
-        Every reader of a run checks this the same way (resume, db add, export, report, recommend)."""
-        import math
-
-        from harness.results.record import pair_key
-        from harness.suite.cases import OPTIONAL_FLOAT_FIELDS, case_from_fields
-
-        if self.pair_specs is None:
-            return None
-        keys, specs = self.pairs, self.pair_specs
-        if len(specs) != len(keys):
-            raise UserError(f"{where}: field 'pair_specs' has {len(specs)} pairs and field 'pairs' {len(keys)}: the manifest is damaged")
-        pairs = []
-        for i, (key, spec) in enumerate(zip(keys, specs)):
-            if "case" not in spec or "backend" not in spec:
-                raise UserError(f"{where}: field 'pair_specs[{i}]' lacks {'case' if 'case' not in spec else 'backend'}")
-            for name in OPTIONAL_FLOAT_FIELDS:  # NaN is how a CSV says "unset", never how a manifest does
-                value = spec["case"].get(name)
-                if isinstance(value, float) and not math.isfinite(value):
-                    raise UserError(f"{where}: field 'pair_specs[{i}].case.{name}' is {value!r}, not a finite number")
-            try:
-                case = case_from_fields(spec["case"])
-            except (UserError, TypeError) as exc:
-                raise UserError(f"{where}: field 'pair_specs[{i}].case' is not a case ({exc})") from None
-            if pair_key(case, spec["backend"]) != key:
-                raise UserError(f"{where}: field 'pair_specs[{i}]' is pair {pair_key(case, spec['backend'])!r}, "
-                                f"but field 'pairs' says {key!r}: the manifest is damaged")
-            pairs.append((case, spec["backend"]))
-        return pairs
 
     def run_problem(self) -> str | None:
         """Why this manifest cannot be a run's (another tool's, or a run's without what resuming needs), or None."""

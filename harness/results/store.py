@@ -16,12 +16,12 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable
 
 from harness.suite.cases import CASE_FIELDS, OPTIONAL_FLOAT_FIELDS
 from harness.env import harness_identity
 from harness.errors import UserError
-from harness.results.documents import open_regular
+from harness.results.documents import MAX_RECORD_BYTES, lines_of, open_regular
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
 if TYPE_CHECKING:  # pandas is imported where frames are built, not by every writer of a record
@@ -203,41 +203,6 @@ def record_problem(record: dict[str, Any]) -> str | None:
     return _checked(record)[0]
 
 
-#: The longest line a records file may hold: a record with a million raw samples is a few tens of MB. A longer one is no record
-#: (a crash can leave gigabytes of NUL bytes in a preallocated file), and is never held in memory whole.
-MAX_RECORD_BYTES = 64 * 2**20
-#: How much of a records file is read at a time.
-_CHUNK_BYTES = 2**20
-
-
-def _lines(f, limit: int) -> Iterator[tuple[bytes | str, int, bool]]:
-    """Each line of the binary file `f` without its newline, its length in bytes with it, and whether it ended with a newline
-    (only the last may not). A line that can be no record (longer than `limit`, or holding a NUL byte, which JSON never does)
-    comes as the reason, in words, read through but never held whole."""
-    pending, size, junk = bytearray(), 0, ""
-    while chunk := f.read(_CHUNK_BYTES):
-        start = 0
-        while start <= len(chunk):
-            end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end]
-            size += len(piece) + (end >= 0)
-            if not junk:
-                if b"\0" in piece:
-                    junk = "it holds NUL bytes, as a crash can leave a preallocated file"
-                elif len(pending) + len(piece) > limit:
-                    junk = f"a line of more than {limit} bytes"
-            if junk:
-                pending = bytearray()
-            else:
-                pending += piece
-            if end < 0:
-                break
-            yield (junk or bytes(pending)), size, True
-            pending, size, junk, start = bytearray(), 0, "", end + 1
-    if size:
-        yield (junk or bytes(pending)), size, False
-
-
 def read_records(path: Path | str) -> ReadResult:
     """Read a records file; a truncated last line (a kill mid-write) is dropped, any other bad line is an error naming it.
 
@@ -257,7 +222,7 @@ def read_records(path: Path | str) -> ReadResult:
     whole_bytes = 0
     with open_regular(path, "records file") as f:
         try:
-            for number, (line, size, ended) in enumerate(_lines(f, MAX_RECORD_BYTES), start=1):
+            for number, (line, size, ended) in enumerate(lines_of(f, MAX_RECORD_BYTES), start=1):
                 if isinstance(line, str) and ended:
                     raise UserError(f"{path}:{number}: corrupt record ({line})")
                 record = None if isinstance(line, str) else _record_of_line(line, path, number, cut=not ended)

@@ -15,6 +15,7 @@ from harness.env import harness_identity
 from harness.errors import UserError
 from harness.measure.timing import Budget
 from harness.results.documents import MANIFEST, Manifest
+from harness.results.pair_specs import pair_cases
 from harness.suite.batch_files import check_cases
 from harness.suite.cases import Case
 from harness.suite.catalog import Suite, load_suite
@@ -38,7 +39,7 @@ def run_pairs(manifest: Manifest, folder: Path, suite_arg: str) -> Pairs:
     if manifest.pair_specs is None:
         return _pairs_from_suite(manifest, folder, suite_arg)
     where = folder / MANIFEST
-    pairs: Pairs = {pair_key(case, backend): (case, backend) for case, backend in manifest.pair_cases(where) or ()}
+    pairs: Pairs = {pair_key(case, backend): (case, backend) for case, backend in pair_cases(manifest, where) or ()}
     if manifest.batches is not None:  # the cases drawn from lengths files, checked against the copies frozen with the run
         check_cases(folder, manifest.batches, [case for case, _ in pairs.values()], str(where))
     return pairs
