@@ -49,3 +49,56 @@ def test_two_connections_see_one_copy(postgres_base, tmp_path):  # noqa: F811
         assert first.add_run(run) is True
         assert second.add_run(run) is False and second.last_action == "unchanged"
         assert len(second.rows_frame()) == 4
+
+
+def _at_once(argvs: list[list], capsys) -> tuple[list[int], str, str]:
+    """Run each ARGV through the CLI in its own thread, all released at one moment; their exit statuses and what they printed."""
+    import threading
+
+    from harness.cli.main import main
+
+    gate = threading.Barrier(len(argvs))
+    codes: list[int | None] = [None] * len(argvs)
+
+    def one(i: int, argv: list) -> None:
+        gate.wait()
+        codes[i] = main([str(a) for a in argv])
+
+    threads = [threading.Thread(target=one, args=(i, argv)) for i, argv in enumerate(argvs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    captured = capsys.readouterr()
+    return codes, captured.out, captured.err
+
+
+#: How many fresh databases each concurrency check races on: a race lost once in a while is found in some round.
+ROUNDS = 6
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("jobs", [2, 3])
+def test_one_run_added_at_once_by_several_jobs_is_stored_once(jobs, postgres_base, tmp_path, capsys):  # noqa: F811
+    """Several `db add` of one run at the same moment into a fresh PostgreSQL database (the tables not yet made): every job
+    exits 0, one says 'added' and the others 'already in', and the run is stored once with its rows; round after round."""
+    run = run_folder(tmp_path / "run-a", "a", "2026-11-01T10:00:00+00:00")
+    for _ in range(ROUNDS):
+        url = fresh_database(postgres_base)
+        codes, out, err = _at_once([["db", "add", run, "--db", url]] * jobs, capsys)
+        assert codes == [0] * jobs and err == "", (codes, err)
+        assert out.count("added run-a") == 1 and out.count("already in") == jobs - 1, out
+        with open_database(url, create=False) as db:
+            assert db.runs_frame()["run_id"].tolist() == ["run-a"] and len(db.rows_frame()) == 4
+
+
+@pytest.mark.postgres
+def test_different_runs_added_at_once_into_a_fresh_database_are_all_kept(postgres_base, tmp_path, capsys):  # noqa: F811
+    """Three jobs each adding its own run at one moment, the tables made by whichever comes first: all exit 0, all three kept."""
+    runs = [run_folder(tmp_path / f"run-{c}", c, f"2026-11-0{i + 1}T10:00:00+00:00") for i, c in enumerate("abc")]
+    for _ in range(ROUNDS):
+        url = fresh_database(postgres_base)
+        codes, out, err = _at_once([["db", "add", run, "--db", url] for run in runs], capsys)
+        assert codes == [0, 0, 0] and err == "" and out.count("added run-") == 3, (codes, out, err)
+        with open_database(url, create=False) as db:
+            assert db.runs_frame()["run_id"].tolist() == ["run-a", "run-b", "run-c"] and len(db.rows_frame()) == 12

@@ -117,8 +117,8 @@ def test_recorded_with_repair_reads_the_records_file_once_and_builds_each_record
     with open(run / "records.jsonl", "ab") as f:
         f.write(b'{"case_id": "B1-Sq16')  # a kill mid-write
     reads, builds = [], []
-    real_read, real_build = store.read_regular, Record.from_dict.__func__
-    monkeypatch.setattr(store, "read_regular", lambda *a, **k: reads.append(a[0]) or real_read(*a, **k))
+    real_read, real_build = store.open_regular, Record.from_dict.__func__
+    monkeypatch.setattr(store, "open_regular", lambda *a, **k: reads.append(a[0]) or real_read(*a, **k))
     monkeypatch.setattr(Record, "from_dict", classmethod(lambda cls, *a, **k: builds.append(1) or real_build(cls, *a, **k)))
     records = RunFolder(run, Manifest(run_id="r")).recorded(repair=True)
     assert len(reads) == 1 and len(records) == len(builds) == 4

@@ -29,6 +29,7 @@ from harness.errors import UserError
 from harness.analysis import roofline
 from harness.analysis.trust import untrusted
 from harness.results.documents import ENV, MANIFEST, Environment, Manifest, read_optional
+from harness.results.pair_specs import pair_cases
 from harness.suite.cases import CASE_FIELDS, Case
 
 #: The case fields that vary along a curve against S, and a batch's per-request lengths (lists; `length_dist` names them).
@@ -83,6 +84,8 @@ def load(run_dirs: Sequence[Path | str]) -> RunData:
         ids = set(frame["run_id"].dropna()) or {run_id}
         stored_peaks = roofline.read_peaks(run_dir)
         run_env, manifest = read_optional(run_dir / ENV, Environment), read_optional(run_dir / MANIFEST, Manifest)
+        if manifest is not None:
+            pair_cases(manifest, run_dir / MANIFEST)  # every pair a case that can exist, as resume and db add check it
         for rid in ids:
             peaks[rid] = stored_peaks
             env[rid] = run_env.to_dict() if run_env else {}

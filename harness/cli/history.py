@@ -23,13 +23,18 @@ def cmd_db_add(args: argparse.Namespace) -> int:
         for warning in run.warnings:
             print(f"warning: {warning}", file=sys.stderr)
     with open_database(args.db) as db:
+        if not args.replace:  # a run that cannot be added refuses them all, before any is written
+            for run in ingested:
+                db.check_add(run)
         for run in ingested:
             uuid8, run_id = run.run["run_uuid"][:8], run.run["run_id"]
-            if not db.add_run(run):
+            if not db.add_run(run, replace=args.replace):
                 print(f"already in {db.name}: {run_id} (unchanged)")
             elif db.last_action == "updated":
-                print(f"updated {run_id} ({uuid8}, {len(run.rows)} rows, {run.run['device_model']}): its content changed since it was added "
-                      "(a resumed run?), so its rows were replaced")
+                print(f"updated {run_id} ({uuid8}, {len(run.rows)} rows, {run.run['device_model']}): a later state of the run stored "
+                      "(resumed since it was added), so its rows were replaced")
+            elif db.last_action == "replaced":
+                print(f"replaced {run_id} ({uuid8}, {len(run.rows)} rows, {run.run['device_model']}) with this copy (--replace)")
             else:
                 print(f"added {run_id} ({uuid8}, {len(run.rows)} rows, {run.run['device_model']})")
     return 0
@@ -110,6 +115,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     q = db_sub.add_parser("add", help="add run folders to the results database (adding one twice changes nothing)")
     q.add_argument("runs", nargs="+", metavar="RUN", help="run folder, e.g. results/<run-id>")
     q.add_argument("--db", metavar="FILE|URL", help=DB_HELP)
+    q.add_argument("--replace", action="store_true",
+                   help="replace a stored run by this copy of it even when it is not a later state of it (an earlier or edited copy)")
     q.set_defaults(func=cmd_db_add, measures=False)
     q = db_sub.add_parser("list", help="one line per run in the results database, oldest first")
     q.add_argument("--db", metavar="FILE|URL", help=DB_HELP)

@@ -6,6 +6,7 @@ Kept light: nothing is imported until a command runs, and none of these needs to
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -14,6 +15,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from harness.history.export import export_run
 
     result = export_run(Path(args.run), args.format, Path(args.out), force=args.force)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.format == "pytest-benchmark":
         print(f"exported {result.exported} benchmarks ({len(result.left_out)} rows not ok left out) to {args.out}")
     else:  # an ok row of a kind flashinfer-bench has no definition for is left out too
@@ -37,11 +40,16 @@ def add_export_command(sub: argparse._SubParsersAction) -> None:
 
 def cmd_site(args: argparse.Namespace) -> int:
     """Build the static site of every run in the database, and say where its index is."""
+    from harness.errors import UserError
     from harness.history.database import open_database  # lazily: the database module is optional until a command runs
-    from harness.history.site import build_site
+    from harness.history.site import build_site, check_site_out
 
-    db = open_database(args.db)
-    index = build_site(db.runs_frame(), db.rows_frame(), Path(args.out))
+    out = check_site_out(Path(args.out))  # before the database is opened: a site that cannot be kept is not built
+    if "://" not in str(args.db) and Path(args.db).resolve().is_relative_to(out):
+        raise UserError(f"--db {args.db} lies inside --out {args.out}: the site replaces that folder whole; give an --out beside it")
+    with open_database(args.db, create=False) as db:
+        runs, rows = db.runs_frame(), db.rows_frame()
+    index = build_site(runs, rows, Path(args.out))
     print(f"site written: {index}")
     return 0
 
@@ -50,5 +58,5 @@ def add_site_command(sub: argparse._SubParsersAction) -> None:
     """Register `site --db FILE|URL --out DIR` on the CLI's subparsers."""
     p = sub.add_parser("site", help="write a static site of every run in the results database: index by device, trends, winners, CSVs")
     p.add_argument("--db", required=True, metavar="FILE|URL", help="results database (an SQLite file or a database URL)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to write the site into")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder the site is written as (new, empty, or an earlier site, which is replaced whole)")
     p.set_defaults(func=cmd_site, measures=False)

@@ -69,20 +69,11 @@ def _check_comparison_out(out: Path) -> None:
 
 
 def check_output_file(out: Path, what: str, kind: str, ours: Callable[[Path], bool]) -> Path:
-    """Refuse (UserError) an --out path for `what` ("a comparison") in a run folder, not a plain file, or over a non-empty file `ours` does not recognise; return it resolved."""
-    from harness.results.store import resolved, run_folder_of
+    """Refuse (UserError) an --out path for `what` in a run folder, not a plain file, or over a file `ours` does not recognise
+    (the one rule every writer follows: harness.results.outputs); return it resolved."""
+    from harness.results.outputs import check_output_file as check
 
-    target = resolved(out, "--out")
-    if target.is_dir():
-        raise UserError(f"--out {out} is a folder: give the path of the {kind} file to write")
-    held = run_folder_of(target.parent)
-    if held is not None:
-        raise UserError(f"--out {out} is inside the run folder {held}: {what} is never written into a run; give a path outside it")
-    if out.is_symlink() or (target.exists() and not target.is_file()):
-        raise UserError(f"--out {out} is not a plain file: give the path of the {kind} file to write")
-    if target.exists() and target.stat().st_size and not ours(target):
-        raise UserError(f"--out {out} exists and is not {what} attnbench wrote: give another path, or remove it first")
-    return target
+    return check(out, what, kind, ours)
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

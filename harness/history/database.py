@@ -29,15 +29,22 @@ _POSTGRES_PREFIXES = ("postgresql://", "postgresql+psycopg://")
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+#: The longest wait ATTNBENCH_DB_TIMEOUT_S may ask for (a day): the drivers take a finite number of seconds (libpq an int).
+MAX_TIMEOUT_S = 86_400.0
+#: The PostgreSQL advisory lock every attnbench write takes first (per database): two `db add` at once, or two first opens that
+#: both find no tables, run one after the other, so the second sees what the first committed instead of a unique violation.
+_WRITE_LOCK = 0x6174746E62656E63  # "attnbenc"
+
+
 def busy_timeout_s() -> float:
-    """How long to wait for a lock another process holds: ATTNBENCH_DB_TIMEOUT_S, or 10 s."""
+    """How long to wait for a lock another process holds: ATTNBENCH_DB_TIMEOUT_S, or 10 s (0 to MAX_TIMEOUT_S)."""
     raw = os.environ.get(TIMEOUT_ENV, "10")
     try:
         value = float(raw)
     except ValueError:
         raise UserError(f"{TIMEOUT_ENV} must be a number of seconds: got {raw!r}") from None
-    if not value >= 0:
-        raise UserError(f"{TIMEOUT_ENV} must be a non-negative number of seconds: got {raw!r}")
+    if not 0 <= value <= MAX_TIMEOUT_S:  # NaN and infinity included: no driver can wait for them
+        raise UserError(f"{TIMEOUT_ENV} must be a number of seconds from 0 to {MAX_TIMEOUT_S:.0f}: got {raw!r}")
     return value
 
 
@@ -123,6 +130,8 @@ class Database:
     def transaction(self, write: bool = False):
         """A connection in one transaction: committed at the end, rolled back (the database as before) on any error."""
         with self._guard(), self.engine.connect().execution_options(write=write) as conn, conn.begin():
+            if write and conn.dialect.name == "postgresql":
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_WRITE_LOCK})")
             yield conn
 
     def prepare(self) -> None:
@@ -141,8 +150,11 @@ class Database:
         with self.transaction() as conn:
             return conn.execute(select(RUNS.c.content_sha256).where(RUNS.c.run_uuid == run_uuid)).scalar()
 
-    def add_run(self, ingested: IngestedRun) -> bool:
-        """Add a run and its rows in one transaction; False when it is there with the same content, True when added or replaced."""
+    def add_run(self, ingested: IngestedRun, *, replace: bool = False) -> bool:
+        """Add a run and its rows in one transaction; False when it is there with the same content, True when added or replaced.
+
+        A run already stored is replaced only by a later state of it (`stored.later_state_problem`), or by anything with `replace`;
+        otherwise UserError, the stored run left as it is."""
         from sqlalchemy import select
 
         from harness.history.schema import ROWS, RUNS, coerce
@@ -156,41 +168,75 @@ class Database:
             if stored is not None and stored[0] == digest:
                 self.last_action = "unchanged"
                 return False
-            if stored is not None:  # the same run, resumed (or re-measured) since it was added: its rows are replaced whole
+            if stored is not None:
+                if not replace:
+                    self._refuse_unless_later(conn, ingested)
                 conn.execute(ROWS.delete().where(ROWS.c.run_uuid == run_uuid))
                 conn.execute(RUNS.delete().where(RUNS.c.run_uuid == run_uuid))
             conn.execute(RUNS.insert(), [run])
             if rows:
                 conn.execute(ROWS.insert(), rows)
-        self.last_action = "updated" if stored is not None else "added"
+        self.last_action = ("replaced" if replace else "updated") if stored is not None else "added"
         return True
 
+    def _refuse_unless_later(self, conn, ingested: IngestedRun) -> None:
+        """UserError when the database holds the run with other content that `ingested` cannot be a later state of."""
+        from sqlalchemy import select
+
+        from harness.history.schema import ROWS, RUNS
+
+        run_uuid = ingested.run["run_uuid"]
+        stored = conn.execute(select(RUNS.c.content_sha256, RUNS.c.manifest_json).where(RUNS.c.run_uuid == run_uuid)).first()
+        if stored is None or stored[0] == content_digest(ingested):
+            return
+        records = conn.execute(select(ROWS.c.record_json).where(ROWS.c.run_uuid == run_uuid).order_by(ROWS.c.ordinal)).scalars().all()
+        from harness.history.stored import later_state_problem
+
+        problem = later_state_problem(stored[1], list(records), ingested)
+        if problem is not None:
+            raise UserError(f"{self.name} already holds run {ingested.run['run_id']} ({run_uuid[:8]}, {len(records)} rows) and "
+                            f"{ingested.run['source_path']} is not a later state of it ({problem}): the stored run was left as "
+                            "it is; give --replace to replace it with this copy")
+
+    def check_add(self, ingested: IngestedRun) -> None:
+        """Refuse (UserError), before anything is written, a run `add_run` would refuse without `replace`."""
+        with self.transaction() as conn:
+            self._refuse_unless_later(conn, ingested)
+
     def runs_frame(self):
-        """Every run: RUN_COLUMNS + content_sha256, oldest first (by created_utc)."""
+        """Every run: RUN_COLUMNS + content_sha256, oldest first (by created_utc); each checked (harness.history.stored)."""
         import pandas as pd
         from sqlalchemy import select
 
         from harness.history.schema import RUNS
+        from harness.history.stored import check_run
 
         columns = [*RUN_COLUMNS, "content_sha256"]
         with self.transaction() as conn:
             result = conn.execute(select(*(RUNS.c[n] for n in columns)).order_by(RUNS.c.created_utc, RUNS.c.run_uuid)).all()
+        for r in result:
+            check_run(dict(r._mapping), self.name)
         return pd.DataFrame([tuple(r) for r in result], columns=columns)
 
     def rows_frame(self, run_uuids: Sequence[str] | None = None):
-        """The rows (ROW_COLUMNS) of the given runs (None: every run), each run's in its records file's order."""
+        """The rows (ROW_COLUMNS) of the given runs (None: every run), each run's in its records file's order; each row checked
+        against its own record (harness.history.stored)."""
         import pandas as pd
         from sqlalchemy import select
 
-        from harness.history.schema import ROWS
+        from harness.history.schema import ROWS, RUNS
+        from harness.history.stored import check_row
 
-        query = select(*(ROWS.c[n] for n in ROW_COLUMNS)).order_by(ROWS.c.run_uuid, ROWS.c.ordinal)
+        query = select(*(ROWS.c[n] for n in ROW_COLUMNS), ROWS.c.ordinal).order_by(ROWS.c.run_uuid, ROWS.c.ordinal)
         if run_uuids is not None:
             query = query.where(ROWS.c.run_uuid.in_(list(run_uuids)))
         with self.transaction() as conn:
             result = conn.execute(query).all()
-        frame = pd.DataFrame([tuple(r) for r in result], columns=list(ROW_COLUMNS))
-        return with_every_flag(frame)
+            run_ids = dict(conn.execute(select(RUNS.c.run_uuid, RUNS.c.run_id)).all())
+        records = [check_row(dict(r._mapping), run_ids.get(r.run_uuid), r.ordinal + 1 if isinstance(r.ordinal, int) else r.ordinal, self.name)
+                   for r in result]
+        frame = pd.DataFrame([tuple(r)[:len(ROW_COLUMNS)] for r in result], columns=list(ROW_COLUMNS))
+        return with_every_flag(frame, records)
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -213,10 +259,10 @@ def _postgres(url: str) -> Database:
 
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    timeout = max(1, int(round(busy_timeout_s())))  # outside the try: its own one line, not a URL's
     try:
         parsed = make_url(url)
         name = parsed.render_as_string(hide_password=True)
-        timeout = max(1, int(round(busy_timeout_s())))
         engine = create_engine(parsed, connect_args={"connect_timeout": timeout}, pool_pre_ping=True)
     except (ArgumentError, ValueError) as exc:
         raise UserError(f"--db {url.split('@')[-1]!r} is not a usable PostgreSQL URL: {_first_line(exc)}") from None
@@ -275,10 +321,18 @@ def open_database(target: str | Path | None, *, create: bool = True) -> Database
         check_sqlite_file(path)
     elif not create:
         raise UserError(f"no results database at {path}: add runs with attnbench db add RUN")
-    elif not path.parent.is_dir():
+    if create:  # a database is written to: never in a run folder, the one rule every writer follows
+        from harness.results.outputs import refuse_in_run_folder
+        from harness.results.store import resolved
+
+        refuse_in_run_folder(path, resolved(path, "--db").parent, "a results database", "--db")
+    if not path.exists() and not path.parent.is_dir():
         if path.parent.exists():
             raise UserError(f"--db {path}: {path.parent} is not a folder")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot create --db {path}: {exc.strerror or exc}") from None
     db = Database(_sqlite_engine(path), str(path), path)
     try:
         db.prepare()
@@ -288,7 +342,7 @@ def open_database(target: str | Path | None, *, create: bool = True) -> Database
     return db
 
 
-def with_every_flag(frame):
+def with_every_flag(frame, records: Sequence[dict] | None = None):
     """`frame` with a column for each untrusted flag the record vocabulary names, read from each row's whole record where the
     table has none (a flag added after the schema, such as kernel_mismatch): a trend or a gate never trusts a row it flags."""
     import json
@@ -297,5 +351,8 @@ def with_every_flag(frame):
 
     for name in UNTRUSTED_FLAGS:
         if name not in frame.columns:
-            frame[name] = [json.loads(text).get(name) if isinstance(text, str) else None for text in frame["record_json"]]
+            if records is not None:  # each row's record, already parsed (and checked) by the caller
+                frame[name] = [record.get(name) for record in records]
+            else:
+                frame[name] = [json.loads(text).get(name) if isinstance(text, str) else None for text in frame["record_json"]]
     return frame

@@ -76,7 +76,7 @@ def pytest_benchmark_export(run_dir: Path | str) -> Export:
     """The run as the JSON pytest-benchmark's --benchmark-json writes (what `pytest-benchmark compare` reads)."""
     import pytest_benchmark
 
-    run, manifest, env, records = run_records(run_dir)
+    run, manifest, env, records, warnings = run_records(run_dir)
     suite = run.get("suite") or "attnbench"
     benchmarks = [benchmark(r, suite) for r in records if has_samples(r)]
     skipped = [left_out(r, None if r.get("status") != "ok" else "no raw samples recorded") for r in records if not has_samples(r)]
@@ -86,7 +86,7 @@ def pytest_benchmark_export(run_dir: Path | str) -> Export:
                 # Not pytest-benchmark's: readers ignore it, and the rows left out stay on record beside the ones kept.
                 "attnbench_run": {"run_id": run.get("run_id"), "run_uuid": run.get("run_uuid"), "suite": suite},
                 "attnbench_skipped": skipped}
-    return Export(json.dumps(document, indent=1, default=str) + "\n", len(benchmarks), skipped)
+    return Export(json.dumps(document, indent=1, default=str) + "\n", len(benchmarks), skipped, warnings)
 
 
 def build_export(run_dir: Path | str, fmt: str) -> Export:
@@ -102,17 +102,9 @@ def build_export(run_dir: Path | str, fmt: str) -> Export:
 
 def check_export_out(out: Path, force: bool) -> Path:
     """Refuse (UserError) an --out inside a run folder, not a plain file, or an existing file without --force; return it resolved."""
-    from harness.results.store import resolved, run_folder_of
+    from harness.results.outputs import check_output_file
 
-    target = resolved(out, "--out")
-    held = run_folder_of(target.parent)
-    if held is not None:
-        raise UserError(f"--out {out} is inside the run folder {held}: an export is never written into a run; give a path outside it")
-    if target.is_dir() or out.is_symlink() or (target.exists() and not target.is_file()):
-        raise UserError(f"--out {out} is not a plain file: give the path of the file to write")
-    if target.exists() and not force:
-        raise UserError(f"--out {out} exists: give another path, or --force to replace it")
-    return target
+    return check_output_file(out, "an export", "export", force=force)
 
 
 def export_run(run_dir: Path | str, fmt: str, out: Path | str, force: bool = False) -> Export:

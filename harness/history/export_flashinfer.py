@@ -113,7 +113,7 @@ def _json_line(document: dict[str, Any]) -> str:
 
 def flashinfer_export(run_dir: Path | str) -> Export:
     """The run as flashinfer-bench trace JSONL: one line per representable ok row; every other row left out, with why."""
-    run, _manifest, env, records = run_records(run_dir)
+    run, _manifest, env, records, warnings = run_records(run_dir)
     traces, skipped = [], []
     for record in records:
         why = unrepresentable(record)
@@ -122,4 +122,4 @@ def flashinfer_export(run_dir: Path | str) -> Export:
         else:
             skipped.append(left_out(record, why))
     refuse_empty(run_dir, traces, "checked ok row of a kind flashinfer-bench defines (dense forward attention)")
-    return Export("".join(_json_line(t) + "\n" for t in traces), len(traces), skipped)
+    return Export("".join(_json_line(t) + "\n" for t in traces), len(traces), skipped, warnings)

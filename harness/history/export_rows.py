@@ -18,17 +18,19 @@ class Export:
     exported: int
     #: One {name, status, reason} per row left out.
     left_out: list[dict[str, Any]] = field(default_factory=list)
+    #: Lines worth telling the user about the run read (a truncated last record dropped).
+    warnings: list[str] = field(default_factory=list)
 
 
-def run_records(run_dir: Path | str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
-    """The run row, its manifest, its environment and its records whole, as `read_run` checked and kept them."""
+def run_records(run_dir: Path | str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[dict[str, Any]], list[str]]:
+    """The run row, its manifest, its environment, its records whole, as `read_run` checked and kept them, and its warnings."""
     from harness.history.ingest import read_run
 
     ingested = read_run(run_dir)
     run = ingested.run
     manifest = json.loads(run["manifest_json"] or "{}")
     env = json.loads(run["env_json"] or "{}")
-    return run, manifest, env, [json.loads(row["record_json"]) for row in ingested.rows]
+    return run, manifest, env, [json.loads(row["record_json"]) for row in ingested.rows], ingested.warnings
 
 
 def pair_name(record: dict[str, Any]) -> str:

@@ -33,6 +33,8 @@ ROW_COLUMNS = (
 )
 #: The libraries whose versions a run's fingerprint names, kept together in `libraries_json`.
 LIBRARY_KEYS = ("xformers", "flash_attn", "flashinfer", "numpy", "pandas", "pytest_benchmark")
+#: The device model of a run whose folder has no env.json (the one document that names the machine).
+UNKNOWN_DEVICE = "unknown device (no env.json)"
 #: The namespace of the uuid given to a run written before manifests carried one (derived from its manifest, so stable).
 LEGACY_NAMESPACE = uuid.UUID("5d1f0c8e-2b7a-4c8e-9f43-6a0d3b1e7c21")
 
@@ -82,6 +84,7 @@ def _document(path: Path) -> dict[str, Any] | None:
 def read_run(run_dir: Path | str) -> IngestedRun:
     """Read a run folder (manifest, environment, peaks, records) into a run row and its record rows; UserError in one line otherwise."""
     from harness.results.documents import Manifest, read_document
+    from harness.results.pair_specs import pair_cases
     from harness.results.store import read_records
 
     run_dir = Path(run_dir)
@@ -90,9 +93,11 @@ def read_run(run_dir: Path | str) -> IngestedRun:
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.is_file():
         raise UserError(f"{run_dir} is not a run folder: it has no manifest.json")
-    problem = read_document(manifest_path, Manifest).run_problem()
+    typed = read_document(manifest_path, Manifest)
+    problem = typed.run_problem()
     if problem is not None:
         raise UserError(f"{manifest_path} is not an attnbench run's manifest: {problem}")
+    pair_cases(typed, manifest_path)  # every pair a case that can exist, as resume checks it
     manifest = _document(manifest_path) or {}
     env = _document(run_dir / "env.json") or {}
     peaks = _document(run_dir / "peaks.json")
@@ -103,10 +108,15 @@ def read_run(run_dir: Path | str) -> IngestedRun:
         warnings.append(f"{run_dir}: its manifest has no run_uuid (written before attnbench gave one); keyed by {run_uuid}, derived from the manifest")
     before = env.get("before") or {}
     device_type = manifest.get("device") or before.get("device_type")
+    model = device_model(env, device_type)
+    if not os.path.lexists(run_dir / "env.json"):  # every run writes one: without it, nothing says which machine measured
+        model = UNKNOWN_DEVICE
+        warnings.append(f"{run_dir}: it has no env.json, so nothing says which {device_type or 'device'} measured it: "
+                        f"its device model is kept as {UNKNOWN_DEVICE!r} (restore env.json and add it again with --replace to name it)")
     first = result.records[0] if result.records else {}
     run = {
         "run_uuid": run_uuid, "run_id": manifest.get("run_id"), "suite": manifest.get("suite") or manifest.get("suite_arg"),
-        "device_type": device_type, "device_model": device_model(env, device_type), "host": before.get("host"),
+        "device_type": device_type, "device_model": model, "host": before.get("host"),
         "harness_version": manifest.get("harness_version") or before.get("harness_version") or first.get("harness_version"),
         "harness_commit": manifest.get("harness_commit") or before.get("harness_commit") or first.get("harness_commit"),
         "harness_dirty": manifest.get("harness_dirty", before.get("harness_dirty")),

@@ -97,9 +97,26 @@ def prepare(conn: Connection, where: str, foreign_tables: bool) -> int | None:
         raise UserError(f"{where} was written by a newer attnbench (schema {found}); upgrade attnbench")
     if found < 1:
         raise UserError(f"{where} says it has schema version {found}, which no attnbench wrote")
+    check_tables(conn, where, found)
     if found == 1:
         migrate_1_to_2(conn)
     return found
+
+
+def check_tables(conn: Connection, where: str, version: int) -> None:
+    """Refuse (UserError) a database whose meta table says `version` but whose runs or rows table is gone or lacks a column."""
+    _, *wanted = tables(version)
+    inspector = inspect(conn)
+    present = set(inspector.get_table_names())
+    for table in wanted:
+        if table.name not in present:
+            raise UserError(f"{where} is damaged: its meta table says schema {version} but it has no {table.name!r} table; "
+                            "it was left as it is (restore it from a backup, or give another database)")
+        columns = {column["name"] for column in inspector.get_columns(table.name)}
+        missing = [column.name for column in table.columns if column.name not in columns]
+        if missing:
+            raise UserError(f"{where} is damaged: its {table.name!r} table has no column {missing[0]!r}; it was left as it is "
+                            "(restore it from a backup, or give another database)")
 
 
 def migrate_1_to_2(conn: Connection) -> None:

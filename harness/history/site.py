@@ -15,7 +15,7 @@ import pandas as pd
 
 from harness.analysis.difference import order
 from harness.analysis.trust import untrusted
-from harness.report.canvas import backend_colors, new_figure, to_data_uri
+from harness.report.canvas import backend_colors, new_figure, plain, to_data_uri
 from harness.report.page import esc, figure, page, section
 
 #: At most this many trend figures per device model; the rest are counted, not drawn.
@@ -78,11 +78,11 @@ def _trend_figure(case: str, frame: pd.DataFrame, colors: dict, marks: list[str]
         y = series["latency_ms_median"].astype(float)
         low = (y - series["latency_ms_ci95_low"].astype(float)).clip(lower=0)
         high = (series["latency_ms_ci95_high"].astype(float) - y).clip(lower=0)
-        ax.errorbar(x, y, yerr=[low.fillna(0), high.fillna(0)], marker="o", ms=3, label=str(backend), color=colors.get(backend))
+        ax.errorbar(x, y, yerr=[low.fillna(0), high.fillna(0)], marker="o", ms=3, label=plain(backend), color=colors.get(backend))
         for i, ratio in changes(series):
             ax.plot([x[i]], [y.iloc[i]], "o", ms=10, mfc="none", mec="red")
             marks.append(_table_row_change(case, backend, series.iloc[i], ratio))
-    ax.set_title(case[:60], fontsize=8)
+    ax.set_title(plain(case[:60]), fontsize=8)
     ax.set_ylabel("latency ms")
     ax.set_xlabel("run (oldest → newest)")
     ax.legend(fontsize=6)
@@ -145,10 +145,39 @@ def _cudnn(env_json: object) -> str:
     return str(((json.loads(env_json) if isinstance(env_json, str) else {}).get("before") or {}).get("cudnn") or "")
 
 
+#: The title every site's index page has, and so how an earlier site is told from another folder.
+TITLE = "attnbench site"
+#: What a site holds at its top: an earlier site holding anything else (a user's file) is not replaced.
+SITE_ENTRIES = frozenset({"index.html", "trends", "runs", "csv"})
+
+
+def is_site(folder: Path) -> bool:
+    """Whether `folder` is a site this module wrote, holding nothing else at its top."""
+    from harness.results.outputs import page_title_is
+
+    return page_title_is(folder / "index.html", TITLE) and {entry.name for entry in folder.iterdir()} <= SITE_ENTRIES
+
+
+def check_site_out(out: Path) -> Path:
+    """Refuse (UserError) a --out that is or lies in a run folder, is a file or a link, or holds anything but an earlier site."""
+    from harness.results.outputs import check_output_folder
+
+    return check_output_folder(Path(out), "a site", is_site)
+
+
 def build_site(runs: pd.DataFrame, rows: pd.DataFrame, out: Path) -> Path:
-    """Write the static site (index, per-device trends, run reports, dated CSVs) under `out`; return index.html."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the static site (index, per-device trends, run reports, dated CSVs) as `out`, built beside it and renamed into place
+    (an earlier site is replaced whole, never left half-written); return index.html."""
+    from harness.results.outputs import replace_folder
+
+    out = check_site_out(Path(out))
+    with replace_folder(out) as building:
+        _write_site(runs, rows, building)
+    return out / "index.html"
+
+
+def _write_site(runs: pd.DataFrame, rows: pd.DataFrame, out: Path) -> None:
+    """Write every page and CSV of the site under `out` (a new, empty folder)."""
     runs = runs.sort_values("created_utc", na_position="first")
     meta = runs[["run_uuid", "run_id", "created_utc", "device_model"]]
     rows = rows.merge(meta, on="run_uuid", how="inner")
@@ -169,7 +198,5 @@ def build_site(runs: pd.DataFrame, rows: pd.DataFrame, out: Path) -> Path:
         sections.append(section(anchor, str(model), [f'<p><a href="{esc(trend)}">trends, changes and latest winners</a></p>',
                                                      _table(["created", "run", "suite", "commit", "harness", "torch", "CUDA", "cuDNN",
                                                              "rows ok", "report", "CSV"], cells)]))
-    index = out / "index.html"
-    index.write_text(page("attnbench site", nav, sections or [section("none", "No runs", ["<p>The database holds no run.</p>"])],
-                          heading="<h1>attnbench runs</h1>"))
-    return index
+    (out / "index.html").write_text(page(TITLE, nav, sections or [section("none", "No runs", ["<p>The database holds no run.</p>"])],
+                                         heading="<h1>attnbench runs</h1>"))

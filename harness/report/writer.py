@@ -90,11 +90,9 @@ def report_folder(out_root: Path, name: str) -> Path:
 
 def _is_report(folder: Path) -> bool:
     """Whether `folder` holds a page this writer wrote (its title is a report's)."""
-    index = folder / INDEX
-    if index.is_symlink() or not index.is_file():
-        return False
-    with open(index, "rb") as f:
-        return f"<title>{TITLE}".encode() in f.read(4096)
+    from harness.results.outputs import page_title_is
+
+    return page_title_is(folder / INDEX, TITLE)
 
 
 def write_report(out_dir: Path, title: str, sections: Sequence[Section], csvs: Sequence[Csv] = ()) -> Path:

@@ -6,18 +6,22 @@ Numbers are stored at full precision; only reports round.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import math
 import os
 import re
+import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from harness.suite.cases import CASE_FIELDS
+from harness.suite.cases import CASE_FIELDS, OPTIONAL_FLOAT_FIELDS
 from harness.env import harness_identity
 from harness.errors import UserError
-from harness.results.documents import read_regular
+from harness.results.documents import MAX_RECORD_BYTES, lines_of, open_regular
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
 if TYPE_CHECKING:  # pandas is imported where frames are built, not by every writer of a record
@@ -45,16 +49,28 @@ LAYOUT_FIELDS = ("page_size", "length_dist", "seq_lens_q", "seq_lens_kv")
 
 
 def write_file(path: Path | str, data: str | bytes) -> None:
-    """Write a run folder's file in place, never through a symbolic link at `path` (it could point at any file)."""
+    """Write a file whole beside `path` and rename it over `path`: a reader never sees half of it, and no other name of the old
+    file changes (a hard link to it keeps its bytes). Never through a symbolic link at `path` (it could point at any file)."""
     path = Path(path)
+    if path.is_symlink():
+        raise UserError(link_refusal(path))
+    mode = 0o644
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UserError(link_refusal(path)) from None
+        mode = stat.S_IMODE(os.stat(path).st_mode)  # a replaced file keeps its permissions
+    except FileNotFoundError:
+        pass
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def link_refusal(path: Path) -> str:
@@ -167,10 +183,24 @@ def _checked(record: dict[str, Any]) -> tuple[str | None, Record | None]:
     missing = [name for name in CASE_FIELDS if name not in record and name not in CASE_FIELDS_ADDED]
     if missing:
         return f"record has no field {missing[0]!r} (a record carries all its case's fields: {', '.join(CASE_FIELDS)})", None
+    for name in OPTIONAL_FLOAT_FIELDS:  # NaN means "unset" only in a CSV; a record says unset with null
+        value = record.get(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"field {name!r} is {value!r}, not a finite number (an unset {name} is null)", None
     try:
         return None, Record.from_dict(record, where="record")  # every column's type, and its case, as the one Record definition declares them
     except UserError as exc:
         return str(exc).removeprefix("record: "), None
+
+
+def record_problem(record: dict[str, Any]) -> str | None:
+    """What a records file's reader would refuse in this parsed record (in words naming the field), or None: the check every
+    reader of records makes, wherever the record was kept (a records file, the results database)."""
+    try:
+        record = upgrade(record)
+    except UserError as exc:
+        return str(exc)
+    return _checked(record)[0]
 
 
 def read_records(path: Path | str) -> ReadResult:
@@ -178,41 +208,57 @@ def read_records(path: Path | str) -> ReadResult:
 
     An empty file has no records (a run killed before its first one). A line must be a JSON object whose
     case_id, backend and status are strings and whose case fields are typed as a Case's; the error says
-    file:line and the field.
+    file:line and the field. The file is streamed: a line longer than MAX_RECORD_BYTES is refused (dropped when it is the
+    cut last one: a crash can leave gigabytes of NUL bytes in a preallocated file) without ever being held whole.
     """
     path = Path(path)
     if path.is_dir():
         path = path / RECORDS
     if not path.exists():
         raise UserError(f"no records file at {path}")
-    raw = read_regular(path, "records file")
     records: list[dict[str, Any]] = []
     built: list[Record | None] = []
-    lines = raw.split(b"\n")
     dropped = False
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    whole_bytes = 0
+    with open_regular(path, "records file") as f:
         try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; absurd nesting a RecursionError
-            if number == len(lines) and not raw.endswith(b"\n"):
-                dropped = True  # the last line, cut short by a kill mid-write: that pair is redone on resume
-                break
-            reason = exc if isinstance(exc, ValueError) else "nested too deep"
-            raise UserError(f"{path}:{number}: corrupt record ({reason})") from None
-        if not isinstance(record, dict):
-            raise UserError(f"{path}:{number}: corrupt record (a {type(record).__name__}, not a JSON object)")
-        try:
-            record = upgrade(record)
-        except UserError as exc:
-            raise UserError(f"{path}:{number}: {exc}") from None
-        problem, typed = _checked(record)
-        if problem is not None:
-            raise UserError(f"{path}:{number}: {problem}")
-        records.append(record)
-        built.append(typed)
-    return ReadResult(records, dropped, path, tuple(built), raw.rfind(b"\n") + 1)
+            for number, (line, size, ended) in enumerate(lines_of(f, MAX_RECORD_BYTES), start=1):
+                if isinstance(line, str) and ended:
+                    raise UserError(f"{path}:{number}: corrupt record ({line})")
+                record = None if isinstance(line, str) else _record_of_line(line, path, number, cut=not ended)
+                if record is None and not ended and (isinstance(line, str) or line.strip()):
+                    dropped = True  # the last line, cut short by a kill mid-write: that pair is redone on resume
+                    break
+                if ended:
+                    whole_bytes += size
+                if record is not None:
+                    problem, typed = _checked(record)
+                    if problem is not None:
+                        raise UserError(f"{path}:{number}: {problem}")
+                    records.append(record)
+                    built.append(typed)
+        except OSError as exc:
+            raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return ReadResult(records, dropped, path, tuple(built), whole_bytes)
+
+
+def _record_of_line(line: bytes, path: Path, number: int, cut: bool) -> dict[str, Any] | None:
+    """The record a line holds, upgraded; None for a blank line, or for the cut last line (`cut`) that is no JSON."""
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; absurd nesting a RecursionError
+        if cut:
+            return None
+        reason = exc if isinstance(exc, ValueError) else "nested too deep"
+        raise UserError(f"{path}:{number}: corrupt record ({reason})") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path}:{number}: corrupt record (a {type(record).__name__}, not a JSON object)")
+    try:
+        return upgrade(record)
+    except UserError as exc:
+        raise UserError(f"{path}:{number}: {exc}") from None
 
 
 def load_run(*run_dirs: Path | str):

@@ -15,8 +15,9 @@ from harness.env import harness_identity
 from harness.errors import UserError
 from harness.measure.timing import Budget
 from harness.results.documents import MANIFEST, Manifest
+from harness.results.pair_specs import pair_cases
 from harness.suite.batch_files import check_cases
-from harness.suite.cases import Case, case_from_fields
+from harness.suite.cases import Case
 from harness.suite.catalog import Suite, load_suite
 from harness.results.record import pair_key
 
@@ -38,21 +39,7 @@ def run_pairs(manifest: Manifest, folder: Path, suite_arg: str) -> Pairs:
     if manifest.pair_specs is None:
         return _pairs_from_suite(manifest, folder, suite_arg)
     where = folder / MANIFEST
-    keys, specs = manifest.pairs, manifest.pair_specs
-    if len(specs) != len(keys):
-        raise UserError(f"{where}: field 'pair_specs' has {len(specs)} pairs and field 'pairs' {len(keys)}: the manifest is damaged")
-    pairs: Pairs = {}
-    for i, (key, spec) in enumerate(zip(keys, specs)):
-        if "case" not in spec or "backend" not in spec:
-            raise UserError(f"{where}: field 'pair_specs[{i}]' lacks {'case' if 'case' not in spec else 'backend'}")
-        try:
-            case = case_from_fields(spec["case"])
-        except (UserError, TypeError) as exc:
-            raise UserError(f"{where}: field 'pair_specs[{i}].case' is not a case ({exc})") from None
-        if pair_key(case, spec["backend"]) != key:
-            raise UserError(f"{where}: field 'pair_specs[{i}]' is pair {pair_key(case, spec['backend'])!r}, "
-                            f"but field 'pairs' says {key!r}: the manifest is damaged")
-        pairs[key] = (case, spec["backend"])
+    pairs: Pairs = {pair_key(case, backend): (case, backend) for case, backend in pair_cases(manifest, where) or ()}
     if manifest.batches is not None:  # the cases drawn from lengths files, checked against the copies frozen with the run
         check_cases(folder, manifest.batches, [case for case, _ in pairs.values()], str(where))
     return pairs
