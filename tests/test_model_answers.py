@@ -173,7 +173,7 @@ def test_latency_figures_ring_flagged_points_with_a_legend_entry_and_leave_quiet
     frame = frame_of(rows)
     figures.latency_figures(frame, figures.backend_colors(frame["backend"]))
     (fig,) = drawn
-    rings = [c for ax in fig.axes for c in ax.collections if c.get_label() == "hollow: contended or suspect, not a speed"]
+    rings = [c for ax in fig.axes for c in ax.collections if c.get_label() == figures.FLAGGED_RINGS]
     assert len(rings) == 1 and [tuple(p) for p in rings[0].get_offsets()] == [(256.0, 2.56)]  # the contended point alone
     assert "hollow: contended or suspect, not a speed" in [t.get_text() for t in fig.legends[0].get_texts()]
 

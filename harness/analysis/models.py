@@ -76,12 +76,12 @@ def model_shapes() -> dict[tuple, set[tuple[str, int, str]]]:
     return found
 
 
-def model_cases_in(frame: pd.DataFrame) -> bool:
-    """Whether any case of `frame` is a layer of some preset at some TP degree."""
+def model_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `frame` whose case is a layer of some preset at some TP degree."""
     if frame.empty or any(name not in frame.columns for name in ("H", "d_k")):
-        return False
+        return frame.iloc[0:0]
     shapes = model_shapes()
-    return any(shape_of(r) in shapes for _, r in frame.drop_duplicates("case_id").iterrows())
+    return frame[[shape_of(r) in shapes for _, r in frame.iterrows()]]
 
 
 def model_winners(frame: pd.DataFrame, wins: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -140,7 +140,7 @@ def no_winner_reason(rows: pd.DataFrame) -> str:
 
     Three reasons, checked in order: nothing supported (no row ran), no row agreed (rows ran, none agrees with the
     float64 reference), rows agreed but were flagged (contended, suspect, …: re-measure on a quiet machine). The
-    report, `recommend` and the site all say it with this one function.
+    report, `recommend` and the site all say it with this one function. '' when some row ran, agreed and carries no flag.
     """
     if rows is None or rows.empty:
         return "nothing measured: the run has no row for it"
@@ -155,10 +155,10 @@ def no_winner_reason(rows: pd.DataFrame) -> str:
         return (f"no row agreed: {len(ran)} rows ran and none agrees with the float64 reference" if checked
                 else f"no row agreed: {len(ran)} rows ran unchecked (--no-check), and only a row that agrees may be chosen")
     flagged = left_out(agreed)
-    if flagged.rows:
+    if flagged.rows == len(agreed):
         names = [name for name, n in flagged.counts.items() if n]
         by_flag = ", ".join(f"{flagged.counts[name]} {name}" for name in names)
         counted = f"all {len(agreed)} rows that ran and agreed carry" if len(agreed) > 1 else "the one row that ran and agreed carries"
         return (f"rows agreed but were {' or '.join(names)}: {counted} that flag ({by_flag}), "
                 "so none measures a backend's speed; re-measure on a quiet machine")
-    return "no answer"
+    return ""  # some row ran, agreed and carries no flag: there is an answer

@@ -50,7 +50,7 @@ def _per_group_figures(
                 for backend, line in sub.groupby("backend", sort=True):
                     line = line.sort_values("S")
                     ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=plain(backend))
-                    mark_flagged(ax, line, value)
+                    mark_flagged(ax, line, value, colors[backend])
                     text = note(backend, {**key, "dtype": dtype, "mode": mode}, line) if note else None  # the fits name a group with its dtype
                     if text:
                         notes.append(f"{backend} {text}")
@@ -82,12 +82,20 @@ FLAGGED = "_untrusted"
 FLAGGED_LABEL = "hollow: contended or suspect, not a speed"
 
 
-def mark_flagged(ax: Any, line: pd.DataFrame, value: str) -> None:
-    """Ring each flagged point of `line` with a hollow white marker, so that no one reads its median as a backend's speed."""
+#: The (legend-hidden) label of the hollow rings `mark_flagged` draws, one collection per line.
+FLAGGED_RINGS = "_flagged"
+
+
+def mark_flagged(ax: Any, line: pd.DataFrame, value: str, color: Any) -> None:
+    """Draw each flagged point of `line` hollow (white, ringed in its backend's colour), so no one reads its median as a speed.
+
+    One neutral entry (a black ring) names them in the figure's legend.
+    """
     flagged = line[line[FLAGGED].astype(bool)] if FLAGGED in line.columns else line.iloc[0:0]
     if len(flagged):
-        ax.scatter(flagged["S"].astype(float), flagged[value].astype(float), s=46, marker="o", facecolors="white", edgecolors="black",
-                   linewidths=1.1, zorder=5, label=FLAGGED_LABEL)
+        ax.scatter(flagged["S"].astype(float), flagged[value].astype(float), s=46, marker="o", facecolors="white", edgecolors=[color],
+                   linewidths=1.3, zorder=5, label=FLAGGED_RINGS)
+        ax.scatter([], [], s=46, marker="o", facecolors="white", edgecolors="black", linewidths=1.3, label=FLAGGED_LABEL)
 
 
 def latency_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:

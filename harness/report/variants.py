@@ -25,7 +25,10 @@ def variants_section(frame: pd.DataFrame, cv: float = 0.0) -> Section | None:
             "time with the variant over the time without; <em>differs</em> is the rule of the backend-choice table. A backend that cannot "
             "compute a variant exactly is unsupported for it (its reason is in Failures), never shown here with an approximation.</p>"]
     if costs.empty:
-        body.append(f'<div class="warn">No variant\'s cost can be told from this run: {esc(no_winner_reason(core))}.</div>')
+        with_variant = core[pd.concat([core[name].map(holds_value) for name in present], axis=1).any(axis=1)]
+        why = (no_winner_reason(with_variant) or no_winner_reason(core[~core.index.isin(with_variant.index)])
+               or "no backend has both a case with a variant and its plain twin among its rows that ran, agree and carry no flag")
+        body.append(f'<div class="warn">No variant\'s cost can be told from this run: {esc(why)}.</div>')
         return Section("variants", TITLE, body, nav="Variants")
     summary = costs.groupby(["variant", "backend"], sort=True)["ratio"].agg(["count", "median", "min", "max"]).reset_index()
     body += [f"<h3>Per variant and backend ({len(summary)})</h3>", Csv(summary, "variant_cost_summary.csv"),
@@ -39,10 +42,10 @@ def variants_section(frame: pd.DataFrame, cv: float = 0.0) -> Section | None:
 
 def models_section(frame: pd.DataFrame, wins: pd.DataFrame) -> Section | None:
     """The winner per published model, TP degree and layer kind, or None when no measured case is a layer of a preset."""
-    from harness.analysis.models import model_cases_in, model_winners
+    from harness.analysis.models import model_rows, model_winners
 
     table = model_winners(frame, wins)
-    if table.empty and not model_cases_in(frame):
+    if table.empty and model_rows(frame).empty:
         return None
     body = ["<p>Which backend to choose for a published model's attention on one GPU of tensor parallel degree TP: each model "
             "(harness/suite/presets.py, with its source; <code>attnbench models</code> lists them) is sharded at TP 1, 2, 4 and 8 "
@@ -52,7 +55,8 @@ def models_section(frame: pd.DataFrame, wins: pd.DataFrame) -> Section | None:
             "and are neither contended nor suspect, and only of the cases where another backend ran too: a case one backend alone "
             "could run is counted as <em>only candidate</em>, never as a win.</p>"]
     if table.empty:
-        body.append(f'<div class="warn">No model layer has a winner in this run: {esc(no_winner_reason(frame[is_core(frame)]))}.</div>')
+        why = no_winner_reason(model_rows(frame[is_core(frame)])) or "no case of a model's layers has a winner"
+        body.append(f'<div class="warn">No model layer has a winner in this run: {esc(why)}.</div>')
         return Section("models", "The backend to choose per model and TP degree", body, nav="Models")
     body += [Csv(table, "model_winners.csv"),
              Table(table, columns=["model", "tp", "layer_kind", "phase", "winner", "won", "cases", "runner_up", "only_candidate", "note"],
