@@ -292,7 +292,8 @@ def model_label(name: str, tp: int) -> str:
     preset = get_preset(name)
     H, H_kv = tp_heads(preset, tp)
     mla = f", MLA latent {preset.d_c}+{preset.d_rope}" if preset.mla else ""
-    kinds = "; ".join(kind_label(k, preset.layers) for k in preset.kinds)
+    kinds = ("; ".join(kind_label(k, preset.layers) for k in preset.kinds) if len(preset.kinds) > 1
+             else f"every layer: {variant_label(preset.kinds[0].case_fields())}")
     return f"{preset.name} at TP {tp} (per GPU H {H}, H_kv {H_kv}, d_k {preset.d_k}, d_v {preset.d_v}{mla}; {kinds}): "
 
 
