@@ -166,7 +166,7 @@ def test_recommend_with_a_batch_answers_from_that_batch_only(tmp_path, capsys):
     assert "lib-b (1.5 ms); the runner-up lib-a takes 1.33× the time (2 ms)" in out and "sdpa" not in out
     assert main(["recommend", str(run), "--batch", "1x64+1x128 + 1x256+ 1x512", "--dtype", "bf16"]) == 0
     out = capsys.readouterr().out
-    assert "sdpa (1.2 ms), the only backend that ran and agreed" in out and "lib-a" not in out
+    assert "only candidate: sdpa (1.2 ms), the one backend that ran, agreed and carries no flag: not a win" in out and "lib-a" not in out
 
 
 def test_recommend_with_an_unknown_batch_names_the_runs_batches_in_one_line(tmp_path, capsys):

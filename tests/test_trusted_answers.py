@@ -75,7 +75,7 @@ def test_recommend_with_only_flagged_rows_gives_no_answer_and_exit_1(tmp_path, c
     run = write_run(tmp_path / "run", [flagged("sdpa", 4.0, contended=True), flagged("naive", 5.0, suspect=True)], peaks=PEAKS)
     assert main(["recommend", str(run), "--seq", "256"]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("no answer") and "every row that ran and agreed was contended or suspect (2)" in out
+    assert out.startswith("no answer: rows agreed but were contended or suspect: all 2 rows that ran and agreed")
 
 
 def test_recommend_gives_one_answer_over_several_shapes_first(tmp_path, capsys):
@@ -88,7 +88,8 @@ def test_recommend_gives_one_answer_over_several_shapes_first(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     # Before: one answer per case, and no answer to the question asked.
     assert lines[0] == ("best over the 2 matching problems: sdpa-flash (geometric mean 1.00× the fastest time per problem; "
-                        "fastest in 2 of 2); then sdpa-math 1.48×")
+                        "fastest in 2 of the 2 problems another option ran too); then sdpa-math 1.48×; "
+                        "faster in some problem but left out: naive (contended)")
     assert lines[1].strip().startswith("2 measured rows left out of this answer: 2 contended")
     assert lines[2] == "per case (2):" and sum(line.startswith("B") for line in lines) == 2
 

@@ -47,8 +47,9 @@ def test_the_winner_per_model_and_tp_degree_counts_the_cases_of_its_layers():
     sliding = Case(B=1, S_q=160, S_kv=160, H=8, H_kv=1, d_k=64, d_v=64, causal=True, window=128, sinks=True)
     rows = [synthetic_record(sliding, "naive", 2.0), synthetic_record(sliding, "flex", 1.0),
             synthetic_record(sliding.replace(window=None), "naive", 2.5), synthetic_record(sliding.replace(window=None), "flex", 3.0)]
-    table = model_winners(frame_of(rows)).set_index(["model", "tp", "phase"])
-    assert table.loc[("gpt-oss-20b", 8, "prefill"), "cases"] == 2  # both layer kinds
-    # one case each: the tie goes to the lower geometric mean of the tied winners' times (flex 1.0 and 3.0 ms)
-    assert table.loc[("gpt-oss-20b", 8, "prefill"), "winner"] == "flex" and table.loc[("gpt-oss-20b", 8, "prefill"), "won"] == 1
-    assert ("gpt-oss-20b", 1, "prefill") not in table.index
+    table = model_winners(frame_of(rows)).set_index(["model", "tp", "layer_kind", "phase"])
+    # one answer per layer kind: the sliding layers' case and the full layers' case are different problems
+    assert table.loc[("gpt-oss-20b", 8, "sliding", "prefill"), "winner"] == "flex" and table.loc[("gpt-oss-20b", 8, "sliding", "prefill"), "won"] == 1
+    assert table.loc[("gpt-oss-20b", 8, "full", "prefill"), "winner"] == "naive" and table.loc[("gpt-oss-20b", 8, "full", "prefill"), "cases"] == 1
+    assert table.loc[("gpt-oss-20b", 8, "full", "prefill"), "runner_up"] == "flex"
+    assert ("gpt-oss-20b", 1, "sliding", "prefill") not in table.index

@@ -9,7 +9,7 @@ from harness.analysis.frame import (
     GROUP_FIELDS, MIN_FIT_POINTS, RunData, agreeing_rows, declared_capabilities, derive_columns, describe_group,
     group_key_columns, groups, is_core, load, ok_rows, trusted_rows, with_roofline,
 )
-from harness.analysis.recommend import Answer, Recommendation, model_shape, recommend
+from harness.analysis.recommend import Answer, Recommendation, model_shape, recommend, recommend_model
 from harness.analysis.trust import LeftOut, left_out, trusted
 from harness.analysis.winners import default_baseline, speedups, winner_map, winners
 
@@ -17,6 +17,6 @@ __all__ = [
     "Crossing", "crossovers", "find_crossing", "Fit", "fit_power_law", "memory_model", "memory_vs_model", "scaling_fits",
     "GROUP_FIELDS", "MIN_FIT_POINTS", "RunData", "agreeing_rows", "declared_capabilities", "derive_columns", "describe_group",
     "group_key_columns", "groups", "is_core", "load", "ok_rows", "trusted_rows", "with_roofline",
-    "Answer", "Recommendation", "model_shape", "recommend", "LeftOut", "left_out", "trusted",
+    "Answer", "Recommendation", "model_shape", "recommend", "recommend_model", "LeftOut", "left_out", "trusted",
     "default_baseline", "speedups", "winner_map", "winners",
 ]

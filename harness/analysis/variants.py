@@ -47,3 +47,36 @@ def variant_costs(frame: pd.DataFrame, cv: float = 0.0) -> pd.DataFrame:
                         "group": describe_group({k: r[k] for k in keys if k != "backend"}),
                         "with_ms": on_ms, "without_ms": off_ms, "ratio": on_ms / off_ms, "differs": differ(r, twin, cv)})
     return pd.DataFrame(out)
+
+
+#: The Case fields that change what a score computes (beside the heads and lengths), in the order a label names them.
+VARIANT_FIELDS = ("window", "softcap", "sinks", "alibi", "scale")
+
+
+def holds_value(value: Any) -> bool:
+    """Whether a variant column holds a value (not None, NaN, False or 0): the case has that variant."""
+    if value is None or value is False or (isinstance(value, float) and value != value):
+        return False
+    try:
+        return not pd.isna(value) and bool(value)
+    except (TypeError, ValueError):
+        return True
+
+
+def variant_label(row: Any) -> str:
+    """What a case computes beyond plain attention, as a table names it ('window 128 + sinks', 'softcap 50'), or 'plain'.
+
+    Cases of different labels are different problems: a winner map or a count never puts them in one cell.
+    """
+    parts = []
+    for name in VARIANT_FIELDS:
+        value = row.get(name) if hasattr(row, "get") else getattr(row, name, None)
+        if not holds_value(value):
+            continue
+        if name in ("sinks", "alibi"):
+            parts.append(name)
+        elif name == "scale":
+            parts.append(f"scale {float(value):.4g}")
+        else:
+            parts.append(f"{name} {float(value):g}")
+    return " + ".join(parts) or "plain"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import gc
-import json
 import math
 import sys
 from typing import Any, Iterable, Sequence, TextIO
 
 from harness.checks.correctness import VERDICTS, CheckResult, plan_checks, resolution_warning, run_checks
+from harness.results import strict_json
 
 #: Exit status when some available backend disagrees (2 stays the usage-error status).
 EXIT_DISAGREE = 1
@@ -75,7 +75,7 @@ def run_cli(*, suite: str | None, backends: Sequence[str] | None, dtypes: Sequen
     gc.freeze()
     results = run_checks(plan.pairs)
     if as_json:
-        print(json.dumps([result_object(r) for r in results], indent=1, allow_nan=False), file=out)
+        print(strict_json.dumps([result_object(r) for r in results]), file=out)
     elif results:
         print(format_table(results), file=out)
     print(summary(results), file=notes)

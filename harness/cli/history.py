@@ -6,7 +6,6 @@ Kept light on purpose, as harness/cli/report.py is: SQLAlchemy and pandas are im
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -59,7 +58,9 @@ def cmd_db_list(args: argparse.Namespace) -> int:
     with open_database(args.db, create=False) as db:
         runs = db.runs_frame()
     if args.json:
-        print(json.dumps([{k: _cell(r[k]) for k in LIST_COLUMNS} for _, r in runs.iterrows()], indent=1, default=str))
+        from harness.results.strict_json import dumps
+
+        print(dumps([{k: _cell(r[k]) for k in LIST_COLUMNS} for _, r in runs.iterrows()]))
         return 0
     if runs.empty:
         print(f"{db.name} holds no runs: add runs with attnbench db add RUN")

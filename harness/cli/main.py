@@ -6,7 +6,6 @@ User mistakes (unknown backend or suite, bad shapes, existing run folder) print 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Callable, Sequence
 from harness.cli.arguments import comma_list, dtype_list, gpu_list, memory_limit, mode_list, non_negative_int
 from harness.errors import UserError
 from harness.process.usage import UsageParser, exit_status
+from harness.results import strict_json
 from harness.results.record import NOT_FAILURES, Status
 from harness.results.run_options import TIMERS, RunOptions
 
@@ -28,7 +28,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
     rows = load_registry().describe()
     if args.json:
-        print(json.dumps([row.__dict__ for row in rows], indent=1))
+        print(strict_json.dumps([row.__dict__ for row in rows]))
         return 0
     # Each column as wide as its longest value: a fixed width broke on families such as flash-attn and flashinfer.
     name_width, family_width = max(len(r.name) for r in rows), max(len(r.family) for r in rows)
@@ -44,7 +44,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
     device = detect_device()
     info = {"fingerprint": fingerprint(device), "gpu_telemetry": gpu_telemetry() if device == "cuda" else None}
-    print(json.dumps(info, indent=1, default=str))
+    print(strict_json.dumps(info))
     return 0
 
 
@@ -248,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.cli.report import add_commands
 
     add_commands(sub)  # report, compare, recommend
+    from harness.cli.models import add_command as add_models_command
+
+    add_models_command(sub)
     from harness.cli.history import add_commands as add_history_commands
     from harness.cli.publish import add_export_command, add_site_command
 

@@ -6,10 +6,9 @@ Kept light on purpose: nothing heavy (pandas, matplotlib) is imported until a co
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from harness.errors import UserError
 
@@ -48,7 +47,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
     if args.json:
-        print(json.dumps({**comparison_document(result, base.name, new.name), "csv": str(out)}, indent=1, default=str))
+        print_json({**comparison_document(result, base.name, new.name), "csv": str(out)})
     else:
         print(f"csv: {out}")
     return EXIT_REGRESSION if result.failed else (EXIT_UNDECIDED if result.undecided else 0)
@@ -76,35 +75,68 @@ def check_output_file(out: Path, what: str, kind: str, ours: Callable[[Path], bo
     return check(out, what, kind, ours)
 
 
+def _variant_query(args: argparse.Namespace) -> dict:
+    """What a custom shape's scores compute, from --window, --softcap, --sinks and --scale (none given: plain attention)."""
+    for name, low in (("window", 1), ("softcap", 0), ("scale", 0)):
+        value = getattr(args, name)
+        if value is not None and not (value >= low if name == "window" else value > low):
+            raise UserError(f"--{name} must be {'a positive number of tokens' if name == 'window' else 'a positive number'}, got {value:g}")
+    return {"window": args.window, "softcap": args.softcap, "sinks": bool(args.sinks), "alibi": False, "scale": args.scale}
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
-    """Answer which backend to use for a shape, from the run's measured rows only."""
+    """Answer which backend to use for a shape, or for a model's attention at a TP degree, from the run's measured rows only."""
     from harness import analysis
     from harness.suite.cases import canonical_dtype
 
     query: dict = {"B": args.B, "S": args.seq, "H": args.H, "H_kv": args.H_kv, "d_k": args.d_k,
                    "dtype": canonical_dtype(args.dtype) if args.dtype else None, "causal": args.causal, "batch": args.batch}
+    variant_flags = [f"--{n}" for n in ("window", "softcap", "scale") if getattr(args, n) is not None] + (["--sinks"] if args.sinks else [])
     label = ""
     if args.model:
-        shape = analysis.model_shape(args.model)
+        from harness.analysis.recommend import model_label
+        from harness.suite.presets import get_preset, tp_heads
+
+        tp = 1 if args.tp is None else args.tp
+        preset = get_preset(args.model.strip().lower())
+        heads = dict(zip(("H", "H_kv"), tp_heads(preset, tp)), d_k=preset.d_k)
         for name in ("H", "H_kv", "d_k"):
-            if query[name] is not None and query[name] != shape[name]:
-                raise UserError(f"--{name.replace('_', '-').lower()} {query[name]} contradicts --model {args.model} ({name}={shape[name]})")
-            query[name] = shape[name]
-        label = f"{args.model} (H={shape['H']}, H_kv={shape['H_kv']}, d_k={shape['d_k']}): "
-    if all(v is None for v in query.values()):
-        raise UserError("say which shape: --model NAME and/or --seq, --B, --H, --H-kv, --d-k, --dtype, --causal, --batch")
+            if query[name] is not None and query[name] != heads[name]:
+                raise UserError(f"--{name.replace('_', '-').lower()} {query[name]} contradicts --model {args.model} at TP {tp} ({name}={heads[name]})")
+        if variant_flags:
+            raise UserError(f"{', '.join(variant_flags)} describe a custom shape; --model {args.model} answers for its own layers' window, softcap, "
+                            "sinks and scale (see `attnbench models`): give one or the other")
+        label = model_label(preset.name, tp)
+    else:
+        if args.tp is not None:
+            raise UserError("--tp goes with --model (a custom shape gives its per-GPU heads with --H and --H-kv)")
+        query["variant"] = _variant_query(args)
+        if all(v is None for k, v in query.items() if k != "variant"):
+            raise UserError("say which shape: --model NAME [--tp N] and/or --seq, --B, --H, --H-kv, --d-k, --dtype, --causal, --batch "
+                            "(with --window, --softcap, --sinks, --scale for a score variant)")
     from harness.analysis.difference import check_variation_device
 
     variation = _variation(args)
     data = analysis.load([Path(args.run)])
     check_variation_device(variation, list(data.env.values()), args.run)
-    answer = analysis.recommend(data.frame, query, variation.cv if variation else 0.0)
+    cv = variation.cv if variation else 0.0
+    if args.model:
+        answer = analysis.recommend_model(data.frame, preset.name, tp, query, cv)
+    else:
+        answer = analysis.recommend(data.frame, query, cv)
     if args.json:
-        print(json.dumps({"model": args.model, "query": {k: v for k, v in query.items() if v is not None}, **answer.to_dict()},
-                         indent=1, default=str))
+        shown = {k: v for k, v in query.items() if v is not None}
+        print_json({"model": args.model, "tp": tp if args.model else None, "query": shown, **answer.to_dict()})
     else:
         print("\n".join(answer.lines(label)))
     return 0 if answer.best or any(c.winner for c in answer.cases) else 1
+
+
+def print_json(document: Any) -> None:
+    """Print one strict JSON document (`harness.results.strict_json`): NaN and infinities as null, never as `NaN`."""
+    from harness.results.strict_json import dumps
+
+    print(dumps(document))
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -129,7 +161,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("recommend", help="the fastest agreeing backend (and layout) for a shape, from a run's measured rows without contended or suspect ones")
     p.add_argument("run", metavar="RUN", help="run folder")
-    p.add_argument("--model", help="a model preset, e.g. llama3-8b (sets H, H_kv, d_k)")
+    p.add_argument("--model", help="a model preset (attnbench models lists them): answers only from the cases of its layers' attention "
+                                   "(heads, window, softcap, sinks, scale, MLA), one answer per layer kind where they differ")
+    p.add_argument("--tp", type=int, help="with --model: the tensor-parallel degree it runs at (each GPU's heads: H/TP, H_kv/TP; default 1)")
     p.add_argument("--seq", type=int, help="sequence length S (S_q = S_kv = S)")
     p.add_argument("--B", type=int, help="batch size")
     p.add_argument("--H", type=int, help="query heads")
@@ -137,6 +171,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--d-k", dest="d_k", type=int, help="head dimension")
     p.add_argument("--dtype", help="fp32, fp16, bf16 or fp64")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="causal (or --no-causal); default: either")
+    p.add_argument("--window", type=int, metavar="W", help="a custom shape with a sliding window of W tokens (default: none)")
+    p.add_argument("--softcap", type=float, metavar="C", help="a custom shape with a logit softcap C (default: none)")
+    p.add_argument("--sinks", action="store_true", help="a custom shape with attention sinks (default: none)")
+    p.add_argument("--scale", type=float, metavar="S", help="a custom shape with softmax scale S (default: 1/√d_k); without any of these "
+                                                          "four, only plain cases are read: a variant is never ranked with another")
     p.add_argument("--batch", help="only rows of this serving batch, as the run recorded it: a mixed batch ('2x2048 + 32x1@1024') or a "
                                    "length distribution ('uniform(64,512)')")
     p.add_argument("--json", action="store_true", help="print the answer as one JSON document (the overall answer, each case's, the rows left out)")

@@ -15,6 +15,7 @@ import pandas as pd
 
 from harness.analysis.difference import order
 from harness.analysis.trust import untrusted
+from harness.analysis.winners import no_winner_reason
 from harness.report.canvas import backend_colors, new_figure, plain, to_data_uri
 from harness.report.page import esc, figure, page, section
 
@@ -103,7 +104,7 @@ def _winners(runs: pd.DataFrame, rows: pd.DataFrame) -> list[list[str]]:
         good = latest[(latest["status"] == "ok") & (latest["agree"] == True) & ~untrusted(latest)]  # noqa: E712
         run_id = esc(latest.iloc[0]["run_id"])
         if good.empty:
-            out.append([esc(case), "no winner: no ok row that agrees and is not contended/suspect", "", run_id])
+            out.append([esc(case), esc(f"no winner: {no_winner_reason(latest)}"), "", run_id])
         else:
             best = good.sort_values("latency_ms_median").iloc[0]
             out.append([esc(case), esc(best["backend"]), esc(f"{float(best['latency_ms_median']):.4g}"), run_id])

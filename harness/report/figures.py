@@ -13,9 +13,11 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 from matplotlib.colors import ListedColormap
+from matplotlib.patches import Rectangle
 
 from harness import analysis
 from harness.analysis import roofline
+from harness.analysis.trust import untrusted
 from harness.report.canvas import (  # noqa: F401 - MAX_PANELS, Figure, plain, backend_colors: the report's modules import them from here
     MAX_PANELS, Figure, backend_colors, chunks, figure_legend, new_figure, panel_note, panels, plain, slim_columns, style_panel, to_data_uri,
 )
@@ -23,19 +25,21 @@ from harness.report.canvas import (  # noqa: F401 - MAX_PANELS, Figure, plain, b
 
 def _per_group_figures(
     rows: pd.DataFrame, value: str, ylabel: str, title: str, caption: str, colors: Mapping[str, Any],
-    *, logy: bool = True, hline: Any = None, note: Any = None,
+    *, logy: bool = True, hline: Any = None, note: Any = None, speed: bool = True,
 ) -> list[Figure]:
     """One figure per (dtype, mode), a panel per fixed-parameter group, a line per backend of `value` against S.
 
     A backend's colour is the same in every panel, so one legend serves the figure; what differs per panel and
-    line (`note(backend, group key, line)`: the fitted α) is listed in the panel's corner (`panel_note`).
+    line (`note(backend, group key, line)`: the fitted α) is listed in the panel's corner (`panel_note`). Where `value`
+    is a speed (time, throughput, energy), a flagged row's point is hollow (`mark_flagged`).
     """
     figures = []
     rows = rows[rows[value].notna() & (rows[value] > 0)] if logy else rows[rows[value].notna()]
     if rows.empty:
         return figures
     keys = analysis.group_key_columns(rows, exclude=("dtype", "mode"))
-    rows = rows[slim_columns(rows, keys, "dtype", "mode", "backend", "S", "run_id", value)]
+    rows = rows.assign(**{FLAGGED: untrusted(rows) & speed})
+    rows = rows[slim_columns(rows, keys, "dtype", "mode", "backend", "S", "run_id", value, FLAGGED)]
     for (dtype, mode), by_dtype in rows.groupby(["dtype", "mode"], sort=True):
         groups = list(analysis.groups(by_dtype, keys))
         for part, chunk in chunks(groups, MAX_PANELS):
@@ -46,6 +50,7 @@ def _per_group_figures(
                 for backend, line in sub.groupby("backend", sort=True):
                     line = line.sort_values("S")
                     ax.plot(line["S"].astype(float), line[value].astype(float), marker="o", ms=3, lw=1.4, color=colors[backend], label=plain(backend))
+                    mark_flagged(ax, line, value, colors[backend])
                     text = note(backend, {**key, "dtype": dtype, "mode": mode}, line) if note else None  # the fits name a group with its dtype
                     if text:
                         notes.append(f"{backend} {text}")
@@ -71,10 +76,33 @@ def _per_group_figures(
     return figures
 
 
+#: The column `_per_group_figures` marks a point by: the row carries an untrusted flag (contended, suspect, …).
+FLAGGED = "_untrusted"
+#: The legend entry of a flagged point: what it measured is not the backend's speed.
+FLAGGED_LABEL = "hollow: contended or suspect, not a speed"
+
+
+#: The (legend-hidden) label of the hollow rings `mark_flagged` draws, one collection per line.
+FLAGGED_RINGS = "_flagged"
+
+
+def mark_flagged(ax: Any, line: pd.DataFrame, value: str, color: Any) -> None:
+    """Draw each flagged point of `line` hollow (white, ringed in its backend's colour), so no one reads its median as a speed.
+
+    One neutral entry (a black ring) names them in the figure's legend.
+    """
+    flagged = line[line[FLAGGED].astype(bool)] if FLAGGED in line.columns else line.iloc[0:0]
+    if len(flagged):
+        ax.scatter(flagged["S"].astype(float), flagged[value].astype(float), s=46, marker="o", facecolors="white", edgecolors=[color],
+                   linewidths=1.3, zorder=5, label=FLAGGED_RINGS)
+        ax.scatter([], [], s=46, marker="o", facecolors="white", edgecolors="black", linewidths=1.3, label=FLAGGED_LABEL)
+
+
 def latency_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
     """Median latency against S per backend, log-log."""
     rows = analysis.ok_rows(frame)
-    return _per_group_figures(rows, "latency_ms_median", "median latency (ms)", "Latency against S", "Median of the timed samples; log-log axes. The projections curve, where present, is the layer's Q/K/V/O term.", colors)
+    return _per_group_figures(rows, "latency_ms_median", "median latency (ms)", "Latency against S", "Median of the timed samples; log-log axes. Hollow points: rows timed while contended or with too wide a spread, "
+                              "which decide nothing. The projections curve, where present, is the layer's Q/K/V/O term.", colors)
 
 
 def energy_figures(frame: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
@@ -111,7 +139,7 @@ def memory_figures(frame: pd.DataFrame, fits: pd.DataFrame, colors: Mapping[str,
         a = alpha.get((backend, analysis.describe_group(key)))
         return f"α={a:.2f}" if a is not None and a == a else None
 
-    return _per_group_figures(rows, "peak_mem_bytes", "peak memory (bytes)", "Peak memory against S", "Measured peak memory of one call above the inputs; log-log axes; α (in each panel's corner) is the fitted exponent (memory ∝ S^α).", colors, note=note)
+    return _per_group_figures(rows, "peak_mem_bytes", "peak memory (bytes)", "Peak memory against S", "Measured peak memory of one call above the inputs; log-log axes; α (in each panel's corner) is the fitted exponent (memory ∝ S^α).", colors, note=note, speed=False)
 
 
 def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]:
@@ -156,38 +184,58 @@ def crossover_figures(frame: pd.DataFrame, table: pd.DataFrame, colors: Mapping[
 
 
 def winner_map_figures(frame: pd.DataFrame, colors: Mapping[str, Any], wins: pd.DataFrame | None = None) -> list[Figure]:
-    """Per dtype: which backend wins over S × B and over S × H_kv (among agreeing rows), with won/cases in each cell; `wins` is `winners(frame)` if known."""
+    """Per dtype and score variant: which backend wins over S × B and over S × H_kv (among agreeing rows), with won/cases in each cell.
+
+    Plain, sinks, softcap … cases are separate maps (one problem per cell); a cell whose cases each had one candidate
+    says "only candidate" in grey, never a win. `wins` is `winners(frame)` if known.
+    """
     wins = analysis.winners(frame) if wins is None else wins
     if wins.empty:
         return []
     figures = []
     for dtype in sorted(set(wins["dtype"])):
-        maps = [(axis, analysis.winner_map(frame, axis, dtype, wins)) for axis in ("B", "H_kv")]
-        maps = [(axis, m) for axis, m in maps if not m.empty]
-        if not maps:
-            continue
-        fig = new_figure(6.5 * len(maps), 3.6, constrained=True)
-        axes = fig.subplots(1, len(maps), squeeze=False)
-        for ax, (axis, m) in zip(axes.flat, maps):
-            s_values = sorted(set(m["S"]))
-            a_values = sorted(set(m[axis]))
-            names = sorted(set(m["winner"]))
-            index = {name: i for i, name in enumerate(names)}
-            grid = np.full((len(a_values), len(s_values)), np.nan)
-            for _, cell in m.iterrows():
-                r, c = a_values.index(cell[axis]), s_values.index(cell["S"])
-                grid[r, c] = index[cell["winner"]]
-                ax.text(c, r, plain(f"{cell['winner']}\n{cell['won']}/{cell['cases']}"), ha="center", va="center", fontsize=7)
+        for variant in sorted(set(wins.loc[wins["dtype"] == dtype, "variant"]), key=lambda v: (v != "plain", v)):
+            maps = [(axis, analysis.winner_map(frame, axis, dtype, wins, variant)) for axis in ("B", "H_kv")]
+            maps = [(axis, m) for axis, m in maps if not m.empty]
+            if maps:
+                figures.append(_winner_maps(maps, dtype, variant, colors))
+    return figures
+
+
+def _winner_maps(maps: list[tuple[str, pd.DataFrame]], dtype: str, variant: str, colors: Mapping[str, Any]) -> Figure:
+    """One figure of a dtype's and variant's winner maps, a panel per axis."""
+    fig = new_figure(6.5 * len(maps), 3.6, constrained=True)
+    axes = fig.subplots(1, len(maps), squeeze=False)
+    for ax, (axis, m) in zip(axes.flat, maps):
+        s_values = sorted(set(m["S"]))
+        a_values = sorted(set(m[axis]))
+        names = sorted(set(m["winner"].dropna()))
+        index = {name: i for i, name in enumerate(names)}
+        grid = np.full((len(a_values), len(s_values)), np.nan)
+        for _, cell in m.iterrows():
+            r, c = a_values.index(cell[axis]), s_values.index(cell["S"])
+            if cell["winner"] is None or cell["winner"] != cell["winner"]:
+                ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, color="#dddddd", zorder=0))
+                ax.text(c, r, plain(f"only candidate:\n{cell['alone']}"), ha="center", va="center", fontsize=7, color="#555555")
+                continue
+            grid[r, c] = index[cell["winner"]]
+            alone = f"\n+{cell['only_candidate']} only candidate" if cell["only_candidate"] else ""
+            ax.text(c, r, plain(f"{cell['winner']}\n{cell['won']}/{cell['cases']}{alone}"), ha="center", va="center", fontsize=7)
+        if names:
             cmap = ListedColormap([_light(colors[n]) for n in names])
             ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(names) - 0.5, aspect="auto", origin="lower")
-            ax.set_xticks(range(len(s_values)), [str(s) for s in s_values], fontsize=8)
-            ax.set_yticks(range(len(a_values)), [str(a) for a in a_values], fontsize=8)
-            ax.set_xlabel("S", fontsize=9)
-            ax.set_ylabel(axis, fontsize=9)
-            ax.set_title(f"winner over S × {axis}", fontsize=10)
-        fig.suptitle(plain(f"Winner maps: {dtype}"), fontsize=11)
-        figures.append(Figure(f"Winner maps: {dtype}", to_data_uri(fig), "Each cell: the backend that won the most cases (fastest among rows that agree with the reference) and won/cases; other parameters vary inside a cell."))
-    return figures
+        ax.set_xlim(-0.5, len(s_values) - 0.5)
+        ax.set_ylim(-0.5, len(a_values) - 0.5)
+        ax.set_xticks(range(len(s_values)), [str(s) for s in s_values], fontsize=8)
+        ax.set_yticks(range(len(a_values)), [str(a) for a in a_values], fontsize=8)
+        ax.set_xlabel("S", fontsize=9)
+        ax.set_ylabel(axis, fontsize=9)
+        ax.set_title(f"winner over S × {axis}", fontsize=10)
+    title = f"Winner maps: {dtype}, {variant}"
+    fig.suptitle(plain(title), fontsize=11)
+    return Figure(title, to_data_uri(fig), "Each cell: the backend that won the most cases with at least two candidates (fastest among rows that "
+                  "agree with the reference and carry no flag) and won/cases; a case only one backend could run is counted apart "
+                  "(only candidate), never as a win. One map per score variant; other parameters vary inside a cell.")
 
 
 def _light(color: Any) -> tuple[float, float, float]:

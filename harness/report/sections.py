@@ -15,6 +15,7 @@ import pandas as pd
 
 from harness import analysis
 from harness.analysis.difference import RULE_TEXT, Variation
+from harness.analysis.winners import no_winner_reason, wins_per_backend
 from harness.report import figures as figs
 from harness.report.flags import emulated_bf16_note, flag_summary, flags_section, trust_summary
 from harness.report.page import commands, esc, fmt
@@ -73,10 +74,12 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
             for diff in environment_differences(envs[0][1], env):
                 warnings.append(f"{envs[0][0]} and {rid} differ: {diff}")
     body.extend(f'<div class="warn">{esc(w)}</div>' for w in warnings)
-    if not wins.empty:
-        tally = wins["winner"].value_counts()
-        body.append("<h3>Wins per backend (cases where it was fastest among rows that agree)</h3>")
-        body.append(Table(tally.rename_axis("backend").reset_index(name="cases won"), scroll=False))
+    body.append("<h3>Wins per backend (cases where it was fastest among at least two rows that agree; a case it alone ran is "
+                "counted apart, as only candidate, never as a win)</h3>")
+    if wins.empty:
+        body.append(f'<p class="muted">No backend won a case: {esc(no_winner_reason(frame[analysis.is_core(frame)]))}.</p>')
+    else:
+        body.append(Table(wins_per_backend(wins), scroll=False))
     return Section("overview", "Overview", body, nav="Overview")
 
 
@@ -84,6 +87,22 @@ def _ratio_cell(value: Any, row: Any) -> tuple[str, str]:
     if value is None or value != value:
         return "", ""
     return (f"{fmt(value)}× (within noise)", "bad") if row["within_noise"] else (f"{fmt(value)}×", "")
+
+
+def _winner_cell(value: Any, row: Any) -> tuple[str, str]:
+    """A winner, or 'only candidate: X' where no other backend ran and agreed (never a win)."""
+    return (f"only candidate: {value}", "bad") if row["only_candidate"] else (str(value), "")
+
+
+def _unanswered(frame: pd.DataFrame, wins: pd.DataFrame) -> list:
+    """The cases with no winner, each with why (`no_winner_reason`): nothing supported, no row agreed, or every agreeing row flagged."""
+    core = frame[analysis.is_core(frame)]
+    won = set(wins["case_id"]) if not wins.empty else set()
+    rows = [{"case": str(sub["case"].iloc[0] if "case" in sub.columns else case), "why": no_winner_reason(sub)}
+            for case, sub in core.groupby("case_id", sort=False) if case not in won]
+    if not rows:
+        return []
+    return [f"<h3>Cases with no answer ({len(rows)})</h3>", Table(pd.DataFrame(rows), headers=["case", "why there is no answer"])]
 
 
 def _non_core(frame: pd.DataFrame) -> list[str]:
@@ -98,15 +117,17 @@ def _choose(frame, wins, speed, baseline, colors, variation) -> Section:
             f"Backends that declare they time another problem ({esc(', '.join(_non_core(frame)) or 'none in this run')}: the whole layer, "
             "the projections alone, MLA) are not ranked against the attention cores.</p>"]
     if wins.empty:
-        body.append('<p class="muted">No measured row agrees with the reference: there is no winner to report.</p>')
+        body.append(f'<div class="warn">No winner in any case: {esc(no_winner_reason(frame[analysis.is_core(frame)]))}.</div>')
+        body.extend(_unanswered(frame, wins))
         return Section("choose", "The backend to choose", body, nav="Backend to choose")
     body.append(Csv(wins, "winners.csv"))
     runs = ["winner_run"] if len(set(wins["winner_run"].dropna())) > 1 else []  # which run a row came from, where there are several
     body.append(Table(wins, columns=["case", "winner", "winner_ms", "runner_up", "runner_up_ms", "runner_up_ratio", "candidates", "left_out",
-                                     "speedup_vs_baseline", *runs],
+                                     "faster_left_out", "speedup_vs_baseline", *runs],
                       headers=["case", "winner", "winner ms", "runner-up", "runner-up ms", "runner-up ÷ winner", "agreeing backends",
-                               "left out (flagged)", f"speedup vs {baseline}", *(["winner's run"] if runs else [])],
-                      formats={"runner_up_ratio": _ratio_cell}))
+                               "left out (flagged)", "faster, but left out", f"speedup vs {baseline}", *(["winner's run"] if runs else [])],
+                      formats={"runner_up_ratio": _ratio_cell, "winner": _winner_cell}))
+    body.extend(_unanswered(frame, wins))
     body.append(commands("The command that re-measures each winner alone (run it from the checkout's root)",
                          [(f"{r.case}: {r.winner}", r.winner_repro) for r in wins.itertuples()]))
     if not speed.empty:

@@ -149,13 +149,15 @@ def _winner_grids(wins: pd.DataFrame, colors: Mapping[str, Any]) -> list[Figure]
             r, c = batches.index(cell["batch"]), layouts.index(cell["layout_label"])
             grid[r, c] = names.index(cell["winner"])
             margin = "" if pd.isna(cell["margin_pct"]) else (" (noise)" if cell["within_noise"] else f" +{cell['margin_pct']:.0f}%")
-            ax.text(c, r, plain(f"{cell['winner']}{margin}"), ha="center", va="center", fontsize=7)
+            alone = "only candidate: " if cell.get("only_candidate") else ""  # a backend that ran alone won nothing
+            ax.text(c, r, plain(f"{alone}{cell['winner']}{margin}"), ha="center", va="center", fontsize=7)
         ax.imshow(grid, cmap=ListedColormap([to_rgba(colors[n], 0.35) for n in names]), vmin=-0.5, vmax=len(names) - 0.5, aspect="auto")
         ax.set_xticks(range(len(layouts)), [plain(l) for l in layouts], fontsize=8)
         ax.set_yticks(range(len(batches)), [plain(b) for b in batches], fontsize=8)
         ax.set_title(plain(f"winner per batch: {group}" if group else "winner per batch"), fontsize=10)
         figures.append(Figure(f"Winner per batch: {group}", to_data_uri(fig),
-                              "Each cell: the fastest agreeing backend for that batch and layout, and how much slower the runner-up is (noise: within noise)."))
+                              "Each cell: the fastest agreeing backend for that batch and layout, and how much slower the runner-up is (noise: within noise); "
+                              "'only candidate': no other backend ran that batch and layout, so it is no win."))
     return figures
 
 
@@ -188,4 +190,5 @@ WINNERS = View(
     ["batch", "layout_label", "group", "winner", "winner_ms", "winner_plan_ms", "runner_up", "runner_up_ms", "runner_up_ratio", "candidates", "left_out"],
     ["batch", "layout", "fixed parameters", "winner", "winner ms", "plan ms", "runner-up", "runner-up ms", "runner-up ÷ winner", "agreeing backends",
      "left out (flagged)"],
-    _winner_grids, {"runner_up_ratio": lambda v, r: (f"{fmt(v)}× (within noise)", "bad") if r["within_noise"] else (f"{fmt(v)}×" if v == v and v is not None else "", "")})
+    _winner_grids, {"winner": lambda v, r: (f"only candidate: {v}", "bad") if r.get("only_candidate") else (str(v), ""),
+                    "runner_up_ratio": lambda v, r: (f"{fmt(v)}× (within noise)", "bad") if r["within_noise"] else (f"{fmt(v)}×" if v == v and v is not None else "", "")})

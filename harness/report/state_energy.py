@@ -91,9 +91,11 @@ def _energy_blocks(frame: pd.DataFrame, ok: pd.DataFrame, baseline: str, colors)
     by_time = analysis.winners(frame, baseline)
     by_energy = analysis.winners(frame, baseline, metric=ENERGY)
     if not by_energy.empty:
-        both = by_time[["case", "winner", "winner_ms"]].merge(
+        both = by_time[["case", "winner", "winner_ms", "only_candidate"]].merge(
             by_energy[["case", "winner", f"winner_{ENERGY}", "runner_up", "margin_pct"]], on="case", suffixes=("_time", "_energy")).rename(columns={"case": "case_id"})
         both["same"] = both["winner_time"] == both["winner_energy"]
+        # a case one backend alone ran is no win by time or by energy: said in the cell, never left to read as a choice
+        both["winner_time"] = [f"only candidate: {w}" if alone else w for w, alone in zip(both["winner_time"], both.pop("only_candidate"))]
         body.append("<h3>The winner by energy beside the winner by time (rows that agree with the reference)</h3>")
         body.append(Csv(both, "energy_winners.csv"))
         body.append(Table(both, headers=["case", "fastest", "its ms", "most frugal", "its mJ per call", "runner-up by energy",

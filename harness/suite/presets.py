@@ -33,6 +33,8 @@ class LayerKind:
     softcap: float | None = None
     sinks: bool = False
     scale: float | None = None
+    #: Which of the model's layers are of this kind, as its config says ("even layers 0, 2, …"); '' where it is every layer.
+    which: str = ""
 
     def case_fields(self) -> dict:
         """The kind's Case fields that differ from a plain causal layer (only those the Case has)."""
@@ -110,7 +112,8 @@ def _gpt_oss(name: str, layers: int) -> ModelPreset:
     return ModelPreset(
         name, _hf(f"openai/{name}", _GQA_FIELDS + ", layer_types, sliding_window"), D=2880, H=64, H_kv=8, d_k=64, d_v=64,
         context=131072, layers=layers, note=_GPT_OSS_NOTE,
-        layer_kinds=(LayerKind("sliding", half, window=128, sinks=True), LayerKind("full", layers - half, sinks=True)))
+        layer_kinds=(LayerKind("sliding", half, window=128, sinks=True, which="even layers 0, 2, … (layer_types)"),
+                     LayerKind("full", layers - half, sinks=True, which="odd layers 1, 3, … (layer_types)")))
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -135,19 +138,21 @@ PRESETS: dict[str, ModelPreset] = {
         _gpt_oss("gpt-oss-120b", 36),
         # Gemma 2: layer i slides when i is even; 9B's query_pre_attn_scalar 256 = head_dim, so its scale is 1/√d_k.
         ModelPreset("gemma2-9b", _hf("google/gemma-2-9b", f"{_GQA_FIELDS}, {_GEMMA2}"), D=3584, H=16, H_kv=8, d_k=256, d_v=256,
-                    context=8192, layers=42, layer_kinds=(LayerKind("sliding", 21, window=4096, softcap=50.0), LayerKind("global", 21, softcap=50.0))),
+                    context=8192, layers=42, layer_kinds=(LayerKind("sliding", 21, window=4096, softcap=50.0, which="even layers 0, 2, …"),
+                                                          LayerKind("global", 21, softcap=50.0, which="odd layers 1, 3, …"))),
         ModelPreset("gemma2-27b", _hf("google/gemma-2-27b", f"{_GQA_FIELDS}, {_GEMMA2}"), D=4608, H=32, H_kv=16, d_k=128, d_v=128,
-                    context=8192, layers=46, layer_kinds=(LayerKind("sliding", 23, window=4096, softcap=50.0, scale=144**-0.5),
-                                                          LayerKind("global", 23, softcap=50.0, scale=144**-0.5))),
+                    context=8192, layers=46, layer_kinds=(LayerKind("sliding", 23, window=4096, softcap=50.0, scale=144**-0.5, which="even layers 0, 2, …"),
+                                                          LayerKind("global", 23, softcap=50.0, scale=144**-0.5, which="odd layers 1, 3, …"))),
         # Gemma 3: every sixth layer (sliding_window_pattern 6) is global, the other five slide over 1024; no softcap.
         ModelPreset("gemma3-27b", _hf("google/gemma-3-27b-pt", f"text_config: {_GQA_FIELDS}, sliding_window, sliding_window_pattern, "
                                       "attn_logit_softcapping (null), query_pre_attn_scalar"), D=5376, H=32, H_kv=16, d_k=128, d_v=128,
-                    context=131072, layers=62, layer_kinds=(LayerKind("local", 52, window=1024, scale=168**-0.5), LayerKind("global", 10, scale=168**-0.5))),
+                    context=131072, layers=62, layer_kinds=(LayerKind("local", 52, window=1024, scale=168**-0.5, which="every layer but each sixth"),
+                                 LayerKind("global", 10, scale=168**-0.5, which="each sixth layer: 5, 11, … (sliding_window_pattern 6)"))),
         ModelPreset("qwen3-8b", _hf("Qwen/Qwen3-8B", _GQA_FIELDS), D=4096, H=32, H_kv=8, d_k=128, d_v=128, context=40960, layers=36),
         ModelPreset("qwen3-30b-a3b", _hf("Qwen/Qwen3-30B-A3B", _GQA_FIELDS), D=2048, H=32, H_kv=4, d_k=128, d_v=128, context=40960, layers=48),
         ModelPreset("llama4-scout", _hf("meta-llama/Llama-4-Scout-17B-16E", f"text_config: {_GQA_FIELDS}, attention_chunk_size, no_rope_layers"),
                     D=5120, H=40, H_kv=8, d_k=128, d_v=128, context=10485760, layers=48, note=_LLAMA4_NOTE,
-                    layer_kinds=(LayerKind("global-nope", 12),)),
+                    layer_kinds=(LayerKind("global-nope", 12, which="each fourth layer: 3, 7, … (no_rope_layer_interval 4)"),)),
         ModelPreset("kimi-k2", _hf("moonshotai/Kimi-K2-Instruct", "hidden_size, num_attention_heads, kv_lora_rank, qk_rope_head_dim, "
                                    "qk_nope_head_dim, v_head_dim, num_hidden_layers, max_position_embeddings, rope_scaling"),
                     D=7168, H=64, H_kv=64, d_k=192, d_v=128, context=131072, d_c=512, d_rope=64, layers=61, note=_MLA_NOTE,
@@ -231,6 +236,28 @@ def model_cases(
                     cases.append(Case(B=B, S_q=1, S_kv=s, H=H, H_kv=H_kv, d_k=preset.d_k, d_v=preset.d_v,
                                       dtype=dtype, device=device, causal=True, **extra))
     return list(dict.fromkeys(cases))
+
+
+def tp_degrees(preset: ModelPreset, candidates: Iterable[int] = (1, 2, 4, 8)) -> list[int]:
+    """The degrees among `candidates` that shard the preset's heads (`tp_heads` accepts them)."""
+    out = []
+    for tp in candidates:
+        try:
+            tp_heads(preset, tp)
+        except UserError:
+            continue
+        out.append(tp)
+    return out
+
+
+def describe(preset: ModelPreset) -> dict:
+    """What `attnbench models --json` prints for one preset: its heads, head dims, layer kinds (window, sinks, softcap, scale), MLA dims, TP."""
+    kinds = [{"name": k.name, "layers": k.layers, "which": k.which or "every layer", "window": k.window, "sinks": k.sinks,
+              "softcap": k.softcap, "scale": k.scale} for k in preset.kinds]
+    return {"name": preset.name, "source": preset.source, "D": preset.D, "H": preset.H, "H_kv": preset.H_kv, "d_k": preset.d_k,
+            "d_v": preset.d_v, "context": preset.context, "layers": preset.layers, "layer_kinds": kinds, "mla": preset.mla,
+            "d_c": preset.d_c, "d_rope": preset.d_rope,
+            "tp": {str(tp): dict(zip(("H", "H_kv"), tp_heads(preset, tp))) for tp in tp_degrees(preset)}, "note": preset.note}
 
 
 #: Sequence lengths a model suite runs when none are given: on CUDA, and on a CPU (same heads, short sequences).
