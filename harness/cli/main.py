@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         suite=args.suite or "", device=args.device, backends=args.backends, out=Path(args.out), run_id=args.run_id,
         workers=args.workers, gpus=gpu_list(args.gpus), force=args.force,
         resume=Path(args.resume) if args.resume else None, options=options,
-        case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
+        case_timeout_s=args.timeout, only=args.only or [], progress=not args.quiet,
         memory_limit=memory_limit(args.memory_limit), executor=args.executor, ray_address=args.ray_address,
         cases=args.case or [],
     )
@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="who runs the pairs: local worker processes (default), or tasks on a Ray cluster (pip install 'attnbench[ray]'; docs/ray.md)")
     p.add_argument("--ray-address", metavar="HOST:PORT",
                    help="with --executor ray: the cluster's head (what `ray start --head` prints) or 'auto'; default RAY_ADDRESS, else a local Ray")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress (a bar on a terminal; elsewhere, as in a CI log, a line every 5 s with done/total and the last pair)")
     p.add_argument("--report", nargs="?", const="", metavar="DIR",
                    help="then write DIR/<run-id>/index.html and print its path last (DIR default: reports beside --out)")
     p.set_defaults(func=cmd_run)

@@ -215,6 +215,10 @@ class RunFolder:
         """Whole lines in records.jsonl now, read from where the last look stopped."""
         return self._records_tail().count()
 
+    def last_recorded_key(self) -> str | None:
+        """The pair of the last whole line `count_lines` saw (what a progress line names), or None."""
+        return self._records_tail().last_key()
+
     def recorded_keys(self) -> set[str]:
         """The pairs records.jsonl holds a row of now, read from where the last look stopped (never the whole file again)."""
         return self._records_tail().recorded_keys()

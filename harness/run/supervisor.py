@@ -266,7 +266,7 @@ class Supervisor:
                         active[slot.name] = start(slot)
                 while active:
                     time.sleep(0.2)
-                    progress.update(folder.count_lines())
+                    progress.update(folder.count_lines(), last_pair=folder.last_recorded_key)
                     for name, worker in list(active.items()):
                         outcome = worker.poll(self.config.case_timeout_s)
                         if outcome is None:
@@ -286,7 +286,7 @@ class Supervisor:
 
     def _finish(self, folder: RunFolder, failures: FailureRows, progress: Progress, started: float) -> RunSummary:
         """Give every pair still without a row one, write records.csv and the closing environment; the summary."""
-        progress.update(folder.count_lines(), final=True)
+        progress.update(folder.count_lines(), final=True, last_pair=folder.last_recorded_key)
         pairs = failures.pairs
         records = folder.recorded()  # read once: a quick run's 1,000 rows cost half a second a reading
         missing = set(pairs) - {r.pair_key for r in records}
