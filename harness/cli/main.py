@@ -111,6 +111,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary.undecided:  # said on the line a user reads last, not only deep in the report
         counts += "; " + ", ".join(f"{n} {why}" for why, n in summary.undecided.items()) + ": their medians decide no answer"
     print(f"{sum(summary.counts.values())} of {summary.total} pairs recorded ({counts}) in {summary.wall_s:.0f} s")
+    if summary.remeasured:
+        from harness.run.remeasure import summary_text
+
+        print(summary_text(summary.remeasured))
     print(f"results: {summary.run_dir}")
     if args.report is not None:
         from harness.report import build_report
@@ -187,8 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip the agreement check against float64")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one pair may run before it is killed (default 600)")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="torch's intra-op CPU threads in each worker while timing (default: torch's, the core count); "
+                   help="torch's intra-op CPU threads in each worker while timing (default on a CPU: torch's, the core count, less the "
+                        "cores other work keeps busy as the run starts, at least 1; the manifest's threads_chosen says how); "
                         "fewer are slower on an idle machine but far less disturbed by other work; rows record it")
+    p.add_argument("--no-remeasure", action="store_true",
+                   help="do not measure again, at the end of the sweep, the rows left contended, suspect or throttled (by default "
+                        "each is measured once more, cheapest first, for at most half the sweep's time; the new row replaces it)")
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="CPU only: cap each worker's address space (RLIMIT_AS) at its start-up size plus SIZE, e.g. 2GiB; "
                         "a pair that allocates past it is recorded oom")

@@ -20,9 +20,11 @@ LINE_INTERVAL_S = 5.0
 class Progress:
     """Pairs done of a run's total: a bar redrawn in place on a terminal, else a line every LINE_INTERVAL_S with the last pair."""
 
-    def __init__(self, total: int, already: int, stream: TextIO | None, *, label: str = "",
+    def __init__(self, total: int, already: int, stream: TextIO | None, *, label: str = "", offset: int = 0,
                  clock: Callable[[], float] = time.monotonic, interval_s: float = LINE_INTERVAL_S) -> None:
-        self.total, self.already, self.stream, self.label = total, already, stream, label
+        #: `offset`: lines of the records file before this count's first (a re-measure phase counts only its own rows).
+        self.total, self.already, self.stream, self.label, self.offset = total, already, stream, label, offset
+        self.finished = False
         self.clock, self.interval_s = clock, interval_s
         self.started = clock()
         self.last = -1
@@ -40,8 +42,10 @@ class Progress:
         """Redraw the bar when the count changes (and once more at the end); off a terminal, print a line every interval_s.
 
         `last_pair`: the key of the pair recorded last, asked only when a line is printed (it reads a record)."""
-        if self.stream is None:
+        if self.stream is None or self.finished:
             return
+        done -= self.offset
+        self.finished = final
         if self.bar:
             self._draw_bar(done, final)
             return
