@@ -94,7 +94,7 @@ def test_the_manifest_and_the_records_carry_the_order_used(tmp_path, capsys):
     records = tmp_path / "r" / "records.jsonl"
     records.write_text("".join(records.read_text().splitlines(keepends=True)[:3]))
     assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
-    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    rows = read_records(records).records
     assert [f"{r['case_id']}-{r['backend']}" for r in rows] == manifest["pairs"] and [r["order_in_case"] for r in rows] == [0, 1] * 4
 
 
