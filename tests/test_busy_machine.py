@@ -169,3 +169,30 @@ def test_a_sweep_measures_its_flagged_rows_again_and_a_row_keeps_its_flag_only_i
     assert not (run / protocol.REMEASURE).exists()
     csv_rows = (run / "records.csv").read_text().splitlines()
     assert len(csv_rows) == 3  # the header and one row per pair
+
+
+#: Every row of the sweep contended; a worker that starts on the re-measure dies at its first pair (a segfault).
+_DIES_ON_THE_REMEASURE = '''def busy(registry):
+    import os, signal, sys
+    import harness.measure.contention as contention
+    import harness.run.worker as worker
+
+    contention.CONTENDED_RUN_WAIT = contention.CONTENDED_SWITCH_RATE = -1.0
+    run_dir = sys.argv[sys.argv.index("--run-dir") + 1] if "--run-dir" in sys.argv else None
+    if run_dir is not None and os.path.exists(os.path.join(run_dir, "remeasure.json")):
+        worker.WorkerLoop.run_pair = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGSEGV)
+'''
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_worker_that_dies_on_a_re_measure_leaves_the_first_row_standing(tmp_path):
+    (tmp_path / "busy_plugin.py").write_text(_DIES_ON_THE_REMEASURE)
+    env = cli_env(tmp_path, ATTNBENCH_BACKENDS="busy_plugin:busy", PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    suite = write_suite(tmp_path / "tiny.toml", ["naive", "sdpa"], [8])
+    done = attnbench(["run", "--suite", suite, "--device", "cpu", "--out", tmp_path / "results", "--run-id", "r"], env, timeout_s=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "while measuring" in done.stderr and "again: its first row stands" in done.stderr
+    assert "re-measured 0 of 2 flagged rows" in done.stdout and "2 contended" in done.stdout, done.stdout
+    result = read_records(tmp_path / "results" / "r")
+    assert len(result.records) == 2 and result.superseded == () and all(r["contended"] is True for r in result.records)

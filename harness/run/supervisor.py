@@ -87,6 +87,8 @@ class Supervisor:
 
     #: Whether flagged rows are measured again at the end through this executor's `_execute` (harness.run.remeasure).
     remeasures = True
+    #: Whether a CPU run given no --threads picks one from this machine's load (the local executor's workers run here).
+    chooses_threads = True
     #: The reason of the row a pair gets when the run ended without anybody running it.
     missing_reason = "no worker ran this pair (a worker failed outside any pair; see the worker-*.log files)"
 
@@ -112,9 +114,6 @@ class Supervisor:
         """Refuse a device that is not there."""
         if device == "cuda" and detect_device() != "cuda":
             raise UserError("--device cuda asked for, but torch sees no CUDA device")
-
-    #: Whether a CPU run given no --threads picks one from this machine's load (the local executor's workers run here).
-    chooses_threads = True
 
     def _write_environment(self, folder: RunFolder, suite: Suite) -> None:
         """env.json and peaks.json of a new run, before any pair runs (so nothing competes with the peaks)."""
