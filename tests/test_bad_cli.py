@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.results.store import read_records  # one row per pair: a re-measure stands in its first row's place
 from harness.cli.main import main
 from harness.run.rundir import MANIFEST
 from tests.cli_runs import assert_one_line_error, attnbench, refused, write_suite
@@ -106,6 +107,6 @@ def test_a_full_disk_stops_the_run_in_one_line_and_leaves_it_resumable(tmp_path,
     assert 0 < len(kept) < 12
     # Resumed in this process, with no limit on file sizes (its worker is a subprocess as ever).
     assert main(["run", "--resume", str(run), "--quiet"]) == 0, capsys.readouterr().err
-    rows = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    rows = read_records(run).records
     assert len(rows) == 12 and len({(r["case_id"], r["backend"]) for r in rows}) == 12
     assert {r["status"] for r in rows} == {"ok"}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.results.store import read_records  # one row per pair: a re-measure stands in its first row's place
 from harness.cli.main import main
 from tests.cli_runs import refused
 from tests.run_folders import make_run, snapshot, tiny_suite
@@ -189,7 +190,7 @@ def test_force_replaces_a_runs_own_folder_and_keeps_only_its_locks(tmp_path, cap
     fresh = json.loads((run / "manifest.json").read_text())
     assert fresh["harness"] == "attnbench" and len(fresh["run_uuid"]) == 32 and fresh["pairs"] == ["B1-Sq16-Skv16-H2-Hkv2-dk16-fp32-naive"]
     assert not (run / "worker-0.log").read_text() == "old log"
-    assert [json.loads(line)["backend"] for line in (run / "records.jsonl").read_text().splitlines()] == ["naive"]
+    assert [r["backend"] for r in read_records(run).records] == ["naive"]
 
 
 def test_an_empty_run_id_is_refused_not_replaced_by_the_default(tmp_path, capsys):

@@ -56,7 +56,7 @@ def test_each_run_added_twice_is_kept_once(db_target, tmp_path, capsys):
     assert [r["run_id"] for r in json.loads(as_json.out)] == ["run-a", "run-b"]
     with open_database(db_target) as db:
         runs, rows = db.runs_frame(), db.rows_frame()
-        assert list(runs.columns) == [*RUN_COLUMNS, "content_sha256"] and list(rows.columns) == [*ROW_COLUMNS, "kernel_mismatch"]
+        assert list(runs.columns) == [*RUN_COLUMNS, "content_sha256"] and list(rows.columns) == [*ROW_COLUMNS, "throttled", "kernel_mismatch"]
         assert len(rows) == 8 and len(db.rows_frame(["a" * 32])) == 4
         assert rows["latency_ms_median"].astype(float).tolist() == [2.0, 1.0, 2.0, 1.0] * 2
 

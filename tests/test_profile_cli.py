@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from harness.results.store import read_records  # one row per pair: a re-measure stands in its first row's place
 from harness.cli.main import main
 from harness.profiling.categories import column_name
 from tests.cli_runs import write_suite
@@ -51,7 +52,7 @@ def profiled_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_run_profile_fills_the_profile_columns_and_writes_a_trace_per_pair(profiled_run):
-    rows = [json.loads(line) for line in (profiled_run / "records.jsonl").read_text().splitlines()]
+    rows = read_records(profiled_run).records
     assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
     for r in rows:
         assert r["profile_kernels_per_step"] > 0 and r["profile_kernel_ms_per_step"] > 0 and r["profile_top_kernel"]
@@ -101,9 +102,9 @@ def test_the_timer_a_user_chooses_is_named_in_every_row(tmp_path):
 
     suite = write_suite(tmp_path / "t.toml", ["naive"], [32])
     assert main(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "k", "--quiet", "--timer", "kernels", "--no-check"]) == 0
-    kernels = [json.loads(line) for line in (tmp_path / "k" / "records.jsonl").read_text().splitlines()]
+    kernels = read_records(tmp_path / "k").records
     assert [r["timer"] for r in kernels] == ["cpu-operators (profiler)"] and kernels[0]["samples"] >= 10
     assert kernels[0]["latency_ms_median"] > 0
     assert main(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "g", "--quiet", "--timer", "graph", "--no-check"]) == 0
-    graph = [json.loads(line) for line in (tmp_path / "g" / "records.jsonl").read_text().splitlines()]
+    graph = read_records(tmp_path / "g").records
     assert graph[0]["status"] == Status.UNSUPPORTED and "CUDA cases only" in graph[0]["reason"]

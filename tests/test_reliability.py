@@ -35,13 +35,15 @@ from tests.cli_runs import PLUGIN, ROOT, attnbench, attnbench_in_process, cli_en
 
 @pytest.mark.e2e
 def test_sweep_survives_crash_hang_oom_and_sticky_error(tmp_path):
+    # --no-remeasure: these runs count each pair's executions and each worker's attempts; a busy machine's flagged rows,
+    # measured again at the end (tests/test_busy_machine.py), would add to both.
     # A plugin that raises at import sits in the same run: listed unavailable, its pairs unsupported.
     (tmp_path / "broken_plugin.py").write_text("raise ImportError('broken on purpose at import')\n")
     backends = ["naive", "t-segv", "t-hang", "t-oom", "t-alloc", "t-sticky", "t-unsup", "t-probe", "broken_plugin:Backend"]
     suite = write_suite(tmp_path / "sweep.toml", backends, [16, 32])
     env = cli_env(tmp_path, **{ENV_VAR: f"{PLUGIN},broken_plugin:Backend", "PYTHONPATH": f"{ROOT}:{tmp_path}"})
     done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "sweep", "--timeout", "8",
-                      "--memory-limit", "1GiB", "--quiet"], env)
+                      "--memory-limit", "1GiB", "--quiet", "--no-remeasure"], env)
     assert done.returncode == 0, done.stderr
     records = rows(tmp_path / "sweep")
     assert sorted(keys(records)) == sorted(json.loads((tmp_path / "sweep" / "manifest.json").read_text())["pairs"])
@@ -89,7 +91,7 @@ def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsy
     whole_dir = tmp_path / "whole"
     whole_dir.mkdir()
     env = cli_env(whole_dir, ATTNBENCH_TEST_PREPARE_S="0.2", ATTNBENCH_TEST_RENDEZVOUS="2")
-    ran = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "whole", "--workers", "2", "--quiet"],
+    ran = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "whole", "--workers", "2", "--quiet", "--no-remeasure"],
                                capsys, env=env, monkeypatch=monkeypatch)
     assert ran.code == 0, ran.err
     whole = rows(tmp_path / "whole")
@@ -104,7 +106,7 @@ def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsy
     env = cli_env(killed_dir, ATTNBENCH_TEST_PREPARE_S="0.5")
     run_dir = tmp_path / "run"
     supervisor = subprocess.Popen([sys.executable, "-m", "harness", "run", "--suite", str(suite), "--out", str(tmp_path),
-                                   "--run-id", "run", "--quiet"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                   "--run-id", "run", "--quiet", "--no-remeasure"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if (run_dir / "records.jsonl").exists() and len((run_dir / "records.jsonl").read_bytes().splitlines()) >= 2:
@@ -142,7 +144,7 @@ def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsy
 def test_resume_drops_only_a_truncated_last_line_and_refuses_a_corrupt_file(tmp_path, capsys, monkeypatch):
     suite = write_suite(tmp_path / "three.toml", ["t-slow"], [8, 16, 24])
     env = cli_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0")
-    ran = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], capsys, env=env, monkeypatch=monkeypatch)
+    ran = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet", "--no-remeasure"], capsys, env=env, monkeypatch=monkeypatch)
     assert ran.code == 0, ran.err
     run_dir = tmp_path / "r"
     full = rows(run_dir)

@@ -27,7 +27,7 @@ Extended = dataclasses.make_dataclass("Extended", [("tiles", int, _option(4, che
 
 def test_the_manifest_keeps_the_keys_every_attnbench_wrote_and_reads_them_back():
     stored = ASKED.to_manifest()
-    assert set(stored) == {"timer", "check", "energy", "profile", "traces", "cooldown_s", "order", "budget", "threads"}
+    assert set(stored) == {"timer", "check", "energy", "profile", "traces", "cooldown_s", "order", "budget", "threads", "remeasure"}
     assert stored["order"] == {"scheme": ORDER_SCHEME, "seed": 5} and stored["budget"]["min_rounds"] == 7
     assert RunOptions.from_manifest(stored, "manifest.json") == ASKED
     assert Manifest.from_dict({"run_id": "r", **stored}, "manifest.json").options == ASKED

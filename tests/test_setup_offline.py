@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.results.store import read_records  # one row per pair: a re-measure stands in its first row's place
 from tests.checkout import copy_checkout
 from harness.cli.main import main
 from harness.env import OLDEST_TORCH, torch_version_problem
@@ -150,7 +151,7 @@ def test_make_bench_on_a_box_holding_only_the_image_packages_keeps_its_torch_and
     assert _torch_of(venv / "bin" / "python") == box_torch
     assert not any(p.name.startswith("torch") for p in _purelib(venv / "bin" / "python").iterdir()), "a torch of its own"
     run = tmp_path / "results" / "offline"
-    rows = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    rows = read_records(run).records
     assert sorted(r["backend"] for r in rows) == ["naive", "sdpa"] and {r["status"] for r in rows} == {"ok"}
     assert json.loads((run / "env.json").read_text())["before"]["torch"] == box_torch[0]
     last = done.stdout.strip().splitlines()[-1]

@@ -5,7 +5,11 @@ the median, widened by the box's run-to-run variation where `attnbench stability
 (`--variation FILE`), do not overlap. `--fail-above 5%` makes the command exit 1 when any row is slower by
 that rule and by more than 5 %, or when a row that ran in BASE no longer runs in NEW, so that CI can gate
 on it. A pair whose row is contended or suspect in either run is shown with its ratio and "not judged": its
-median measured the other work too, so it neither passes nor fails the gate. Per backend, as pyperf's compare does, the geometric mean of the per-case ratios and how many cases
+median measured the other work too, so it neither passes nor fails the gate; nor does a throttled one (a GPU whose
+clock was below its sustained one). A gate passes only on enough evidence: `--min-judged N|P%` (default
+DEFAULT_MIN_JUDGED) is how many of the pairs both runs measured `ok` must have been judged, and below it the gate is
+undecided (exit 3, with the share) unless a judged row failed it. Two runs that share no (case, backend) pair
+are undecided too (exit 3), never "N rows slower". Per backend, as pyperf's compare does, the geometric mean of the per-case ratios and how many cases
 were faster, slower and not different.
 """
 
@@ -19,6 +23,7 @@ from typing import Any, Mapping, TextIO
 import pandas as pd
 
 from harness.analysis.difference import HIGH, LOW, RULE_TEXT, Variation, check_variation_device, order
+from harness.analysis.gate import DEFAULT_MIN_JUDGED, MinJudged, parse_min_judged  # noqa: F401 - re-exported for the CLI
 from harness.analysis.trust import UNTRUSTED_FLAGS, is_set
 from harness.errors import UserError
 
@@ -31,8 +36,6 @@ IDENTITY_KEYS = ("harness_version", "harness_commit")
 EXIT_REGRESSION = 1
 #: compare --fail-above's exit when no pair could be judged: a gate on a contended machine neither passes nor fails.
 EXIT_UNDECIDED = 3
-
-
 def parse_threshold(text: str) -> float:
     """`5%` or `5` → 0.05; refuses negatives and nonsense."""
     raw = str(text).strip()
@@ -126,11 +129,41 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
     #: How NEW's rows name another attnbench than BASE's (`identity_differences`): warned of on stderr.
     harness_differences: list[str] = field(default_factory=list)
+    #: How many judged pairs the gate needs to pass (`--min-judged`).
+    min_judged: MinJudged = field(default_factory=lambda: parse_min_judged(DEFAULT_MIN_JUDGED))
+
+    @property
+    def shared_pairs(self) -> int:
+        """How many (case, backend) pairs both runs hold a row of."""
+        if "verdict" not in self.table.columns:
+            return 0
+        return int((~self.table["verdict"].isin((MISSING_IN_NEW, ONLY_IN_NEW))).sum())
+
+    @property
+    def disjoint(self) -> bool:
+        """True when the runs hold rows but share no (case, backend) pair: there is nothing to compare."""
+        return not self.table.empty and self.shared_pairs == 0
+
+    @property
+    def measured_both(self) -> int:
+        """Pairs both runs measured `ok`: the judged ones and those left unjudged by a flag."""
+        return self.judged + len(not_judged(self.table))
 
     @property
     def failed(self) -> bool:
-        """True when a threshold was given and some row regressed past it (or stopped running)."""
-        return self.threshold is not None and not self.failures.empty
+        """True when a threshold was given and some row regressed past it (or stopped running), in runs that share a pair."""
+        return self.threshold is not None and not self.failures.empty and not self.disjoint
+
+    @property
+    def too_few_judged(self) -> bool:
+        """True when a gate would pass on fewer judged pairs than `min_judged` asks of those both runs measured."""
+        return (self.threshold is not None and not self.failed and self.measured_both > 0
+                and self.judged < self.min_judged.required(self.measured_both))
+
+    def judged_text(self) -> str:
+        """'2 of 18 pairs both runs measured were judged (11%)'."""
+        share = 100.0 * self.judged / self.measured_both if self.measured_both else 0.0
+        return f"{self.judged} of {self.measured_both} pairs both runs measured were judged ({share:.0f}%)"
 
     @property
     def judged(self) -> int:
@@ -139,16 +172,21 @@ class Comparison:
 
     @property
     def undecided(self) -> bool:
-        """True when a threshold was given, nothing failed, and every pair both runs measured was left unjudged (contended or suspect)."""
-        return self.threshold is not None and not self.failed and self.judged == 0 and len(not_judged(self.table)) > 0
+        """True when the runs share no pair, or a threshold was given, nothing failed, and too few pairs were judged (none, or under `min_judged`)."""
+        if self.disjoint:
+            return True
+        return self.threshold is not None and not self.failed and (
+            (self.judged == 0 and len(not_judged(self.table)) > 0) or self.too_few_judged)
 
 
 #: Verdicts of a pair of `ok` rows.
 FASTER, SLOWER, SAME = "faster", "slower", "within noise"
-#: How the verdict of a pair starts when a side's row is contended or suspect: shown with its ratio, never gated on.
+#: How the verdict of a pair starts when a side's row carries an untrusted flag (contended, suspect, throttled): shown with its ratio, never gated on.
 NOT_JUDGED = "not judged"
 #: How the verdict of a pair that is not `ok` in both runs, with the same status, ends ("unsupported in both").
 UNCHANGED_SUFFIX = " in both"
+#: The verdicts of a pair only one run holds.
+MISSING_IN_NEW, ONLY_IN_NEW = "missing in NEW", "only in NEW"
 
 
 def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | None = None, cv: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -163,10 +201,10 @@ def compare_frames(base: pd.DataFrame, new: pd.DataFrame, threshold: float | Non
                "base_ms": r.get("latency_ms_median_base"), "new_ms": r.get("latency_ms_median_new"),
                "ratio": None, "change_pct": None, "beyond_noise": None, "verdict": "", "gate": False}
         if r["_merge"] == "left_only":
-            row["verdict"] = "missing in NEW"
+            row["verdict"] = MISSING_IN_NEW
             row["gate"] = r["status_base"] == "ok"
         elif r["_merge"] == "right_only":
-            row["verdict"] = "only in NEW"
+            row["verdict"] = ONLY_IN_NEW
         elif r["status_base"] == r["status_new"] != "ok":
             row["verdict"] = f"{r['status_base']} in both"  # nothing changed: counted, not listed
         elif r["status_base"] != "ok" or r["status_new"] != "ok":
@@ -222,7 +260,7 @@ def geomean_summary(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare_runs(base_dir: Path | str, new_dir: Path | str, threshold: float | None = None, *, force: bool = False,
-                 variation: Variation | None = None) -> Comparison:
+                 variation: Variation | None = None, min_judged: MinJudged | None = None) -> Comparison:
     """Compare two run folders; refuses (UserError) when they ran on different devices, unless `force`, or when `variation` is another device's."""
     base, base_env, base_warnings = _load(Path(base_dir))
     new, new_env, new_warnings = _load(Path(new_dir))
@@ -233,7 +271,7 @@ def compare_runs(base_dir: Path | str, new_dir: Path | str, threshold: float | N
     diffs = environment_differences(base_env, new_env)
     table, failures = compare_frames(base, new, threshold, variation.cv if variation else 0.0)
     return Comparison(table, diffs, threshold, failures, geomean_summary(table), variation, base_warnings + new_warnings,
-                      identity_differences(base, new))
+                      identity_differences(base, new), min_judged or parse_min_judged(DEFAULT_MIN_JUDGED))
 
 
 def print_comparison(result: Comparison, base_name: str, new_name: str, out: TextIO) -> None:
@@ -250,6 +288,14 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
     if table.empty:
         out.write("no rows to compare\n")
         return
+    if result.disjoint:
+        base_cases = table.loc[table["verdict"] == MISSING_IN_NEW, "case_id"].nunique()
+        new_cases = table.loc[table["verdict"] == ONLY_IN_NEW, "case_id"].nunique()
+        shared = set(table.loc[table["verdict"] == MISSING_IN_NEW, "case_id"]) & set(table.loc[table["verdict"] == ONLY_IN_NEW, "case_id"])
+        what = "no (case, backend) pair" if shared else "no case"
+        out.write(f"UNDECIDED: {base_name} and {new_name} share {what} ({base_name}: {base_cases} cases, {new_name}: {new_cases}): "
+                  f"nothing to compare, so the gate neither passes nor fails (exit {EXIT_UNDECIDED}); compare runs of the same suite\n")
+        return
     shown = table[~table["verdict"].str.endswith(UNCHANGED_SUFFIX)]
     cells = [(str(r["case_id"]), str(r["backend"]), _number(r["base_ms"], ".4g"), _number(r["new_ms"], ".4g"), _number(r["ratio"], ".3f"),
               str(r["verdict"]) + ("  FAIL" if r["gate"] else "")) for _, r in shown.iterrows()]
@@ -262,7 +308,7 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
     out.write(f"{base_name} → {new_name}: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "\n")
     skipped = not_judged(table)
     if len(skipped):
-        out.write(f"{len(skipped)} rows not judged: a side was contended or suspect, so its median measured other work too; "
+        out.write(f"{len(skipped)} rows not judged: a side was contended, suspect or throttled, so its median measured more than the backend; "
                   "they pass or fail nothing (re-measure them on a quiet machine)\n")
     for _, g in result.summary.iterrows():
         ratio = float(g["geomean_ratio"])
@@ -272,9 +318,12 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
         judged = f" of the {result.judged} judged" if len(skipped) else ""
         if result.failed:
             out.write(f"FAIL: {len(result.failures)}{judged} rows slower by the rule and by more than {100 * result.threshold:g}%, or stopped running\n")
-        elif result.undecided:
-            out.write(f"UNDECIDED: not one of the {len(skipped)} pairs both runs measured could be judged (a side of each was contended or suspect): "
-                      f"the gate neither passes nor fails them (exit {EXIT_UNDECIDED}); measure again on a quiet machine\n")
+        elif result.judged == 0 and len(skipped):
+            out.write(f"UNDECIDED: not one of the {len(skipped)} pairs both runs measured could be judged (a side of each was contended, suspect "
+                      f"or throttled): the gate neither passes nor fails them (exit {EXIT_UNDECIDED}); measure again on a quiet machine\n")
+        elif result.too_few_judged:
+            out.write(f"UNDECIDED: only {result.judged_text()}, under --min-judged {result.min_judged}: the gate does not pass on so few "
+                      f"(exit {EXIT_UNDECIDED}); measure again on a quiet machine, or lower --min-judged\n")
         else:
             out.write(f"ok: no row{judged} slower by the rule and by more than {100 * result.threshold:g}%\n")
 
@@ -290,7 +339,8 @@ def comparison_document(result: Comparison, base_name: str, new_name: str) -> di
         return None if value is None or (isinstance(value, float) and value != value) else (value.item() if hasattr(value, "item") else value)
 
     return {"base": base_name, "new": new_name, "rule": RULE_TEXT, "variation": result.variation.to_dict() if result.variation else None,
-            "threshold": result.threshold, "failed": result.failed, "undecided": result.undecided, "judged": result.judged, "warnings": result.warnings, "environment_differences": result.env_differences,
+            "threshold": result.threshold, "failed": result.failed, "undecided": result.undecided, "judged": result.judged,
+            "measured_both": result.measured_both, "min_judged": str(result.min_judged), "shared_pairs": result.shared_pairs, "warnings": result.warnings, "environment_differences": result.env_differences,
             "harness_differences": result.harness_differences, "not_judged": len(not_judged(result.table)),
             "rows": [{k: cell(v) for k, v in row.items()} for row in result.table.to_dict("records")],
             "summary": [{k: cell(v) for k, v in row.items()} for row in result.summary.to_dict("records")]}

@@ -7,7 +7,9 @@ a CPU, were preempted, or another process ran on the GPU, during the samples) an
 (harness.measure.stats: the IQR is at least a quarter of the median). The same (case, backend) measured 6.75 ms
 quiet and 11 to 17 ms contended: a median taken while another process ran measures that process as much as the
 backend. A third, `kernel_mismatch`, is set by the kernel proof (harness.execution.kernel_proof): the profiler did
-not show the kernel the backend claims for the case (an FP8 row that ran a bf16 GEMM measured the bf16 path).
+not show the kernel the backend claims for the case (an FP8 row that ran a bf16 GEMM measured the bf16 path). A
+fourth, `throttled`, is set from the GPU's readings during the samples (harness.telemetry.gpu_state): its clock was
+below the sustained one, or a slowdown reason was set, in at least a tenth of them; its median is the slowed GPU's.
 Every table that chooses says how many rows it left out and why (`LeftOut`).
 """
 
@@ -68,9 +70,11 @@ class LeftOut:
         reasons = "; ".join(f"{n} {name} ({UNTRUSTED_FLAGS[name]})" for name, n in self.counts.items() if n)
         noun = "row" if self.rows == 1 else "rows"
         advice = []
-        if any(n for name, n in self.counts.items() if name != "kernel_mismatch"):
+        if any(n for name, n in self.counts.items() if name not in ("kernel_mismatch", "throttled")):
             advice.append("Re-measure them on a quiet machine (each row's repro, or the run again) "
                           "before reading them as a backend's speed")
+        if self.counts.get("throttled"):  # a quiet machine does not cool a GPU: waiting for it between pairs does
+            advice.append("A throttled row ran on a slowed GPU: measure again with run --cooldown (or better cooling)")
         if self.counts.get("kernel_mismatch"):  # no quiet machine fixes a row that ran another kernel than it claims
             advice.append("A kernel_mismatch row ran another path than its backend claims: fix the path (or the claim) and run it again")
         return f"{self.rows} measured {noun} left out of {what}: {reasons}. " + ". ".join(advice)

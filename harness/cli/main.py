@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         suite=args.suite or "", device=args.device, backends=args.backends, out=Path(args.out), run_id=args.run_id,
         workers=args.workers, gpus=gpu_list(args.gpus), force=args.force,
         resume=Path(args.resume) if args.resume else None, options=options,
-        case_timeout_s=args.timeout, only=args.only or [], progress=sys.stderr.isatty() and not args.quiet,
+        case_timeout_s=args.timeout, only=args.only or [], progress=not args.quiet,
         memory_limit=memory_limit(args.memory_limit), executor=args.executor, ray_address=args.ray_address,
         cases=args.case or [],
     )
@@ -111,6 +111,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary.undecided:  # said on the line a user reads last, not only deep in the report
         counts += "; " + ", ".join(f"{n} {why}" for why, n in summary.undecided.items()) + ": their medians decide no answer"
     print(f"{sum(summary.counts.values())} of {summary.total} pairs recorded ({counts}) in {summary.wall_s:.0f} s")
+    if summary.remeasured:
+        from harness.run.remeasure import summary_text
+
+        print(summary_text(summary.remeasured))
     print(f"results: {summary.run_dir}")
     if args.report is not None:
         from harness.report import build_report
@@ -187,8 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip the agreement check against float64")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one pair may run before it is killed (default 600)")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="torch's intra-op CPU threads in each worker while timing (default: torch's, the core count); "
+                   help="torch's intra-op CPU threads in each worker while timing (default on a CPU: torch's, the core count, less the "
+                        "cores other work keeps busy as the run starts, at least 1; the manifest's threads_chosen says how); "
                         "fewer are slower on an idle machine but far less disturbed by other work; rows record it")
+    p.add_argument("--no-remeasure", action="store_true",
+                   help="do not measure again, at the end of the sweep, the rows left contended, suspect or throttled (by default "
+                        "each is measured once more, cheapest first, for at most half the sweep's time; the new row replaces it)")
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="CPU only: cap each worker's address space (RLIMIT_AS) at its start-up size plus SIZE, e.g. 2GiB; "
                         "a pair that allocates past it is recorded oom")
@@ -205,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="who runs the pairs: local worker processes (default), or tasks on a Ray cluster (pip install 'attnbench[ray]'; docs/ray.md)")
     p.add_argument("--ray-address", metavar="HOST:PORT",
                    help="with --executor ray: the cluster's head (what `ray start --head` prints) or 'auto'; default RAY_ADDRESS, else a local Ray")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress (a bar on a terminal; elsewhere, as in a CI log, a line every 5 s with done/total and the last pair)")
     p.add_argument("--report", nargs="?", const="", metavar="DIR",
                    help="then write DIR/<run-id>/index.html and print its path last (DIR default: reports beside --out)")
     p.set_defaults(func=cmd_run)

@@ -31,14 +31,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Compare two runs row by row; exit 1 when --fail-above is given and some row regressed past it."""
-    from harness.analysis.compare import EXIT_REGRESSION, EXIT_UNDECIDED, compare_runs, comparison_document, parse_threshold, print_comparison
+    from harness.analysis.compare import (EXIT_REGRESSION, EXIT_UNDECIDED, compare_runs, comparison_document, parse_min_judged, parse_threshold,
+                                          print_comparison)
     from harness.results.store import write_file
 
     threshold = parse_threshold(args.fail_above) if args.fail_above is not None else None
     base, new = Path(args.base), Path(args.new)
     out = Path(args.out) if args.out else Path("reports") / f"compare-{base.name}-vs-{new.name}.csv"
     _check_comparison_out(out)  # before any work: nothing is printed for a comparison that cannot be kept
-    result = compare_runs(base, new, threshold, force=args.force, variation=_variation(args))
+    result = compare_runs(base, new, threshold, force=args.force, variation=_variation(args), min_judged=parse_min_judged(args.min_judged))
     if not args.json:
         print_comparison(result, base.name, new.name, sys.stdout)
     try:
@@ -154,6 +155,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fail-above", metavar="PCT", help="exit 1 if a row is slower by the difference rule and by more than PCT (e.g. 5%%), or stopped running; "
                                                        "a pair contended or suspect in either run is not judged; exit 3 when no pair could be judged")
     p.add_argument("--out", help="CSV to write (default: reports/compare-BASE-vs-NEW.csv)")
+    add_min_judged_argument(p)
     p.add_argument("--force", action="store_true", help="compare even when the runs measured different devices")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON document (rows, per-backend summary, gate) instead of text")
     add_variation_argument(p)
@@ -181,6 +183,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the answer as one JSON document (the overall answer, each case's, the rows left out)")
     add_variation_argument(p)
     p.set_defaults(func=cmd_recommend, measures=False)
+
+
+def add_min_judged_argument(parser: argparse.ArgumentParser) -> None:
+    """--min-judged N|P%: the judged pairs a gate (compare --fail-above, regress) needs to pass."""
+    from harness.analysis.compare import DEFAULT_MIN_JUDGED
+
+    parser.add_argument("--min-judged", default=DEFAULT_MIN_JUDGED, metavar="N|P%",
+                        help="with a gate: pass only when at least N pairs, or P%% of the pairs both runs measured ok, were judged "
+                             f"(not contended, suspect or throttled); fewer exit 3 with the share (default {DEFAULT_MIN_JUDGED.replace('%', '%%')})")
 
 
 def add_variation_argument(parser: argparse.ArgumentParser) -> None:

@@ -42,7 +42,8 @@ FLAG_WORDS = {
 _LEFT_OUT = ("the row is shown, and left out of every winner, recommendation, speed-up, fit, crossover and comparison verdict "
              "(harness.analysis.trust). Re-measure it on a quiet machine (its repro).")
 #: The evidence each untrusted flag is read from, in the record's columns.
-_EVIDENCE = {"contended": " (run_queue_wait_ratio, involuntary_switches; gpu_other_processes on a GPU)", "suspect": " (iqr_ratio)"}
+_EVIDENCE = {"contended": " (run_queue_wait_ratio, involuntary_switches; gpu_other_processes on a GPU)", "suspect": " (iqr_ratio)",
+             "throttled": " (gpu_sm_clock_mhz_min, gpu_throttle_reasons, throttle_reason)"}
 FLAG_WORDS.update({name: f"{why}{_EVIDENCE.get(name, '')}: {_LEFT_OUT}" for name, why in UNTRUSTED_FLAGS.items()})
 #: What the kernel proof is, said in the section: a quiet machine does not fix a row that ran another kernel.
 FLAG_WORDS["kernel_mismatch"] = (

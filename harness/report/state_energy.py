@@ -114,9 +114,10 @@ def state_energy_section(frame: pd.DataFrame, baseline: str, colors) -> Section:
     """Throttled rows and why to distrust them; energy per call against S; winners by energy beside winners by time."""
     ok = analysis.ok_rows(frame)
     body: list = ["<p>While each row's timed samples ran, the harness read the GPU's clocks, temperature, power and NVML's throttle reasons "
-                  "(at their start, their end and every 20 ms). A row is <b>throttled</b> when a power, thermal or hardware slowdown reason "
-                  "was set, or its lowest SM clock fell more than 3 % below the clock the device is meant to sustain (its maximum, or the "
-                  "application clock set below it). GPU idle alone is not throttling.</p>"]
+                  "(at their start, their end and every 20 ms). A row is <b>throttled</b> when, in at least a tenth of those "
+                  "readings, a power, thermal or hardware slowdown reason was set or the SM clock was more than 3 % below the clock the "
+                  "device is meant to sustain (its maximum, or the application clock set below it); a throttled row decides no winner "
+                  "and no gate. GPU idle alone is not throttling.</p>"]
     if ok.empty:
         body.append('<p class="muted">No measured rows.</p>')
         return Section("state", "GPU state and energy", body, nav="State & energy")

@@ -212,6 +212,9 @@ class Manifest(Document):
     python: str | None = None
     #: The lengths files its cases were drawn from, frozen in the folder: {file, source, sha256, copy} (harness.suite.batch_files).
     batches: list[dict[str, Any]] | None = None
+    #: How a CPU run given no `--threads` chose its thread count (harness.measure.threads.choose_threads): the count,
+    #: torch's default, the cores and how many other work kept busy as the run started, and the rule. None: given, or CUDA.
+    threads_chosen: dict[str, Any] | None = None
 
     CHECKS = {
         "run_id": _string, "suite": optional(_string), "suite_arg": optional(_string), "suite_copy": optional(_plain_name),
@@ -221,6 +224,7 @@ class Manifest(Document):
         "harness_version": optional(_string), "harness_commit": optional(_string), "harness_dirty": optional(_boolean),
         "python": optional(_string),
         "batches": optional(list_of(fields_of(file=_string, source=_string, sha256=_string, copy=_plain_name))),
+        "threads_chosen": optional(_object),
     }
     REQUIRED = ("run_id",)
     #: What a run needs from its manifest to be resumed (or replaced by --force): every manifest a run ever wrote has them.

@@ -198,6 +198,10 @@ class Record:
     harness_version: str | None = None
     harness_commit: str | None = None
     harness_dirty: bool | None = None
+    #: Set on a row measured again at the end of its sweep because its first measurement was contended, suspect or
+    #: throttled (harness.run.remeasure): that first measurement's evidence (median, interval, flags, contention, when).
+    #: The first row stays in records.jsonl; readers see this one in its place (harness.results.store.read_records).
+    remeasured_from: dict[str, Any] | None = None
     timestamp: float = field(default_factory=time.time)
     schema_version: int = SCHEMA_VERSION
     #: Per-call seconds ×1e3 of every timed sample: kept in the JSONL, left out of the flat CSV.

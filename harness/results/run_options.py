@@ -135,6 +135,9 @@ class RunOptions:
     order_seed: int = _option(DEFAULT_ORDER_SEED, check=_count, flag="--order-seed", words=None, key="order",
                               dump=lambda seed: {"scheme": ORDER_SCHEME, "seed": seed}, load=_load_order)
     #: The Budget the pairs are measured under; None: the suite's (a new run's), or an older folder's suite's.
+    #: Measure the rows left contended, suspect or throttled once more at the end of the sweep (harness.run.remeasure).
+    # Not in repro: a pair run again alone is measured once.
+    remeasure: bool = _option(True, check=_boolean, flag="--no-remeasure", from_flag=lambda no_remeasure: not no_remeasure, words=None)
     budget: Budget | None = _option(None, check=_BUDGET, words=None,
                                     dump=lambda budget: None if budget is None else dataclasses.asdict(budget), load=_load_budget)
 

@@ -145,6 +145,13 @@ class ReadResult:
     built: tuple[Record | None, ...] = ()
     #: The length of the file's whole lines: what is left after a truncated last line is cut off.
     whole_bytes: int = 0
+    #: Rows of the file that a re-measure of their pair replaced (or a failed re-measure that left the first row
+    #: standing): kept in the file as evidence, left out of `records` so that every reader sees one row per pair.
+    superseded: tuple[dict[str, Any], ...] = ()
+
+    def remeasured_keys(self) -> set[str]:
+        """The pairs (`<case id>-<backend>`) the file holds a re-measure of, whether or not it replaced the first row."""
+        return {f"{r.get('case_id')}-{r.get('backend')}" for r in (*self.records, *self.superseded) if r.get("remeasured_from")}
 
     def typed(self) -> list[Record]:
         """The records as `Record`s, each built once when it was read; UserError naming the file and record of one that is not whole."""
@@ -204,7 +211,8 @@ def record_problem(record: dict[str, Any]) -> str | None:
 
 
 def read_records(path: Path | str) -> ReadResult:
-    """Read a records file; a truncated last line (a kill mid-write) is dropped, any other bad line is an error naming it.
+    """Read a records file, one row per pair and run (a re-measure replaces its first row: `superseded_positions`); a truncated
+    last line (a kill mid-write) is dropped, any other bad line is an error naming it.
 
     An empty file has no records (a run killed before its first one). A line must be a JSON object whose
     case_id, backend and status are strings and whose case fields are typed as a Case's; the error says
@@ -239,7 +247,10 @@ def read_records(path: Path | str) -> ReadResult:
                     built.append(typed)
         except OSError as exc:
             raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return ReadResult(records, dropped, path, tuple(built), whole_bytes)
+    shown, gone = superseded_positions(records)
+    kept = [shown[slot] for slot in sorted(shown)]
+    return ReadResult([records[i] for i in kept], dropped, path, tuple(built[i] for i in kept), whole_bytes,
+                      tuple(records[i] for i in sorted(gone)))
 
 
 def _record_of_line(line: bytes, path: Path, number: int, cut: bool) -> dict[str, Any] | None:
@@ -259,6 +270,32 @@ def _record_of_line(line: bytes, path: Path, number: int, cut: bool) -> dict[str
         return upgrade(record)
     except UserError as exc:
         raise UserError(f"{path}:{number}: {exc}") from None
+
+
+def superseded_positions(records: list[dict[str, Any]]) -> tuple[dict[int, int], set[int]]:
+    """Which row each pair's place shows, and the rows set aside: one row per pair and run for every reader.
+
+    A row carrying `remeasured_from` (a pair measured again at the end of its sweep, harness.run.remeasure) takes the
+    place of the row of its run and pair before it when it is `ok` or that row is not, so readers keep the run's order;
+    a re-measure that failed (a crash, an oom) leaves the measured row standing and is itself set aside. Rows of a pair
+    with no re-measure are all kept, as they always were (a report over several runs chooses among them:
+    harness.analysis.frame.one_row_per_pair). Returns {place: position of the row shown there} and the set-aside positions.
+    """
+    place_of: dict[tuple[Any, Any, Any], int] = {}
+    shown: dict[int, int] = {}
+    gone: set[int] = set()
+    for position, record in enumerate(records):
+        key = (record.get("run_id"), record.get("case_id"), record.get("backend"))
+        place = place_of.get(key)
+        if record.get("remeasured_from") and place is not None:
+            if record.get("status") == "ok" or records[shown[place]].get("status") != "ok":
+                gone.add(shown[place])
+                shown[place] = position
+            else:
+                gone.add(position)
+        else:
+            place_of[key] = shown[position] = position
+    return shown, gone
 
 
 def load_run(*run_dirs: Path | str):
@@ -287,8 +324,9 @@ def records_frame(records: Iterable[Record]):
 def as_csv_cells(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame with its structured columns as JSON text, as every CSV of records writes them: notes, the sequence lengths."""
     frame = frame.copy()
-    if "notes" in frame.columns:
-        frame["notes"] = frame["notes"].map(lambda n: json.dumps(n, sort_keys=True) if isinstance(n, dict) else n)
+    for column in ("notes", "remeasured_from"):
+        if column in frame.columns:
+            frame[column] = frame[column].map(lambda n: json.dumps(n, sort_keys=True) if isinstance(n, dict) else n)
     for column in ("seq_lens_q", "seq_lens_kv"):  # JSON lists, as the JSONL has them
         if column in frame.columns:
             frame[column] = frame[column].map(lambda n: json.dumps(list(n)) if isinstance(n, (list, tuple)) else n)

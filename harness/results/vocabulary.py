@@ -83,6 +83,8 @@ def throttle_words(mask: int) -> str:
 UNTRUSTED_FLAGS = {
     "contended": "another process took the CPU or the GPU during its samples",
     "suspect": "its samples spread too widely: an IQR at least 25 % of the median",
+    "throttled": "the GPU's SM clock was below its sustained clock, or a slowdown reason was set, in at least a tenth of "
+                 "the readings during its samples (harness.telemetry.gpu_state.THROTTLED_SHARE)",
     "kernel_mismatch": "the profiler did not show the kernel its backend claims for the case (an FP8 row that ran a bf16 GEMM): "
                        "it measured another path",
 }

@@ -1,4 +1,5 @@
-"""A one-line progress bar with an ETA, drawn only on a terminal, and the cheap tail of records.jsonl it is fed from."""
+"""Progress of a run: a one-line bar with an ETA on a terminal, a line every few seconds elsewhere (a CI log), and the
+cheap tail of records.jsonl both are fed from."""
 
 from __future__ import annotations
 
@@ -6,36 +7,81 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 from harness.errors import UserError
 from harness.results.record import Record
 
+#: Seconds between two progress lines when the stream is not a terminal: a CI log shows the sweep alive and where it is
+#: without a line per pair (a `quick` sweep records ~1,000 rows; a bar redrawn in place would be one unreadable line there).
+LINE_INTERVAL_S = 5.0
+
 
 class Progress:
-    """Pairs done of a run's total, redrawn in place when the count changes."""
+    """Pairs done of a run's total: a bar redrawn in place on a terminal, else a line every LINE_INTERVAL_S with the last pair."""
 
-    def __init__(self, total: int, already: int, stream: TextIO | None) -> None:
-        self.total, self.already, self.stream = total, already, stream
-        self.started = time.monotonic()
+    def __init__(self, total: int, already: int, stream: TextIO | None, *, label: str = "", offset: int = 0,
+                 clock: Callable[[], float] = time.monotonic, interval_s: float = LINE_INTERVAL_S) -> None:
+        #: `offset`: lines of the records file before this count's first (a re-measure phase counts only its own rows).
+        self.total, self.already, self.stream, self.label, self.offset = total, already, stream, label, offset
+        self.finished = False
+        self.clock, self.interval_s = clock, interval_s
+        self.started = clock()
         self.last = -1
+        self.last_line_at: float | None = None
+        isatty = getattr(stream, "isatty", None)
+        self.bar = bool(isatty and isatty())
 
-    def update(self, done: int, final: bool = False) -> None:
-        """Redraw when the count changes (and once more at the end)."""
-        if self.stream is None or (done == self.last and not final):
-            return
-        self.last = done
-        elapsed = time.monotonic() - self.started
+    def _eta(self, done: int) -> float | None:
+        elapsed = self.clock() - self.started
         new = done - self.already
         rate = new / elapsed if elapsed > 0 and new > 0 else 0
-        eta = (self.total - done) / rate if rate else None
+        return (self.total - done) / rate if rate else None
+
+    def update(self, done: int, final: bool = False, last_pair: Callable[[], str | None] | None = None) -> None:
+        """Redraw the bar when the count changes (and once more at the end); off a terminal, print a line every interval_s.
+
+        `last_pair`: the key of the pair recorded last, asked only when a line is printed (it reads a record)."""
+        if self.stream is None or self.finished:
+            return
+        done -= self.offset
+        self.finished = final
+        if self.bar:
+            self._draw_bar(done, final)
+            return
+        now = self.clock()
+        due = self.last_line_at is None or now - self.last_line_at >= self.interval_s
+        if not (final or (due and done != self.last)):
+            return
+        self.last, self.last_line_at = done, now
+        eta = self._eta(done)
+        elapsed = now - self.started
+        words = [f"{self.label}{done}/{self.total} pairs", f"{_clock_text(elapsed)} elapsed"]
+        if not final:
+            words.append(f"ETA {_clock_text(eta)}" if eta is not None else "ETA --:--")
+        last = last_pair() if last_pair is not None else None
+        if last:
+            words.append(f"last: {last}")
+        self.stream.write("progress: " + ", ".join(words) + "\n")
+        self.stream.flush()
+
+    def _draw_bar(self, done: int, final: bool) -> None:
+        if done == self.last and not final:
+            return
+        self.last = done
+        eta = self._eta(done)
         width = 30
         filled = int(width * done / max(1, self.total))
-        eta_text = f"ETA {int(eta // 60)}:{int(eta % 60):02d}" if eta is not None else "ETA --:--"
-        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {eta_text} ")
+        eta_text = f"ETA {_clock_text(eta)}" if eta is not None else "ETA --:--"
+        self.stream.write(f"\r{self.label}[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {eta_text} ")  # type: ignore[union-attr]
         if final:
-            self.stream.write("\n")
-        self.stream.flush()
+            self.stream.write("\n")  # type: ignore[union-attr]
+        self.stream.flush()  # type: ignore[union-attr]
+
+
+def _clock_text(seconds: float) -> str:
+    """`m:ss` of a number of seconds."""
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 class RecordsTail:
@@ -54,6 +100,8 @@ class RecordsTail:
         #: Bytes up to and including the last newline counted, and the newlines in them.
         self.offset = 0
         self.lines = 0
+        #: The last whole line counted, kept unparsed (`last_key` parses it when a progress line names it).
+        self.last_line = b""
         #: Bytes whose lines have been parsed into keys, and the pairs those lines record.
         self.keys_offset = 0
         self.keys: set[str] = set()
@@ -79,7 +127,20 @@ class RecordsTail:
             return self.count()
         self.lines += read[0].count(b"\n")
         self.offset += len(read[0])
+        if read[0]:
+            body = read[0][:-1]
+            self.last_line = body[body.rfind(b"\n") + 1:]
         return self.lines
+
+    def last_key(self) -> str | None:
+        """The pair key of the last whole line counted (parsed only now), or None."""
+        if not self.last_line:
+            return None
+        try:
+            data = json.loads(self.last_line)
+            return f"{data['case_id']}-{data['backend']}"
+        except (ValueError, TypeError, KeyError, RecursionError):
+            return None
 
     def recorded_keys(self) -> set[str]:
         """The pair keys of every whole record in the file now."""

@@ -29,6 +29,9 @@ CLAIMS = "claims"
 PENDING = "pending.txt"
 #: The folder of a run where `--traces` puts one Chrome trace per pair.
 TRACES = "traces"
+#: The pairs a sweep measures again at its end (harness.run.remeasure), each with its first row's evidence: a JSON
+#: object {key: evidence}, which the workers stamp on the new rows as `remeasured_from`; removed when the run ends.
+REMEASURE = "remeasure.json"
 #: `worker-<name>.current` holds the key of the pair that worker is running, empty between pairs.
 CURRENT_SUFFIX = ".current"
 

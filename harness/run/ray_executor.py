@@ -109,6 +109,9 @@ def _connect_reason(exc: BaseException) -> str:
 class RaySupervisor(Supervisor):
     """Runs the pending pairs of one run folder as Ray tasks, writing the folder from this process."""
 
+    #: Not yet: a Ray task's rows would need the re-measure plan stamped on them, and its nodes' load is not this machine's.
+    remeasures = chooses_threads = False
+
     missing_reason = "no Ray task ran this pair (its case's tasks kept dying before any pair; see the Ray logs of the node)"
 
     def __init__(self, config: RunConfig, log: TextIO | None = None) -> None:

@@ -27,7 +27,7 @@ from harness.telemetry import peaks as device_peaks
 from harness.measure.timing import Budget
 from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment, Manifest, read_document
 from harness.results.record import Record
-from harness.results.store import RECORDS, RECORDS_CSV, link_refusal, read_records, write_file
+from harness.results.store import RECORDS, RECORDS_CSV, ReadResult, link_refusal, read_records, write_file
 from harness.run import manifest_pairs, protocol
 from harness.process.children import child_command, run_child
 from harness.run.progress import RecordsTail
@@ -36,11 +36,11 @@ from harness.suite.cases import Case
 
 SUITE_COPY = "suite.toml"
 #: Every name a run writes in its folder (patterns for the per-worker files); `--force` deletes nothing else.
-RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.CLAIMS, "traces", batch_files.FROZEN,
+RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.REMEASURE, protocol.CLAIMS, "traces", batch_files.FROZEN,
              protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK, f"worker-*{protocol.CURRENT_SUFFIX}", "worker-*.log",
              "pytest-benchmark-*.json", f".{MANIFEST}.*.tmp", f".{ENV}.*.tmp")
 #: The files a run writes again on resume: none may be a symbolic link.
-_REWRITTEN = (MANIFEST, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.CLAIMS, "traces",
+_REWRITTEN = (MANIFEST, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.REMEASURE, protocol.CLAIMS, "traces",
               protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK)
 #: How long a new supervisor waits for orphaned workers of a killed one to die (they get SIGKILL at once on Linux).
 ORPHAN_WAIT_S = 5.0
@@ -202,18 +202,27 @@ class RunFolder:
         return manifest_pairs.run_budget(self.document, self.path, self.suite_arg)
 
     def recorded(self, repair: bool = False) -> list[Record]:
-        """The records so far, the file read once; with `repair` (only while no worker runs) a truncated last line is cut off it."""
+        """The records so far (one per pair: a re-measure in place of its first row), the file read once; with `repair`
+        (only while no worker runs) a truncated last line is cut off it."""
+        return self.read_rows(repair).typed()
+
+    def read_rows(self, repair: bool = False) -> ReadResult:
+        """The records file as read (`recorded`'s rows, and the ones a re-measure superseded); empty before the first row."""
         path = self.path / RECORDS
         if not path.exists():
-            return []
+            return ReadResult([], False, path)
         result = read_records(path)
         if repair and result.dropped_partial_line:
             truncate_to(path, result.whole_bytes)
-        return result.typed()
+        return result
 
     def count_lines(self) -> int:
         """Whole lines in records.jsonl now, read from where the last look stopped."""
         return self._records_tail().count()
+
+    def last_recorded_key(self) -> str | None:
+        """The pair of the last whole line `count_lines` saw (what a progress line names), or None."""
+        return self._records_tail().last_key()
 
     def recorded_keys(self) -> set[str]:
         """The pairs records.jsonl holds a row of now, read from where the last look stopped (never the whole file again)."""
@@ -238,6 +247,7 @@ class RunFolder:
         """
         shutil.rmtree(self.path / protocol.CLAIMS, ignore_errors=True)
         (self.path / protocol.PENDING).unlink(missing_ok=True)
+        (self.path / protocol.REMEASURE).unlink(missing_ok=True)
         for current in self.path.glob(f"worker-*{protocol.CURRENT_SUFFIX}"):
             current.unlink(missing_ok=True)
 

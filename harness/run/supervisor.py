@@ -32,22 +32,24 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
 
 from harness.backends.registry import Registry, load_registry
 from harness.env import detect_device
+from harness.measure.threads import threads_for_this_machine
 from harness.errors import UserError
 from harness.results.documents import MANIFEST
-from harness.results.run_options import RunOptions
 from harness.results.store import RunWriter, validate_run_id, write_csv, write_file
 from harness.results.vocabulary import UNTRUSTED_FLAGS
 from harness.run import protocol
 from harness.run.driver import FailureRows, sigterm_interrupts
 from harness.run.order import fair_pairs, select_keys
+from harness.run.config import RunConfig, RunSummary  # noqa: F401 - their home was here: importers keep this name
 from harness.run.progress import Progress
+from harness.run.remeasure import remeasure_flagged
 from harness.run.manifest_pairs import pair_manifest, suite_of_run
 from harness.run.rundir import RunFolder, new_run_id
 from harness.run.workers import Slot, Worker, worker_slots
@@ -58,49 +60,6 @@ from harness.results.record import pair_key
 _FINISHED = (0,)
 #: Restarts allowed to a worker slot that died without consuming a pair (a crash at start-up would loop).
 _MAX_FRUITLESS_RESTARTS = 2
-
-
-@dataclass
-class RunConfig:
-    """What `attnbench run` was asked for (built by the CLI, or by hand in tests)."""
-
-    suite: str
-    device: str | None = None
-    backends: list[str] | None = None
-    out: Path = Path("results")
-    run_id: str | None = None
-    workers: int = 1
-    gpus: list[int] | None = None
-    force: bool = False
-    resume: Path | None = None
-    #: What shapes every pair's measurement (check, timer, energy, profile, traces, cool-down, order seed, budget);
-    #: its budget None: the suite's. A resumed run has its manifest's instead.
-    options: RunOptions = field(default_factory=RunOptions)
-    case_timeout_s: float = 600.0
-    #: Keep only pairs whose key contains every one of these substrings.
-    only: list[str] = field(default_factory=list)
-    #: Keep only the cases of these exact ids (`--case`; empty: every case).
-    cases: list[str] = field(default_factory=list)
-    progress: bool = False
-    worker_env: dict[str, str] = field(default_factory=dict)
-    #: Address space each CPU worker may add to its start-up size (RLIMIT_AS), in bytes; None = no cap.
-    memory_limit: int | None = None
-    #: Who runs the pairs: `local` (worker processes on this machine) or `ray` (tasks on a Ray cluster): harness.run.executors.
-    executor: str = "local"
-    #: The Ray cluster to use with `executor="ray"` (host:port of its head); None starts a local one.
-    ray_address: str | None = None
-
-
-@dataclass
-class RunSummary:
-    """Where a run went and how its pairs ended."""
-
-    run_dir: Path
-    counts: dict[str, int]
-    total: int
-    wall_s: float
-    #: Rows whose medians decide no answer, by why: `contended` (other work took the CPU), `suspect` (the timing is in doubt).
-    undecided: dict[str, int] = field(default_factory=dict)
 
 
 def _resolve_suite(name: str, device: str) -> tuple[Suite, str]:
@@ -126,6 +85,10 @@ class Supervisor:
     Opening the folder, the rows of broken plugins and the closing rows are shared.
     """
 
+    #: Whether flagged rows are measured again at the end through this executor's `_execute` (harness.run.remeasure).
+    remeasures = True
+    #: Whether a CPU run given no --threads picks one from this machine's load (the local executor's workers run here).
+    chooses_threads = True
     #: The reason of the row a pair gets when the run ended without anybody running it.
     missing_reason = "no worker ran this pair (a worker failed outside any pair; see the worker-*.log files)"
 
@@ -135,6 +98,8 @@ class Supervisor:
         # captured stream, closed since).
         self.log = log if log is not None else sys.stderr
         self.registry: Registry = load_registry()
+        #: The pairs being measured again now (a worker that dies on one leaves its first row standing).
+        self._remeasuring: set[str] = set()
 
     # -- set-up -------------------------------------------------------------------------------
     def _check_options(self, device: str) -> None:
@@ -154,7 +119,7 @@ class Supervisor:
         """env.json and peaks.json of a new run, before any pair runs (so nothing competes with the peaks)."""
         folder.write_env_before()
         # The CPU ceiling is the best of products the suite's own cases perform, at the run's thread count.
-        folder.write_peaks(sorted({c.dtype for c in suite.cases}), suite.cases, self.config.options.threads)
+        folder.write_peaks(sorted({c.dtype for c in suite.cases}), suite.cases, folder.document.options.threads)
 
     def _write_env_after(self, folder: RunFolder) -> None:
         """What env.json gets after the last pair."""
@@ -198,6 +163,10 @@ class Supervisor:
         keys = select_keys(list(ordered.values()), config.only, config.cases, suite.name)
         run_id = validate_run_id(config.run_id or new_run_id(suite.slug))
         options = replace(config.options, budget=config.options.budget or suite.budget)
+        threads_chosen = None
+        if device == "cpu" and options.threads is None and self.chooses_threads:
+            threads, threads_chosen = threads_for_this_machine()
+            options = replace(options, threads=threads)
         manifest = {
             "run_id": run_id, "suite": suite.name, "suite_arg": suite_arg, "suite_copy": None, "device": device,
             "backends": names, "broken": broken, "capabilities": capabilities,
@@ -205,6 +174,7 @@ class Supervisor:
             **pair_manifest([ordered[k] for k in keys]), **options.to_manifest(),
             "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "python": sys.executable,  # what `repro` runs: a fresh shell's `python` may not hold this torch
+            "threads_chosen": threads_chosen,
         }
         folder = RunFolder.create(Path(config.out) / run_id, manifest, force=config.force,
                                   suite_file=suite_arg if Path(suite_arg).suffix == ".toml" else None, pairs={k: ordered[k] for k in keys})
@@ -245,11 +215,30 @@ class Supervisor:
                 done.add(key)
         pending = [k for k in pairs if k not in done]
         progress = Progress(total, len(done), self.log if self.config.progress else None)
+        (folder.path / protocol.REMEASURE).unlink(missing_ok=True)  # an interrupted re-measure's plan: its pairs have rows
         self._execute(folder, pending, failures, progress)
-        return self._finish(folder, failures, progress, started)
+        progress.update(folder.count_lines(), final=True, last_pair=folder.last_recorded_key)
+        remeasured = self._remeasure(folder, failures, started) if self.remeasures and folder.document.options.remeasure else {}
+        summary = self._finish(folder, failures, progress, started)
+        summary.remeasured = remeasured
+        return summary
 
-    def _execute(self, folder: RunFolder, pending: list[str], failures: FailureRows, progress: Progress) -> None:
-        """Run the pending pairs in local workers that share them through the folder's claims."""
+    def _remeasure(self, folder: RunFolder, failures: FailureRows, started: float) -> dict[str, int]:
+        """Measure the flagged rows once more in fresh local workers (harness.run.remeasure), noting which are being measured."""
+        def execute(keys: list[str], progress: Progress, stop_at: float) -> None:
+            self._remeasuring = set(keys)
+            try:
+                self._execute(folder, keys, failures, progress, stop_at=stop_at)
+            finally:
+                self._remeasuring = set()
+
+        return remeasure_flagged(folder, execute, started, self.log if self.config.progress else None)
+
+    def _execute(self, folder: RunFolder, pending: list[str], failures: FailureRows, progress: Progress, stop_at: float | None = None) -> None:
+        """Run the pending pairs in local workers that share them through the folder's claims.
+
+        `stop_at` (time.monotonic()): from then on no pair is started; the ones left are claimed here so that every worker
+        finds none and ends after the pair it is running."""
         run_dir = folder.path
         claims = run_dir / protocol.CLAIMS
         shutil.rmtree(claims, ignore_errors=True)  # claims of an earlier attempt: their pairs have no record
@@ -266,7 +255,11 @@ class Supervisor:
                         active[slot.name] = start(slot)
                 while active:
                     time.sleep(0.2)
-                    progress.update(folder.count_lines())
+                    if stop_at is not None and time.monotonic() >= stop_at:
+                        for key in pending:
+                            protocol.try_claim(run_dir, key, "supervisor")
+                        stop_at = None
+                    progress.update(folder.count_lines(), last_pair=folder.last_recorded_key)
                     for name, worker in list(active.items()):
                         outcome = worker.poll(self.config.case_timeout_s)
                         if outcome is None:
@@ -286,7 +279,7 @@ class Supervisor:
 
     def _finish(self, folder: RunFolder, failures: FailureRows, progress: Progress, started: float) -> RunSummary:
         """Give every pair still without a row one, write records.csv and the closing environment; the summary."""
-        progress.update(folder.count_lines(), final=True)
+        progress.update(folder.count_lines(), final=True, last_pair=folder.last_recorded_key)
         pairs = failures.pairs
         records = folder.recorded()  # read once: a quick run's 1,000 rows cost half a second a reading
         missing = set(pairs) - {r.pair_key for r in records}
@@ -315,6 +308,9 @@ class Supervisor:
         if outcome == "exited" and rc == protocol.EXIT_CANNOT_WRITE:
             raise OSError(f"worker {worker.slot.name} could not append its row (see {worker.log_path.name})")
         failed_key = worker.current_pair()
+        if failed_key and failed_key in self._remeasuring:
+            self.log.write(f"\nworker {worker.slot.name} ended ({worker.describe_end(outcome)}) while measuring {failed_key} again: its first row stands\n")
+            return True, True
         if failed_key and failed_key not in folder.recorded_keys():
             status, reason = worker.failure(outcome, self.config.case_timeout_s)
             failures.write(failed_key, worker.slot.name, status, reason)

@@ -39,6 +39,7 @@ from harness.results.record import Record, Status
 from harness.results.store import RunWriter
 from harness.run import protocol
 from harness.run.cooldown import Cooldown, Waited, worker_cooldown
+from harness.run.remeasure import read_plan
 from harness.run.repro import RunRows
 from harness.run.rundir import RunFolder, read_run_manifest
 from harness.suite.cases import Case
@@ -87,6 +88,9 @@ class WorkerLoop:
     after_pair: Callable[[], object] | None = None
     #: torch's intra-op CPU threads, set before each pair is timed (`run --threads`); None: the process's count as it is.
     threads: int | None = None
+    #: Pairs measured again at the end of the sweep, each with its first row's evidence, stamped on the new row as
+    #: `remeasured_from` (harness.run.remeasure); empty in the sweep itself.
+    remeasure: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def events(self, pairs: Iterable[PairItem], claim: Callable[[str], bool] = lambda key: True) -> Iterator[Started | Finished]:
         """Run each pair this worker claims: `Started` before it, `Finished` after; stop after a pair that poisons the process."""
@@ -97,6 +101,8 @@ class WorkerLoop:
             waited = self.cooldown.wait() if self.cooldown is not None else None
             yield Started(key)
             record = self.run_pair(case, backend_name, waited=waited)
+            if key in self.remeasure:
+                record.remeasured_from = self.remeasure[key]
             yield Finished(key, record)
             if poisons_process(record):
                 return  # nothing more can run here (a dead CUDA context): whoever watches starts a fresh worker
@@ -136,7 +142,7 @@ def folder_loop(folder: RunFolder, worker: str, pairs: dict[str, tuple[Case, str
     max_s = manifest.options.cooldown_s
     cooldown = worker_cooldown(max_s, folder.path) if max_s is not None else None
     return WorkerLoop(folder.run_id, worker, runner, registry or load_registry(), RunRows(folder.manifest, folder.path, pairs),
-                      cooldown, threads=manifest.options.threads)
+                      cooldown, threads=manifest.options.threads, remeasure=read_plan(folder.path))
 
 
 def pending_pairs(folder: RunFolder, pairs: dict[str, tuple[Case, str]]) -> list[PairItem]:

@@ -9,10 +9,12 @@ lines of Python every 20 ms, and CUDA samples are device time between events (th
 covered by the clock's spin). It cannot be pinned off the launching core (the CPU's cores are shared
 and not ours to assign), which is why it is slow rather than pinned.
 
-A row is `throttled` when a power, thermal or hardware slowdown reason (SLOWDOWN_BITS) was set during the window, or when its lowest SM clock fell more than
-SUSTAINED_TOLERANCE below the device's sustained clock: the clock NVML reports as the device's
-maximum, or the application clock target where an administrator set it lower (then that is what the
-GPU is meant to run at). The idle bit (0x1) alone is not throttling; a clock still ramping from idle is.
+A row is `throttled` when, in at least THROTTLED_SHARE of the window's readings, a power, thermal or hardware
+slowdown reason (SLOWDOWN_BITS) was set or the SM clock was more than SUSTAINED_TOLERANCE below the device's sustained
+clock: the clock NVML reports as the device's maximum, or the application clock target where an administrator set it
+lower (then that is what the GPU is meant to run at). A throttled row decides no winner and no gate
+(harness.analysis.trust), as nvbench discards samples taken below its throttle threshold; a dip in fewer readings is
+named in `throttle_reason` but leaves the row trusted (a median moves little when a tenth of its samples are slowed). The idle bit (0x1) alone is not throttling; a clock still ramping from idle is.
 
 As the window starts and as it ends, the sampler also asks NVML which compute processes are on the device and how busy
 it is (`DeviceUse`): another process there during the samples shares the SMs and the memory bandwidth with the timed
@@ -35,6 +37,9 @@ SAMPLE_PERIOD_S = 0.02
 MAX_READINGS = 500
 #: A lowest SM clock this far below the sustained clock marks the row throttled (clocks move in ~15 MHz steps).
 SUSTAINED_TOLERANCE = 0.03
+#: The share of a window's readings that must be slowed (a slowdown reason set, or the SM clock below the sustained one) to
+#: mark the row throttled: a clock still ramping from idle in the first reading of a long window moves its median little.
+THROTTLED_SHARE = 0.1
 #: What a CPU row says instead of GPU state.
 NO_GPU = "no NVIDIA GPU: a CPU row has no GPU clocks, power or throttle reasons to read"
 
@@ -197,17 +202,23 @@ def summarize(readings: list[GpuReading], sustained_mhz: float | None) -> StateS
     sm, mem, temp, power = (_values(readings, n) for n in ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w"))
     masks = [r.throttle_reasons for r in readings if r.throttle_reasons is not None]
     reasons = functools.reduce(lambda a, b: a | b, masks, 0) if masks else None
+    floor = sustained_mhz * (1 - SUSTAINED_TOLERANCE) if sustained_mhz else None
+    is_low = [r.sm_clock_mhz is not None and floor is not None and r.sm_clock_mhz < floor for r in readings]
+    slowed = sum(1 for r, low in zip(readings, is_low) if low or (r.throttle_reasons or 0) & SLOWDOWN_BITS)
+    read = sum(1 for r in readings if r.sm_clock_mhz is not None or r.throttle_reasons is not None)
+    low = sum(is_low)
+    of = f" in {low} of {read} readings" if read > 1 else ""
     why = []
     if reasons is not None and reasons & SLOWDOWN_BITS:
         why.append(f"NVML reported {throttle_words(reasons & SLOWDOWN_BITS)} ({hex(reasons & SLOWDOWN_BITS)})")
-    if sm and sustained_mhz and min(sm) < sustained_mhz * (1 - SUSTAINED_TOLERANCE):
-        why.append(f"SM clock fell to {min(sm):.0f} MHz, below the sustained {sustained_mhz:.0f} MHz")
+    if low:
+        why.append(f"SM clock fell to {min(sm):.0f} MHz, below the sustained {sustained_mhz:.0f} MHz{of}")
     judged = bool(sm) or reasons is not None
     return StateSummary(
         sm_clock_mhz_min=min(sm) if sm else None, sm_clock_mhz_median=statistics.median(sm) if sm else None,
         mem_clock_mhz_median=statistics.median(mem) if mem else None, temperature_c_max=max(temp) if temp else None,
         power_w_mean=statistics.fmean(power) if power else None, throttle_reasons=reasons, readings=len(readings),
-        sustained_sm_clock_mhz=sustained_mhz, throttled=bool(why) if judged else None,
+        sustained_sm_clock_mhz=sustained_mhz, throttled=read > 0 and slowed >= THROTTLED_SHARE * read if judged else None,
         throttle_reason="; ".join(why) or None, unavailable=None if judged else "NVML returned no clock or throttle reason",
     )
 
