@@ -32,7 +32,9 @@ TEST_WORKERS ?= 4
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 # Bytecode is cached for the tests' hundreds of processes (each worker, each `attnbench` child): where the shell sets
 # PYTHONDONTWRITEBYTECODE, every one would compile harness/ and rewrite the tests' asserts again (8 s per collection).
-TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
+# One torch thread per process: xdist's workers and their children share 2 cores, where more intra-op threads only spin
+# against each other (a 10 us call took 83 ms so). Tests of thread counts give theirs explicitly.
+TEST_ENV := env -u PYTHONDONTWRITEBYTECODE OMP_NUM_THREADS=1
 # The inner loop leaves out every test marked for its cost (pyproject.toml lists the markers).
 FAST_TIER := not e2e and not slow and not compile and not ray and not postgres and not browser
 

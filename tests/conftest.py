@@ -34,6 +34,18 @@ def collect_only_what_the_test_made():
     gc.unfreeze()
 
 
+#: What pytest-xdist tells its workers. A pytest that a test starts (the suites' pytest route) must not inherit them:
+#: pytest-benchmark reads PYTEST_XDIST_WORKER and disables itself, as it should under xdist, but that inner run is no worker.
+XDIST_WORKER_VARIABLES = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+
+
+@pytest.fixture
+def outside_xdist(monkeypatch):
+    """This test's environment (and its children's) without the xdist worker's variables: a pytest run inside it is its own."""
+    for name in XDIST_WORKER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
 #: The tests that hold the GPU adapters to the real libraries' own code (installed or downloaded by `make test`).
 LIBRARY_TESTS = ("test_flashinfer_library.py", "test_flash_attn_library.py", "test_xformers_library.py")
 

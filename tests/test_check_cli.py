@@ -42,7 +42,7 @@ mode = ["fwd_bwd"]
 """
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "outside_xdist")  # its pytest route is its own pytest, no xdist worker
 
 
 @pytest.fixture

@@ -163,8 +163,9 @@ def test_test_modules_share_helpers_through_helper_modules_only():
     assert importing == {}
 
 
-#: The most lines a harness module may have: past it a module holds more than one job (issue: one home for each fact).
-MAX_MODULE_LINES = 350
+#: The most lines a harness module may have: past it a module holds more than one job. 500, not 350: a lower cap split
+#: modules that held one job into shards only to get under it (issue 47, "rooms, not shards").
+MAX_MODULE_LINES = 500
 
 
 def test_every_harness_module_is_at_most_350_lines():

@@ -299,7 +299,7 @@ def test_a_run_resumes_from_either_executor(tmp_path, ray_cluster, capsys, monke
     suite = write_suite(tmp_path / "four.toml", ["t-slow"], [8, 16, 24, 40])
     env = ray_env(tmp_path, ATTNBENCH_TEST_PREPARE_S="0")
     run_dir = tmp_path / "r"
-    ran = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet"], capsys, env=env, monkeypatch=monkeypatch)
+    ran = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "r", "--quiet", "--no-remeasure"], capsys, env=env, monkeypatch=monkeypatch)
     assert ran.code == 0, ran.err
     full = keys(rows(run_dir))
 

@@ -21,6 +21,9 @@ from harness.results.store import read_records
 from harness.run.repro import repro_command
 from tests.cli_runs import ROOT, attnbench, cli_env, refused, write_suite
 
+# The suites' pytest route runs here as its own pytest, never as an xdist worker of `make test`.
+pytestmark = pytest.mark.usefixtures("outside_xdist")
+
 #: A backends plugin that adds no backend but makes every timed measurement contended (the thresholds below any reading),
 #: loaded through ATTNBENCH_BACKENDS by the supervisor and by each worker alike.
 _BUSY = '''def busy(registry):
