@@ -193,7 +193,7 @@ def test_killed_task_is_crashed_hung_task_is_cancelled_and_the_rest_finish(tmp_p
     status = {(r["S_q"], r["backend"]): r for r in records}
     for backend in backends:
         assert status[16, backend]["status"] == "ok", status[16, backend]
-    assert status[32, "naive"]["status"] == "ok" and status[32, "t-slow"]["status"] == "ok"
+    assert status[32, "naive"]["status"] == "ok" and status[32, "t-slow"]["status"] == "ok", (status[32, "naive"], status[32, "t-slow"])
     killed = status[32, "t-kill"]
     assert killed["status"] == "crashed", killed
     assert "WorkerCrashedError" in killed["reason"] and "The worker died unexpectedly" in killed["reason"]
