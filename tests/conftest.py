@@ -20,6 +20,42 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+#: The dtypes whose CPU ceilings the session measures once for every run it starts (the tests' suites use no others).
+SESSION_PEAK_DTYPES = ("fp32", "bf16", "fp16")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def peaks_measured_once(tmp_path_factory):
+    """One measurement of this machine's ceilings that every run a test starts takes (`run --peaks`, through ATTNBENCH_PEAKS).
+
+    Each CPU run would otherwise sweep products for ~3 s before its first pair, hundreds of times a session. xdist's
+    workers share one file, measured by the first to arrive while the others wait on its lock (so it is measured with
+    the machine to itself, as far as the suite goes). A run that needs what it lacks (another thread count, an FP8
+    ceiling) measures its own, as without it; tests of the measurement call it directly and are untouched.
+    """
+    import fcntl
+    import json
+
+    from harness.telemetry.peaks import measure_peaks
+    from harness.telemetry.peaks_reuse import PEAKS_ENV
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = shared / "session-peaks.json"
+    with open(shared / "session-peaks.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            path.with_suffix(".tmp").write_text(json.dumps(measure_peaks("cpu", SESSION_PEAK_DTYPES)))
+            path.with_suffix(".tmp").replace(path)
+    before = os.environ.get(PEAKS_ENV)
+    os.environ[PEAKS_ENV] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop(PEAKS_ENV, None)
+    else:
+        os.environ[PEAKS_ENV] = before
+
+
 @pytest.fixture(autouse=True)
 def collect_only_what_the_test_made():
     """Freeze the heap alive when a test starts, and thaw it after: in-process runs call gc.collect() once per pair.

@@ -17,6 +17,7 @@ from harness.process.usage import UsageParser, exit_status
 from harness.results import strict_json
 from harness.results.record import NOT_FAILURES, Status
 from harness.results.run_options import TIMERS, RunOptions
+from harness.telemetry.peaks_reuse import PEAKS_ENV, peaks_source
 
 #: Worker processes per CPU core `run --workers` allows: beyond a few, workers only disturb each other's timings.
 MAX_WORKERS_PER_CPU = 4
@@ -94,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         # A resumed run is the run its manifest describes: these would silently be ignored.
         fixed = {"--suite/--model": args.suite, "--backends": args.backends, "--force": args.force or None, "--run-id": args.run_id,
-                 "--device": args.device, "--only": args.only, "--case": args.case}
+                 "--device": args.device, "--only": args.only, "--case": args.case, "--peaks": args.peaks}
         clash = [flag for flag, value in fixed.items() if value is not None] + RunOptions.given_flags(args)
         if clash:
             raise UserError(f"--resume finishes the run as its manifest describes it; {', '.join(clash)} cannot change it (start a new run instead)")
@@ -104,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=Path(args.resume) if args.resume else None, options=options,
         case_timeout_s=args.timeout, only=args.only or [], progress=not args.quiet,
         memory_limit=memory_limit(args.memory_limit), executor=args.executor, ray_address=args.ray_address,
-        cases=args.case or [],
+        cases=args.case or [], peaks=None if args.resume is not None else peaks_source(args.peaks),
     )
     summary = supervisor_for(config).run()
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items()))
@@ -194,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch's intra-op CPU threads in each worker while timing (default on a CPU: torch's, the core count, less the "
                         "cores other work keeps busy as the run starts, at least 1; the manifest's threads_chosen says how); "
                         "fewer are slower on an idle machine but far less disturbed by other work; rows record it")
+    p.add_argument("--peaks", metavar="FILE",
+                   help="take the device ceilings (%% of peak's yardstick) from an earlier run's folder or peaks.json instead of "
+                        f"measuring them (seconds a run); default ${PEAKS_ENV}. Taken only where device, host, CPU/GPU model, torch, "
+                        "threads and dtypes match and nothing was contended; otherwise measured, and peaks.json says why")
     p.add_argument("--no-remeasure", action="store_true",
                    help="do not measure again, at the end of the sweep, the rows left contended, suspect or throttled (by default "
                         "each is measured once more, cheapest first, for at most half the sweep's time; the new row replaces it)")

@@ -37,6 +37,8 @@ class RunConfig:
     executor: str = "local"
     #: The Ray cluster to use with `executor="ray"` (host:port of its head); None starts a local one.
     ray_address: str | None = None
+    #: An earlier peaks.json a new run takes instead of measuring its own, where it matches (harness.telemetry.peaks_reuse).
+    peaks: Path | None = None
 
 
 @dataclass

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from harness.env import fingerprint, gpu_telemetry
 from harness.errors import UserError
 from harness.telemetry import peaks as device_peaks
+from harness.telemetry.peaks_reuse import reused_peaks
 from harness.measure.timing import Budget
 from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment, Manifest, read_document
 from harness.results.record import Record
@@ -262,25 +263,38 @@ class RunFolder:
         env = read_document(env_path, Environment).to_dict() if os.path.lexists(env_path) else {}
         write_env(self.path, {**env, "telemetry_after": gpu_telemetry() if self.device == "cuda" else None})
 
-    def write_peaks(self, dtypes: list[str], cases: Sequence[Any] = (), threads: int | None = None) -> Path:
-        """Measure the device's ceilings into `peaks.json`, before any worker starts so nothing competes with them."""
-        return write_peaks(self.path, self.device, dtypes, cases, threads)
+    def write_peaks(self, dtypes: list[str], cases: Sequence[Any] = (), threads: int | None = None, source: Path | None = None) -> Path:
+        """Measure the device's ceilings into `peaks.json` (or take `source`'s), before any worker starts so nothing competes with them."""
+        return write_peaks(self.path, self.device, dtypes, cases, threads, source)
 
 
-def write_peaks(run_dir: Path, device: str, dtypes: list[str], cases: Sequence[Any] = (), threads: int | None = None) -> Path:
+def write_peaks(run_dir: Path, device: str, dtypes: list[str], cases: Sequence[Any] = (), threads: int | None = None,
+                source: Path | None = None) -> Path:
     """Measure the device's matmul and copy ceilings into `run_dir/peaks.json`; a failed measurement leaves a file saying why.
 
+    `source`: an earlier peaks.json to take instead where it matches this machine and run (harness.telemetry.peaks_reuse);
+    where it does not, the ceilings are measured and the file says why the source was not taken.
     CUDA is measured in a child process so that the supervisor never holds a CUDA context (and
     its memory) while the workers run; the CPU measurement is short and runs in process.
     """
     path = Path(run_dir) / PEAKS
+    refused = None
+    if source is not None:
+        reused, refused = reused_peaks(source, device, dtypes, threads)
+        if reused is not None:
+            write_file(path, json.dumps(reused, indent=1))
+            return path
     if device != "cuda":
-        write_file(path, json.dumps(device_peaks.measure_peaks(device, dtypes, cases, threads), indent=1))
-        return path
-    done = run_child(child_command("peaks", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)), timeout_s=600)
-    if done.returncode != 0 or not path.exists():
-        failure = {"device": "cuda", "matmul": {}, "copy": None, "errors": {"measure": f"peak measurement failed ({done.describe()})"}}
-        write_file(path, json.dumps(failure, indent=1))
+        measured = device_peaks.measure_peaks(device, dtypes, cases, threads)
+    else:
+        done = run_child(child_command("peaks", "--device", "cuda", "--dtypes", ",".join(dtypes), "--out", str(path)), timeout_s=600)
+        if done.returncode != 0 or not path.exists():
+            measured = {"device": "cuda", "matmul": {}, "copy": None, "errors": {"measure": f"peak measurement failed ({done.describe()})"}}
+        else:
+            measured = json.loads(path.read_text())
+    if refused is not None:
+        measured["reuse_refused"] = refused
+    write_file(path, json.dumps(measured, indent=1))
     return path
 
 

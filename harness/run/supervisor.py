@@ -119,7 +119,7 @@ class Supervisor:
         """env.json and peaks.json of a new run, before any pair runs (so nothing competes with the peaks)."""
         folder.write_env_before()
         # The CPU ceiling is the best of products the suite's own cases perform, at the run's thread count.
-        folder.write_peaks(sorted({c.dtype for c in suite.cases}), suite.cases, folder.document.options.threads)
+        folder.write_peaks(sorted({c.dtype for c in suite.cases}), suite.cases, folder.document.options.threads, source=self.config.peaks)
 
     def _write_env_after(self, folder: RunFolder) -> None:
         """What env.json gets after the last pair."""

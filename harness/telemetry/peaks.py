@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Sequence
 from harness.measure.timing import Budget, Clock, measure
 from harness.suite.cases import canonical_dtype
 from harness.telemetry import products
+from harness.telemetry.peaks_reuse import machine
 
 
 CUDA_MATMUL_N = 8192
@@ -121,6 +122,8 @@ def measure_peaks(device: str, dtypes: Iterable[str], cases: Sequence[Any] = (),
         "timer": "cuda-event" if device == "cuda" else "perf_counter", "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(), "statistic": "best sample (fastest call)",
         "matmul": {}, "copy": None, "errors": {},
+        # What `run --peaks` checks before a later run takes these ceilings (harness.telemetry.peaks_reuse).
+        "machine": machine(device),
     }
     if device == "cuda":
         peaks["device_name"] = torch.cuda.get_device_name()
