@@ -38,12 +38,9 @@ TEST_ENV := env -u PYTHONDONTWRITEBYTECODE OMP_NUM_THREADS=1
 # The inner loop leaves out every test marked for its cost (pyproject.toml lists the markers).
 FAST_TIER := not e2e and not slow and not compile and not ray and not postgres and not browser
 
-## test: the whole CPU test suite (what CI runs), in parallel, then the Ray tests alone; the 25 slowest tests are printed
-# The Ray tests run after the parallel phase, on a machine left to them: beside xdist's other workers, the killed-task
-# test's slow pair was recorded `crashed` in 2 of 3 runs (passing beside two CPU-bound processes), cause not yet found.
+## test: the whole CPU test suite (what CI runs), in parallel; the 25 slowest tests are printed
 test: $(TEST_STAMP)
-	$(TEST_ENV) $(VPY) -m pytest -q $(PYTEST_PARALLEL) -m "not ray" --durations=25 $(ARGS)
-	$(TEST_ENV) $(VPY) -m pytest -q -p no:xdist -m ray --durations=5 $(ARGS)
+	$(TEST_ENV) $(VPY) -m pytest -q $(PYTEST_PARALLEL) --durations=25 $(ARGS)
 
 ## test-fast: the inner-loop tier (no end-to-end runs, compiles, services or browser), in parallel
 test-fast: $(TEST_STAMP)

@@ -211,6 +211,48 @@ def test_killed_task_is_crashed_hung_task_is_cancelled_and_the_rest_finish(tmp_p
     assert deaths and all(pid != next_pid for _, pid, next_pid in deaths), executed
 
 
+#: A driver that takes one event of a three-step task and waits: the task's marks show how far it ran.
+ONE_TAKEN = """
+import sys, time
+from pathlib import Path
+import ray
+from harness.run.ray_scheduler import ONE_EVENT_AT_A_TIME
+options = ONE_EVENT_AT_A_TIME if sys.argv[3] == "paced" else {}
+ray.init(address=sys.argv[1], log_to_driver=False)
+
+@ray.remote(num_cpus=1, max_retries=0, **options)
+def steps(folder):
+    for i in range(3):
+        (Path(folder) / str(i)).touch()
+        yield i
+
+marks = Path(sys.argv[2])
+events = steps.remote(str(marks))
+assert ray.get(next(events)) == 0
+deadline = time.monotonic() + 60
+while not (marks / "1").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1.0)
+print(" ".join(sorted(p.name for p in marks.iterdir())))
+"""
+
+
+@needs_ray
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_case_task_runs_no_further_than_one_event_past_what_the_driver_took(tmp_path, ray_cluster):
+    # What the driver's blame of a dead task rests on: had the task run on, a SIGKILL could take events it had not reported.
+    ran = {}
+    for pace in ("paced", "free"):
+        marks = tmp_path / pace
+        marks.mkdir()
+        done = subprocess.run([sys.executable, "-c", ONE_TAKEN, ray_cluster, str(marks), pace], env=ray_env(tmp_path),
+                              cwd=ROOT, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-2000:]
+        ran[pace] = done.stdout.split()
+    assert ran == {"paced": ["0", "1"], "free": ["0", "1", "2"]}  # Ray's own generator, unpaced, runs to its end
+
+
 # -- kill -9 of the driver, then --resume ------------------------------------------------------------------------------
 
 

@@ -48,6 +48,12 @@ class _Batch:
         self.progressed = True
 
 
+#: A case's task yields its next event only once the driver has taken the last. Ray reports a yield to its owner
+#: asynchronously, and a worker that dies loses what it had not reported: without this, a SIGKILL could take a pair's
+#: `ok` row and the next pair's `start` with it, and the death be blamed on the pair that had finished (seen under load).
+ONE_EVENT_AT_A_TIME = {"_generator_backpressure_num_objects": 1}
+
+
 class PairsRun:
     """The driver's loop over one run's tasks: submit a task per case, write each row as it arrives, replace dead tasks."""
 
@@ -56,7 +62,7 @@ class PairsRun:
         """`failures` holds the run's folder, pairs and writer; `env` is set in every task; each node that runs a pair joins `seen_nodes`."""
         self.ray, self.failures, self.timeout_s, self.seen_nodes, self.log = ray, failures, timeout_s, seen_nodes, log
         self.folder, self.pairs, self.writer, self.rows = failures.folder, failures.pairs, failures.writer, failures.rows
-        self.task = ray.remote(**task_options(self.folder.device))(run_case_batch)
+        self.task = ray.remote(**task_options(self.folder.device), **ONE_EVENT_AT_A_TIME)(run_case_batch)
         manifest = Manifest.from_dict(self.folder.manifest, self.folder.path / MANIFEST)
         self.arguments = (budget, run_phases(manifest), self.folder.run_id, env)
         self.active: dict[Any, _Batch] = {}
