@@ -103,7 +103,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         heads = dict(zip(("H", "H_kv"), tp_heads(preset, tp)), d_k=preset.d_k)
         for name in ("H", "H_kv", "d_k"):
             if query[name] is not None and query[name] != heads[name]:
-                raise UserError(f"--{name.replace('_', '-').lower()} {query[name]} contradicts --model {args.model} at TP {tp} ({name}={heads[name]})")
+                raise UserError(f"{flag_of(name)} {query[name]} contradicts --model {args.model} at TP {tp} ({name}={heads[name]})")
         if variant_flags:
             raise UserError(f"{', '.join(variant_flags)} describe a custom shape; --model {args.model} answers for its own layers' window, softcap, "
                             "sinks and scale (see `attnbench models`): give one or the other")
@@ -131,6 +131,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     else:
         print("\n".join(answer.lines(label)))
     return 0 if answer.best or any(c.winner for c in answer.cases) else 1
+
+
+def flag_of(dest: str) -> str:
+    """The flag a user typed for the argument stored as `dest` (`H_kv` → `--H-kv`): the case of `--H` and `--B` is the flag's."""
+    return "--" + dest.replace("_", "-")
 
 
 def print_json(document: Any) -> None:
