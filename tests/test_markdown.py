@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -87,6 +86,20 @@ def test_compare_md_of_contended_rows_is_undecided_as_the_text_is(slower_pair, t
     assert "not judged: 4" in md.out and "judged: 0 of 4" in md.out
     # No geometric mean over nothing judged, and no pair that was not judged listed as a regression or an improvement.
     assert md_tables(md.out) == [] and md.out.count("None.") == 2 and "Geometric mean" not in md.out
+
+
+def test_compare_md_lists_a_pair_that_stopped_running_and_says_when_nothing_is_gated(slower_pair, tmp_path, capsys):
+    """A pair NEW no longer holds fails the gate as the text says, listed with no ratio; without --fail-above the verdict says no gate."""
+    base, new = slower_pair
+    kept = records_of(new)
+    write_records(new, [r for r in kept if not (r["backend"] == "naive" and r["case_id"].startswith("B1-Sq16-"))])
+    gated = attnbench_in_process(["compare", base, new, "--fail-above", "50%", "--out", tmp_path / "c.csv", "--md"], capsys)
+    assert gated.code == 1 and verdict_of(gated.out) == "FAIL", gated
+    regressions = next(t for t in md_tables(gated.out) if t[0][-1] == "verdict")
+    assert [(r[1], r[3], r[4], r[6]) for r in regressions[1:]] == [("naive", "", "", "missing in NEW **FAIL**"),
+                                                                   ("sdpa-math", "1.3", "1.300", "slower"), ("sdpa-math", "1.3", "1.300", "slower")]
+    plain = attnbench_in_process(["compare", base, new, "--out", tmp_path / "c.csv", "--md"], capsys)
+    assert plain.code == 0 and verdict_of(plain.out) == "no gate" and "no --fail-above given" in plain.out
 
 
 def test_compare_refuses_json_and_md_together(slower_pair, capsys):

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from harness.analysis.compare import (FASTER, MISSING_IN_NEW, NOT_JUDGED, SAME, SLOWER, UNCHANGED_SUFFIX, Comparison, not_judged)
+from harness.analysis.compare import FASTER, NO_GATE, NOT_JUDGED, SAME, SLOWER, UNCHANGED_SUFFIX, Comparison, not_judged
 from harness.analysis.difference import RULE_TEXT
 
 #: Rows each of the regressions and improvements tables shows, the largest changes first; the CSV holds every row.
@@ -59,11 +59,9 @@ def _rows_table(rows: pd.DataFrame) -> str:
 
 
 def regressions(result: Comparison) -> pd.DataFrame:
-    """The rows the gate failed, then the others slower by the rule, worst first; and the rows that stopped running."""
+    """The rows the gate fails (slower past the threshold, or no longer running), then the others slower by the rule: in the text's order."""
     t = result.table
-    worse = t[t["gate"].astype(bool) | (t["verdict"] == SLOWER) | (t["verdict"] == MISSING_IN_NEW)
-              | t["verdict"].astype(str).str.startswith("status ")]
-    return worse.sort_values(["gate", "ratio"], ascending=[False, False], na_position="first", kind="stable")
+    return t[t["gate"].astype(bool) | (t["verdict"] == SLOWER)]  # compare_frames sorted them: failing first, then by ratio
 
 
 def improvements(result: Comparison) -> pd.DataFrame:
@@ -75,13 +73,13 @@ def improvements(result: Comparison) -> pd.DataFrame:
 def comparison_markdown(result: Comparison, base_name: str, new_name: str, *, heading: str = "###", top: int = TOP_ROWS) -> str:
     """The comparison as a PR comment: the verdict and the gate's sentence, judged and not-judged counts, per-backend geometric means,
     and the top regressions and improvements as tables."""
-    lines = [f"{heading} attnbench compare: `{cell(base_name)}` → `{cell(new_name)}`", "", f"**Verdict: {result.verdict}**"]
-    gate = result.gate_line()
-    if gate:
-        lines[-1] += f" — {gate.split(': ', 1)[1] if ': ' in gate else gate}"
+    lines = [f"{heading} attnbench compare: `{cell(base_name)}` → `{cell(new_name)}`", ""]
     t = result.table
-    if t.empty:
-        return "\n".join([*lines, "", "No rows to compare."])
+    if t.empty:  # as the text, no verdict: a group of `regress` whose runs hold no rows
+        return "\n".join([*lines, "No rows to compare."])
+    gate = result.gate_line()
+    lines.append(f"**Verdict: {result.verdict}**" + (f" — {gate.split(': ', 1)[1]}" if gate else "")
+                 + (" — no --fail-above given: the rows are compared, nothing is gated" if result.verdict == NO_GATE else ""))
     if result.disjoint:
         return "\n".join([*lines, "", f"`{cell(base_name)}` and `{cell(new_name)}` share no (case, backend) pair: nothing to compare."])
     skipped = len(not_judged(t))

@@ -117,7 +117,7 @@ def regression_markdown(regression: Regression) -> str:
             lines += ["", f"- {cell(group.heading())}"]
             continue
         body = comparison_markdown(group.comparison, group.base_run, group.new_run, heading="###")
-        title, rest = body.split("\n", 1)
+        rest = body.split("\n", 1)[1]  # its own heading gives way to the group's
         lines += ["", f"### {cell(group.name)}: `{cell(group.base_run)}` ({group.base_created}) → `{cell(group.new_run)}` ({group.new_created})",
                   rest]
     return "\n".join(lines)
