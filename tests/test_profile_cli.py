@@ -4,6 +4,7 @@ import gzip
 import json
 
 import pytest
+import torch
 
 from harness.results.store import read_records  # one row per pair: a re-measure stands in its first row's place
 from harness.cli.main import main
@@ -18,10 +19,11 @@ CASE_ID = "B1-Sq512-Skv512-H8-Hkv8-dk64-fp32"
 def test_profile_lists_the_matmuls_and_the_softmax_against_the_median_and_writes_a_trace(tmp_path, capsys):
     assert main(["profile", CASE_ID, "--backend", "naive", "--out", str(tmp_path), "--steps", "3"]) == 0
     out = capsys.readouterr().out
-    assert f"{CASE_ID} on naive (cpu): harness median" in out and "agrees with the float64 reference" in out
+    assert f"{CASE_ID} on naive (cpu, {torch.get_num_threads()} thread" in out and "agrees with the float64 reference" in out
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("aten::")}
     assert rows["aten::bmm"] == "matmul" and rows["aten::_softmax"] == "softmax"
-    assert "operators cover" in out and "reached in aten::" in out
+    # Set against the median either way: a share, or (the profiled pass slower on a busy machine) why there is none.
+    assert ("operators cover" in out or "not measurable here" in out) and "reached in aten::" in out
     trace = next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("trace: "))
     with gzip.open(trace, "rt") as f:
         events = json.load(f)["traceEvents"]

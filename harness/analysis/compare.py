@@ -171,6 +171,31 @@ class Comparison:
         return int(self.table["verdict"].isin((FASTER, SLOWER, SAME)).sum()) if "verdict" in self.table.columns else 0
 
     @property
+    def verdict(self) -> str:
+        """The comparison in one word, as its text ends: FAIL, UNDECIDED, ok (a gate passed), or NO_GATE (no --fail-above: rows only)."""
+        if self.disjoint or self.undecided:
+            return UNDECIDED
+        if self.threshold is None:
+            return NO_GATE
+        return FAIL if self.failed else OK
+
+    def gate_line(self) -> str | None:
+        """The gate's closing sentence (`FAIL: …`, `UNDECIDED: …`, `ok: …`), None without a threshold or for runs sharing no pair."""
+        if self.threshold is None or self.disjoint or self.table.empty:
+            return None
+        skipped = len(not_judged(self.table))
+        judged = f" of the {self.judged} judged" if skipped else ""
+        if self.verdict == FAIL:
+            return f"FAIL: {len(self.failures)}{judged} rows slower by the rule and by more than {100 * self.threshold:g}%, or stopped running"
+        if self.verdict == UNDECIDED and self.judged == 0:
+            return (f"UNDECIDED: not one of the {skipped} pairs both runs measured could be judged (a side of each was contended, suspect "
+                    f"or throttled): the gate neither passes nor fails them (exit {EXIT_UNDECIDED}); measure again on a quiet machine")
+        if self.verdict == UNDECIDED:
+            return (f"UNDECIDED: only {self.judged_text()}, under --min-judged {self.min_judged}: the gate does not pass on so few "
+                    f"(exit {EXIT_UNDECIDED}); measure again on a quiet machine, or lower --min-judged")
+        return f"ok: no row{judged} slower by the rule and by more than {100 * self.threshold:g}%"
+
+    @property
     def undecided(self) -> bool:
         """True when the runs share no pair, or a threshold was given, nothing failed, and too few pairs were judged (none, or under `min_judged`)."""
         if self.disjoint:
@@ -179,6 +204,8 @@ class Comparison:
             (self.judged == 0 and len(not_judged(self.table)) > 0) or self.too_few_judged)
 
 
+#: What a comparison comes to (`Comparison.verdict`): its gate failed, could not decide, passed, or no gate was asked for.
+FAIL, UNDECIDED, OK, NO_GATE = "FAIL", "UNDECIDED", "ok", "no gate"
 #: Verdicts of a pair of `ok` rows.
 FASTER, SLOWER, SAME = "faster", "slower", "within noise"
 #: How the verdict of a pair starts when a side's row carries an untrusted flag (contended, suspect, throttled): shown with its ratio, never gated on.
@@ -314,18 +341,9 @@ def print_comparison(result: Comparison, base_name: str, new_name: str, out: Tex
         ratio = float(g["geomean_ratio"])
         speed = f"{ratio:.3f}x slower" if ratio > 1 else (f"{1 / ratio:.3f}x faster" if ratio < 1 else "the same")
         out.write(f"{g['backend']}: geometric mean {speed} over {g['cases']} cases ({g[FASTER]} faster, {g[SLOWER]} slower, {g[SAME]} not different)\n")
-    if result.threshold is not None:
-        judged = f" of the {result.judged} judged" if len(skipped) else ""
-        if result.failed:
-            out.write(f"FAIL: {len(result.failures)}{judged} rows slower by the rule and by more than {100 * result.threshold:g}%, or stopped running\n")
-        elif result.judged == 0 and len(skipped):
-            out.write(f"UNDECIDED: not one of the {len(skipped)} pairs both runs measured could be judged (a side of each was contended, suspect "
-                      f"or throttled): the gate neither passes nor fails them (exit {EXIT_UNDECIDED}); measure again on a quiet machine\n")
-        elif result.too_few_judged:
-            out.write(f"UNDECIDED: only {result.judged_text()}, under --min-judged {result.min_judged}: the gate does not pass on so few "
-                      f"(exit {EXIT_UNDECIDED}); measure again on a quiet machine, or lower --min-judged\n")
-        else:
-            out.write(f"ok: no row{judged} slower by the rule and by more than {100 * result.threshold:g}%\n")
+    gate = result.gate_line()
+    if gate is not None:
+        out.write(gate + "\n")
 
 
 def _number(value: Any, spec: str) -> str:

@@ -162,3 +162,14 @@ def no_winner_reason(rows: pd.DataFrame) -> str:
         return (f"rows agreed but were {' or '.join(names)}: {counted} that flag ({by_flag}), "
                 "so none measures a backend's speed; re-measure on a quiet machine")
     return ""  # some row ran, agreed and carries no flag: there is an answer
+
+
+def unanswered_cases(frame: pd.DataFrame, wins: pd.DataFrame) -> pd.DataFrame:
+    """The cases of `frame`'s attention cores that `wins` crowns no backend for, each with why (`no_winner_reason`): columns case, why."""
+    from harness.analysis.frame import is_core
+
+    core = frame[is_core(frame)]
+    won = set(wins["case_id"]) if not wins.empty else set()
+    rows = [{"case": str(sub["case"].iloc[0] if "case" in sub.columns else case), "why": no_winner_reason(sub)}
+            for case, sub in core.groupby("case_id", sort=False) if case not in won]
+    return pd.DataFrame(rows, columns=["case", "why"])

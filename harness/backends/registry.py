@@ -101,7 +101,7 @@ class Registry:
             return self._backends[name]
         if name in self._broken:
             raise UserError(f"backend {name!r} failed to load: {self._broken[name]}")
-        raise UserError(f"unknown backend {name!r}: known backends are {', '.join(self.names())}")
+        raise UserError.unknown("backend", name, self.names(), f"known backends are {', '.join(self.names())}")
 
     def names(self) -> list[str]:
         """Every registered name, loaded or broken, in registration order."""

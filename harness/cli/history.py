@@ -74,46 +74,18 @@ def cmd_db_list(args: argparse.Namespace) -> int:
 
 def cmd_regress(args: argparse.Namespace) -> int:
     """Per (suite, device model): the newest run against the one before, by compare's rule; exit 1 on a regression, 3 when nothing was judged."""
-    from harness.analysis.compare import (EXIT_REGRESSION, EXIT_UNDECIDED, Comparison, compare_frames, geomean_summary, parse_min_judged,
-                                          parse_threshold, print_comparison)
+    from harness.analysis.compare import parse_min_judged, parse_threshold
     from harness.history.database import open_database
+    from harness.history.regress import print_regression, regress, regression_markdown
 
     threshold, min_judged = parse_threshold(args.fail_above), parse_min_judged(args.min_judged)
     with open_database(args.db, create=False) as db:
-        runs = db.runs_frame()
-        if runs.empty:
-            print(f"{db.name} holds no runs: nothing to compare")
-            return EXIT_UNDECIDED
-        failed, undecided, judged = [], [], 0
-        for (suite, device), group in runs.groupby(["suite", "device_model"], sort=True, dropna=False):
-            group = group.sort_values(["created_utc", "run_uuid"])
-            if len(group) < 2:
-                print(f"only one run of suite {suite} on {device}: nothing to compare")
-                continue
-            base, new = group.iloc[-2], group.iloc[-1]
-            frames = db.rows_frame([base["run_uuid"], new["run_uuid"]])
-            base_rows = frames[frames["run_uuid"] == base["run_uuid"]]
-            new_rows = frames[frames["run_uuid"] == new["run_uuid"]]
-            table, failures = compare_frames(base_rows, new_rows, threshold)
-            print(f"== suite {suite} on {device}: {base['run_id']} ({str(base['created_utc'])[:19]}) → {new['run_id']} ({str(new['created_utc'])[:19]})")
-            result = Comparison(table, [], threshold, failures, geomean_summary(table) if not table.empty else table, min_judged=min_judged)
-            print_comparison(result, str(base["run_id"]), str(new["run_id"]), sys.stdout)
-            judged += result.judged
-            if result.failed:
-                failed.append(f"suite {suite} on {device}")
-            elif result.undecided:
-                why = "no shared pair" if result.disjoint else result.judged_text()
-                undecided.append(f"suite {suite} on {device} ({why})")
-    if failed:
-        print(f"regress: FAIL in {len(failed)} group(s): {'; '.join(failed)}")
-        return EXIT_REGRESSION
-    if undecided:
-        print(f"regress: UNDECIDED in {len(undecided)} group(s) (--min-judged {min_judged}): {'; '.join(undecided)}")
-        return EXIT_UNDECIDED
-    if judged == 0:
-        print("regress: nothing could be judged (no group with two runs, or every pair contended, suspect or throttled)")
-        return EXIT_UNDECIDED
-    return 0
+        regression = regress(db, threshold, min_judged)
+    if args.md:
+        print(regression_markdown(regression))
+    else:
+        print_regression(regression, sys.stdout)
+    return regression.outcome()[0]
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -134,7 +106,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", metavar="FILE|URL", help=DB_HELP)
     p.add_argument("--fail-above", default="5%", metavar="PCT",
                    help="a row slower by compare's rule and by more than this fails (default 5%%)")
-    from harness.cli.report import add_min_judged_argument
+    from harness.cli.report import add_md_argument, add_min_judged_argument
 
     add_min_judged_argument(p)
+    add_md_argument(p, "the verdict, then per group the judged and not-judged counts, geometric means, top regressions and improvements")
     p.set_defaults(func=cmd_regress, measures=False)

@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
     parser.add_argument("--out", default="results/profiles", help="parent folder of the profile's folder (default results/profiles)")
     parser.add_argument("--ncu", action="store_true", help="also run the pair's kernels under Nsight Compute (CUDA, ncu on PATH)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="torch's intra-op CPU threads while timing and profiling (default: torch's, the core count); "
+                             "on a busy machine fewer are far less disturbed, as for run --threads")
 
 
 def ncu_lines(ncu: NcuResult) -> str:
@@ -44,10 +47,11 @@ def ncu_lines(ncu: NcuResult) -> str:
     return "\n".join(out)
 
 
-def format_profile(result: ProfileResult) -> str:
-    """The text `attnbench profile` prints: the median and verdict, the table, ncu's lines if asked."""
+def format_profile(result: ProfileResult, threads: int | None = None) -> str:
+    """The text `attnbench profile` prints: the median and verdict (and the CPU threads, when known), the table, ncu's lines if asked."""
     verdict = {True: "agrees", False: "DISAGREES", None: "not checked"}[result.agree]
-    lines = [f"{result.case.id} on {result.backend} ({result.case.device}): harness median {result.median_s * 1e3:.4g} ms, "
+    where = result.case.device + (f", {threads} thread{'s' if threads != 1 else ''}" if threads is not None else "")
+    lines = [f"{result.case.id} on {result.backend} ({where}): harness median {result.median_s * 1e3:.4g} ms, "
              f"{verdict} with the float64 reference", result.profile.format_table(result.median_s)]
     if result.ncu is not None:
         lines.append(ncu_lines(result.ncu))
@@ -56,13 +60,23 @@ def format_profile(result: ProfileResult) -> str:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile one pair and print where its time goes."""
+    import torch
+
     from harness.cli.stability import case_from_args
     from harness.env import resolve_device
+    from harness.measure.threads import apply_threads, check_threads
     from harness.profiling.session import run_profile
 
+    check_threads(args.threads)  # run --threads' rule, before a case is built or a folder made
     case = case_from_args(args, resolve_device(args.device))
     if args.profile_mode:
         case = case.replace(mode=args.profile_mode)
-    print(format_profile(run_profile(case, args.backend, args.steps, Path(args.out), args.ncu)))
+    before = torch.get_num_threads()
+    try:  # the pair is profiled in this process: its thread count is put back after, for a caller that goes on (a test)
+        threads = apply_threads(args.threads)
+        result = run_profile(case, args.backend, args.steps, Path(args.out), args.ncu)
+    finally:
+        torch.set_num_threads(before)
+    print(format_profile(result, threads if case.device == "cpu" else None))
     sys.stdout.flush()
     return 0

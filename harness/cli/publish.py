@@ -41,13 +41,14 @@ def add_export_command(sub: argparse._SubParsersAction) -> None:
 def cmd_site(args: argparse.Namespace) -> int:
     """Build the static site of every run in the database, and say where its index is."""
     from harness.errors import UserError
-    from harness.history.database import open_database  # lazily: the database module is optional until a command runs
+    from harness.history.database import DEFAULT_PATH, open_database  # lazily: the database module is optional until a command runs
     from harness.history.site import build_site, check_site_out
 
     out = check_site_out(Path(args.out))  # before the database is opened: a site that cannot be kept is not built
-    if "://" not in str(args.db) and Path(args.db).resolve().is_relative_to(out):
-        raise UserError(f"--db {args.db} lies inside --out {args.out}: the site replaces that folder whole; give an --out beside it")
-    with open_database(args.db, create=False) as db:
+    target = str(DEFAULT_PATH if args.db is None else args.db)  # the default every database command shares
+    if "://" not in target and Path(target).resolve().is_relative_to(out):
+        raise UserError(f"--db {target} lies inside --out {args.out}: the site replaces that folder whole; give an --out beside it")
+    with open_database(target, create=False) as db:
         runs, rows = db.runs_frame(), db.rows_frame()
     index = build_site(runs, rows, Path(args.out))
     print(f"site written: {index}")
@@ -55,8 +56,10 @@ def cmd_site(args: argparse.Namespace) -> int:
 
 
 def add_site_command(sub: argparse._SubParsersAction) -> None:
-    """Register `site --db FILE|URL --out DIR` on the CLI's subparsers."""
+    """Register `site [--db FILE|URL] --out DIR` on the CLI's subparsers."""
+    from harness.cli.history import DB_HELP
+
     p = sub.add_parser("site", help="write a static site of every run in the results database: index by device, trends, winners, CSVs")
-    p.add_argument("--db", required=True, metavar="FILE|URL", help="results database (an SQLite file or a database URL)")
+    p.add_argument("--db", metavar="FILE|URL", help=DB_HELP)
     p.add_argument("--out", required=True, metavar="DIR", help="folder the site is written as (new, empty, or an earlier site, which is replaced whole)")
     p.set_defaults(func=cmd_site, measures=False)

@@ -21,9 +21,14 @@ def _variation(args: argparse.Namespace):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Write reports/<run-id>/index.html and its CSVs, and print the page's path."""
+    """Write reports/<run-id>/index.html and its CSVs, and print the page's path; with --md, print the Markdown summary instead."""
     from harness.report import build_report
 
+    if args.md:
+        from harness.report import report_markdown
+
+        print(report_markdown([Path(r) for r in args.runs], baseline=args.baseline, variation=_variation(args)))
+        return 0
     path = build_report([Path(r) for r in args.runs], out_root=Path(args.out), baseline=args.baseline, variation=_variation(args))
     print(f"report: {path}")
     return 0
@@ -39,8 +44,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     base, new = Path(args.base), Path(args.new)
     out = Path(args.out) if args.out else Path("reports") / f"compare-{base.name}-vs-{new.name}.csv"
     _check_comparison_out(out)  # before any work: nothing is printed for a comparison that cannot be kept
+    if args.json and args.md:
+        raise UserError("give --json or --md, not both: each is the whole of stdout")
     result = compare_runs(base, new, threshold, force=args.force, variation=_variation(args), min_judged=parse_min_judged(args.min_judged))
-    if not args.json:
+    if args.md:
+        from harness.analysis.markdown import comparison_markdown
+
+        print(comparison_markdown(result, base.name, new.name))
+    elif not args.json:
         print_comparison(result, base.name, new.name, sys.stdout)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -49,6 +60,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UserError(f"cannot write {out}: {exc.strerror or exc}") from None
     if args.json:
         print_json({**comparison_document(result, base.name, new.name), "csv": str(out)})
+    elif args.md:
+        print(f"\nEvery row: `{out}`")
     else:
         print(f"csv: {out}")
     return EXIT_REGRESSION if result.failed else (EXIT_UNDECIDED if result.undecided else 0)
@@ -103,7 +116,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         heads = dict(zip(("H", "H_kv"), tp_heads(preset, tp)), d_k=preset.d_k)
         for name in ("H", "H_kv", "d_k"):
             if query[name] is not None and query[name] != heads[name]:
-                raise UserError(f"--{name.replace('_', '-').lower()} {query[name]} contradicts --model {args.model} at TP {tp} ({name}={heads[name]})")
+                raise UserError(f"{flag_of(name)} {query[name]} contradicts --model {args.model} at TP {tp} ({name}={heads[name]})")
         if variant_flags:
             raise UserError(f"{', '.join(variant_flags)} describe a custom shape; --model {args.model} answers for its own layers' window, softcap, "
                             "sinks and scale (see `attnbench models`): give one or the other")
@@ -133,6 +146,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0 if answer.best or any(c.winner for c in answer.cases) else 1
 
 
+def flag_of(dest: str) -> str:
+    """The flag a user typed for the argument stored as `dest` (`H_kv` → `--H-kv`): the case of `--H` and `--B` is the flag's."""
+    return "--" + dest.replace("_", "-")
+
+
 def print_json(document: Any) -> None:
     """Print one strict JSON document (`harness.results.strict_json`): NaN and infinities as null, never as `NaN`."""
     from harness.results.strict_json import dumps
@@ -146,6 +164,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folder(s), e.g. results/<run-id>")
     p.add_argument("--out", default="reports", help="parent folder of report folders (default: reports)")
     p.add_argument("--baseline", default=None, help="backend the speedups are against (default: the one that declares itself the baseline, sdpa-math)")
+    add_md_argument(p, "cases answered, rows judged and left out, wins and geometric-mean speed-up per backend, the winners and the cases "
+                       "with no answer; writes no page")
     add_variation_argument(p)
     p.set_defaults(func=cmd_report, measures=False)
 
@@ -158,6 +178,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_min_judged_argument(p)
     p.add_argument("--force", action="store_true", help="compare even when the runs measured different devices")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON document (rows, per-backend summary, gate) instead of text")
+    add_md_argument(p, "the verdict, judged and not-judged counts, per-backend geometric means, the top regressions and improvements")
     add_variation_argument(p)
     p.set_defaults(func=cmd_compare, measures=False)
 
@@ -192,6 +213,12 @@ def add_min_judged_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-judged", default=DEFAULT_MIN_JUDGED, metavar="N|P%",
                         help="with a gate: pass only when at least N pairs, or P%% of the pairs both runs measured ok, were judged "
                              f"(not contended, suspect or throttled); fewer exit 3 with the share (default {DEFAULT_MIN_JUDGED.replace('%', '%%')})")
+
+
+def add_md_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """--md: print GitHub-flavoured Markdown (for a pull request's comment) instead of text."""
+    parser.add_argument("--md", action="store_true", help=f"print GitHub-flavoured Markdown for a pull request's comment instead of text: {what}; "
+                                                          "same exit status")
 
 
 def add_variation_argument(parser: argparse.ArgumentParser) -> None:

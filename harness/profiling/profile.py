@@ -123,6 +123,11 @@ class ProfileSummary:
         gap = self.gap_share(median_s)
         if gap is None:
             lines.append(f"{total}; no harness median given")
+        elif gap < 0:  # the profiled pass ran slower than the timed one: no share of the median is left to call overhead
+            hint = ": on a CPU, fewer --threads or a quieter machine" if unit == "operator" else ""
+            lines.append(f"{total}; harness median {median_s * 1e3:.3f} ms: {unit}s took {1 - gap:.1%} of it, so launch overhead and gaps "
+                         f"are not measurable here (the profiled steps ran slower than the timed ones: contention from other work, or the "
+                         f"profiler's own cost{hint})")
         else:
             lines.append(f"{total}; harness median {median_s * 1e3:.3f} ms: {unit}s cover {1 - gap:.1%}, "
                          f"launch overhead and gaps {gap:.1%}")

@@ -41,6 +41,15 @@ def _tidy_records(frame: pd.DataFrame) -> pd.DataFrame:
     return as_csv_cells(frame[[c for c in COLUMNS if c in frame.columns] + [c for c in DERIVED if c in frame.columns]])
 
 
+def _analysed(run_dirs: Sequence[Path | str], baseline: str | None, variation: Variation | None) -> tuple[analysis.RunData, str]:
+    """The runs loaded, and the baseline the speed-ups are against (UserError for one with no row, or another device's variation)."""
+    data = analysis.load(run_dirs)
+    if baseline is not None and baseline not in set(data.frame["backend"]):
+        raise UserError(f"--baseline {baseline!r} has no row in these runs: the backends are {', '.join(sorted(set(data.frame['backend'])))}")
+    check_variation_device(variation, list(data.env.values()), "these runs")
+    return data, baseline or analysis.default_baseline(data.frame) or "sdpa-math"
+
+
 def build_report(run_dirs: Sequence[Path | str], out_root: Path | str = "reports", baseline: str | None = None,
                  variation: Variation | None = None) -> Path:
     """Analyse the runs and write reports/<run folder>/index.html and its CSVs; return the page's path.
@@ -50,9 +59,14 @@ def build_report(run_dirs: Sequence[Path | str], out_root: Path | str = "reports
     # Named after the run folders given, never after a run id read from a file (which could name any path).
     name = report_id([resolved(d, "run folder").name for d in run_dirs])
     out_dir = report_folder(Path(out_root), name)  # refused before any work when it is no place for a report
-    data = analysis.load(run_dirs)
-    if baseline is not None and baseline not in set(data.frame["backend"]):
-        raise UserError(f"--baseline {baseline!r} has no row in these runs: the backends are {', '.join(sorted(set(data.frame['backend'])))}")
-    check_variation_device(variation, list(data.env.values()), "these runs")
-    baseline = baseline or analysis.default_baseline(data.frame) or "sdpa-math"
+    data, baseline = _analysed(run_dirs, baseline, variation)
     return write_report(out_dir, f"{TITLE}: {name}", sections(data, baseline, variation), [Csv(_tidy_records(data.frame), "records.csv")])
+
+
+def report_markdown(run_dirs: Sequence[Path | str], baseline: str | None = None, variation: Variation | None = None) -> str:
+    """The report's answer as GitHub-flavoured Markdown (`report --md`): the same winners and speed-ups as the page, nothing written."""
+    from harness.report.markdown import report_markdown as markdown
+
+    name = report_id([resolved(d, "run folder").name for d in run_dirs])
+    data, baseline = _analysed(run_dirs, baseline, variation)
+    return markdown(name, data, baseline, variation.cv if variation else 0.0)

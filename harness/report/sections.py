@@ -15,7 +15,7 @@ import pandas as pd
 
 from harness import analysis
 from harness.analysis.difference import RULE_TEXT, Variation
-from harness.analysis.winners import no_winner_reason, wins_per_backend
+from harness.analysis.winners import no_winner_reason, unanswered_cases, wins_per_backend
 from harness.report import figures as figs
 from harness.report.flags import emulated_bf16_note, flag_summary, flags_section, trust_summary
 from harness.report.page import commands, esc, fmt
@@ -96,13 +96,10 @@ def _winner_cell(value: Any, row: Any) -> tuple[str, str]:
 
 def _unanswered(frame: pd.DataFrame, wins: pd.DataFrame) -> list:
     """The cases with no winner, each with why (`no_winner_reason`): nothing supported, no row agreed, or every agreeing row flagged."""
-    core = frame[analysis.is_core(frame)]
-    won = set(wins["case_id"]) if not wins.empty else set()
-    rows = [{"case": str(sub["case"].iloc[0] if "case" in sub.columns else case), "why": no_winner_reason(sub)}
-            for case, sub in core.groupby("case_id", sort=False) if case not in won]
-    if not rows:
+    rows = unanswered_cases(frame, wins)
+    if rows.empty:
         return []
-    return [f"<h3>Cases with no answer ({len(rows)})</h3>", Table(pd.DataFrame(rows), headers=["case", "why there is no answer"])]
+    return [f"<h3>Cases with no answer ({len(rows)})</h3>", Table(rows, headers=["case", "why there is no answer"])]
 
 
 def _non_core(frame: pd.DataFrame) -> list[str]:

@@ -66,7 +66,8 @@ def canonical_dtype(name: str) -> str:
     key = str(name).strip().lower().removeprefix("torch.")
     key = _DTYPE_ALIASES.get(key, key)
     if key not in DTYPES:
-        raise UserError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}")
+        aliases = ", ".join(f"{alias} ({short})" for alias, short in _DTYPE_ALIASES.items())
+        raise UserError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}, or an alias: {aliases}")
     return key
 
 

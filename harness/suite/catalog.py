@@ -175,7 +175,7 @@ def load_suite(name_or_path: str) -> Suite:
     if path.suffix == ".toml" or path.is_file():
         return suite_from_toml(path)
     if name_or_path not in builtin_suites():
-        raise UserError(f"unknown suite {name_or_path!r}: built-in suites are {', '.join(builtin_suites())}, or give a .toml file")
+        raise UserError.unknown("suite", name_or_path, builtin_suites(), f"built-in suites are {', '.join(builtin_suites())}, or give a .toml file")
     module = importlib.import_module(f"suites.{name_or_path.replace('-', '_')}")
     suite = getattr(module, "SUITE", None)
     if not isinstance(suite, Suite):

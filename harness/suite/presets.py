@@ -172,7 +172,7 @@ def get_preset(name: str) -> ModelPreset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise UserError(f"unknown model {name!r}: known models are {', '.join(PRESETS)}") from None
+        raise UserError.unknown("model", name, PRESETS, f"known models are {', '.join(PRESETS)}") from None
 
 
 def tp_heads(preset: ModelPreset, tp: int) -> tuple[int, int]:
