@@ -1,4 +1,4 @@
-"""The plugin contract as README.md states it: its example plugin runs, found by any route, and what it documents exists.
+"""The plugin contract as the README states it (docs/plugins.md in full): its example plugin runs, found by any route.
 
 The README's example is the code these tests load (extracted from the fenced block of "## Backends and plugins"), so
 the documentation and the contract cannot drift apart.
@@ -22,15 +22,17 @@ from harness.suite.cases import Case
 from tests.cli_runs import ROOT, attnbench, rows
 
 README = ROOT / "README.md"
+#: The page the pytest route's options are documented on, beside its example (moved there from the README).
+USAGE = ROOT / "docs" / "usage.md"
 #: Two quick cases (GQA, H_kv 2 of 8 heads, causal and not): small enough for two shared cores.
 ONLY = "B1-Sq128-Skv128-H8-Hkv2-dk64-fp32"
 
 
-def section(title: str) -> str:
-    """The text of README.md's section `title` (a `##`/`###` heading's own line), up to the next heading of its level or above."""
+def section(title: str, page: Path = README) -> str:
+    """The text of `page`'s section `title` (a `##`/`###` heading's own line), up to the next heading of its level or above."""
     level = len(title.split(" ", 1)[0])
     lines, inside, fenced = [], False, False
-    for line in README.read_text().splitlines():
+    for line in page.read_text().splitlines():
         fenced ^= line.startswith("```")  # a `# comment` in a code block is no heading
         heading = not fenced and re.match(r"#+ ", line)
         if heading and inside and len(heading.group().strip()) <= level:
@@ -38,7 +40,7 @@ def section(title: str) -> str:
         inside = inside or line == title
         if inside:
             lines.append(line)
-    assert lines, f"README.md has no section {title!r}"
+    assert lines, f"{page.name} has no section {title!r}"
     return "\n".join(lines) + "\n"
 
 
@@ -177,9 +179,10 @@ def registered_pytest_options() -> list[str]:
     return recorder.names
 
 
-def test_every_option_of_the_pytest_route_is_in_the_readme_beside_its_example():
+def test_every_option_of_the_pytest_route_is_documented_beside_its_example():
     options = registered_pytest_options()
     assert {"--attnbench-suite", "--attnbench-backends", "--attnbench-device", "--attnbench-timer"} <= set(options)
-    text = section("### Long sweeps: failures, resume, several workers")
+    text = section("## Long sweeps: failures, resume, several workers", USAGE)
+    assert "pytest suites/test_bench.py" in text, "the options stand beside the route's example"
     missing = [name for name in options if not re.search(rf"`{re.escape(name)}[ `=]", text)]
-    assert missing == [], f"README.md's pytest paragraph does not name {missing}"
+    assert missing == [], f"docs/usage.md's pytest paragraph does not name {missing}"
