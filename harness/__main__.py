@@ -1,7 +1,7 @@
-"""`python -m harness` is the `attnbench` command."""
+"""`python -m harness` is the `attnbench` command (attnbench.py: it first checks that this `harness` is attnbench's)."""
 
 import sys
 
-from harness.cli.main import main
+from attnbench import main
 
 sys.exit(main())
