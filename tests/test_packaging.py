@@ -93,7 +93,7 @@ def test_the_command_refuses_in_one_line_when_another_harness_comes_first(tmp_pa
     (shadow / "__init__.py").write_text('"""Another project\'s test harness."""\n')
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     done = subprocess.run([sys.executable, "-c", "import sys, attnbench; sys.exit(attnbench.main(['backends']))"],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert_one_line_error(done, f"{shadow / '__init__.py'} is not attnbench's", "remove it from PYTHONPATH")
 
 

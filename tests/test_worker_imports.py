@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from harness.backends.registry import ENV_VAR, load_registry
-from harness.process.children import ROOT as CHILD_ROOT, child_env
+from harness.process.children import ROOT as CHILD_ROOT
+from harness.process.children import child_env
 from harness.run.plugin_probe import plugin_backends
 from tests.cli_runs import ROOT, assert_one_line_error, attnbench, attnbench_in_process, rows
 
