@@ -1,7 +1,14 @@
-"""`python -m harness` is the `attnbench` command."""
+"""`python -m harness` is the `attnbench` command (attnbench.py: it first checks that this `harness` is attnbench's)."""
 
 import sys
 
-from harness.cli.main import main
+try:
+    from attnbench import main
+except ModuleNotFoundError as exc:
+    if exc.name != "attnbench":
+        raise
+    # An editable install made before attnbench.py existed maps `harness` alone (`pip install -e .` again adds it);
+    # this is that install's own harness running, so the command itself still works.
+    from harness.cli.main import main
 
 sys.exit(main())

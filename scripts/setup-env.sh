@@ -20,7 +20,8 @@ PURPOSE=${3:-bench}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 # module:requirement, as pyproject.toml's dependencies (tests/test_setup_offline.py holds them equal).
-RUNTIME_NEEDS="numpy:numpy>=1.24 pandas:pandas>=2.0 matplotlib:matplotlib>=3.7 pytest:pytest>=7.4 pytest_benchmark:pytest-benchmark>=4.0"
+# tomllib:tomli: on Python 3.10 only (tomllib is the standard library's from 3.11, so there it is never missing).
+RUNTIME_NEEDS="numpy:numpy>=1.24 pandas:pandas>=2.0 matplotlib:matplotlib>=3.7 pytest:pytest>=7.4 pytest_benchmark:pytest-benchmark>=4.0 tomllib:tomli>=1.1"
 # sqlalchemy, psycopg: the results database (pyproject's `db` extra), on SQLite and on PostgreSQL (`--db postgresql://…`),
 # which the tests run against a real server; pytest-xdist: `make test` runs in parallel. Not for bench: the GPU box has neither, and no index to fetch them from.
 TEST_NEEDS="pytest_timeout:pytest-timeout>=2.1 xdist:pytest-xdist>=3.5 sqlalchemy:sqlalchemy>=2.0 psycopg:psycopg[binary]>=3.1"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
 
+from harness.compat import tomllib
 import harness
 from harness import env as harness_env
 from harness.env import HARNESS_ROOT, harness_identity

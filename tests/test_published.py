@@ -8,11 +8,11 @@ the real H200 slice (tests/h200_data.py) is at a published configuration, which 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 
 import pandas as pd
 import pytest
 
+from harness.compat import tomllib
 from harness import analysis
 from harness.analysis import published as pub
 from harness.analysis.datasheets import DATASHEETS

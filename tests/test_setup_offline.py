@@ -16,12 +16,12 @@ import re
 import site
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
+from harness.compat import tomllib
 from harness.results.store import read_records  # one row per pair: a re-measure stands in its first row's place
 from tests.checkout import copy_checkout
 from harness.cli.main import main
@@ -247,7 +247,8 @@ def test_the_script_asks_for_what_pyproject_declares():
         line = next(line for line in script.splitlines() if line.startswith(f"{variable}="))
         return [pair.split(":", 1)[1] for pair in line.split("=", 1)[1].strip('"').split()]
 
-    assert ["torch>=2.11", *listed("RUNTIME_NEEDS")] == project["dependencies"]
+    # A requirement of one Python only (tomli, 3.10) is listed without its marker: the script asks for it where its module is missing.
+    assert ["torch>=2.11", *listed("RUNTIME_NEEDS")] == [d.split(";")[0].strip() for d in project["dependencies"]]
     assert listed("TEST_NEEDS") == project["optional-dependencies"]["test"]
     # The results database is no runtime need (the GPU box has no SQLAlchemy), but `make test` installs all its extra holds.
     assert not any(d.startswith(("sqlalchemy", "psycopg")) for d in project["dependencies"])

@@ -19,11 +19,11 @@ scaled by the SM clock (a decode's bandwidth follows the memory clock, which no 
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from harness.compat import tomllib
 from harness.analysis.trust import is_set
 from harness.errors import UserError
 from harness.suite.batch_axes import ragged_cases

@@ -7,7 +7,11 @@ The names below are imported on first use (PEP 562), so that reading a submodule
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a type checker sees the real classes (harness/py.typed); at run time they load on first use
+    from harness.backends.base import Backend, Prepared, expand_kv  # noqa: F401 - the names __all__ exports
+    from harness.backends.registry import ENTRY_POINT_GROUP, BackendInfo, Registry, load_registry, register  # noqa: F401
 
 #: Each public name and the submodule that defines it.
 _EXPORTS = {"Backend": "base", "Prepared": "base", "expand_kv": "base", "ENTRY_POINT_GROUP": "registry", "BackendInfo": "registry",

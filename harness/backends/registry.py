@@ -103,6 +103,10 @@ class Registry:
             raise UserError(f"backend {name!r} failed to load: {self._broken[name]}")
         raise UserError.unknown("backend", name, self.names(), f"known backends are {', '.join(self.names())}")
 
+    def failures(self) -> dict[str, str]:
+        """Each plugin that failed to load (or was found unusable), by the name it is listed under, with its reason."""
+        return dict(self._broken)
+
     def names(self) -> list[str]:
         """Every registered name, loaded or broken, in registration order."""
         return [*self._backends, *self._broken]

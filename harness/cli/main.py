@@ -158,7 +158,10 @@ def cmd_gpu_check(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from harness import running_version
+
     parser = UsageParser(prog="attnbench", description="Benchmark and profile attention backends.")
+    parser.add_argument("--version", action="version", version=f"attnbench {running_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
 
     p = sub.add_parser("backends", help="list backends, available or not and why")

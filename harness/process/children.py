@@ -4,6 +4,10 @@ Every child but the pytest workers is a job of `python -m harness.child` (harnes
 jobs' table is harness/process/jobs.py), its command built by `child_command`. Every child runs `python -m ...` from the checkout's root (so `harness` resolves without an
 install), in a session of its own (a kill reaches its children too), and with a parent-death
 signal, so that none outlives a parent killed with SIGKILL.
+
+A child imports what this process imports (`child_env`): `-m` puts the checkout's root first on its path, so
+`harness` is this one, and its PYTHONPATH is this process's view of the user's folder, so that a plugin found
+through `PYTHONPATH=.` or the folder `python -m harness` ran in is found there too.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from harness.process.jobs import JOBS
 from harness.run.protocol import die_with_parent
@@ -36,11 +40,33 @@ def child_command(job: str, *args: str) -> list[str]:
     return python_command("harness.child", job, *args)
 
 
+def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with a PYTHONPATH that gives a child started in ROOT this process's import view.
+
+    Relative entries (`PYTHONPATH=.`) are made absolute against this process's working directory, as Python made them
+    for this process, and that directory itself goes first when it is on this process's path (`python -m harness`
+    puts it there; the `attnbench` script does not, and then neither does a child).
+    """
+    env = dict(os.environ if env is None else env)
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the folder was removed under us: nothing relative can be resolved against it
+        return env
+    declared = env.get("PYTHONPATH", "")
+    # An empty entry is the working directory, as Python reads it (abspath('') is the working directory).
+    entries = [os.path.abspath(entry) for entry in declared.split(os.pathsep)] if declared else []
+    if cwd not in entries and any(os.path.abspath(entry) == cwd for entry in sys.path):
+        entries.insert(0, cwd)
+    if entries:
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(entries))
+    return env
+
+
 def spawn(command: Sequence[str], *, stdout: TextIO | int | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a child in its own session that dies with this process; stderr goes with stdout."""
     parent = os.getpid()
     return subprocess.Popen(list(command), stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
-                            env=env, cwd=ROOT, start_new_session=True, preexec_fn=lambda: die_with_parent(parent))
+                            env=child_env(env), cwd=ROOT, start_new_session=True, preexec_fn=lambda: die_with_parent(parent))
 
 
 def kill_group(process: subprocess.Popen) -> None:
@@ -77,7 +103,7 @@ class ChildResult:
 
 def run_child(command: Sequence[str], timeout_s: float | None = None, env: dict[str, str] | None = None) -> ChildResult:
     """Run a child to its end (or kill it at `timeout_s`); collect the JSON objects it printed one per line on stdout."""
-    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(env), cwd=ROOT,
                                start_new_session=True, preexec_fn=lambda parent=os.getpid(): die_with_parent(parent))
     try:
         out, err = process.communicate(timeout=timeout_s)

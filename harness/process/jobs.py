@@ -15,6 +15,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "profile-ncu": ("harness.profiling.session", "ncu_job"),         # one pair's steps under Nsight Compute, for `profile --ncu`
     "stability": ("harness.checks.stability", "measurement_job"),   # one fresh measurement, for `attnbench stability`
     "peaks": ("harness.telemetry.peaks", "main"),                   # the CUDA ceilings into peaks.json, for the run folder
+    "load-backends": ("harness.run.plugin_probe", "load_backends_job"),  # the registry as a worker loads it, before `attnbench run`
     "worker": ("harness.run.worker", "worker_job"),                 # the worker loop (claim → execute → append), for `attnbench run`
 }
 

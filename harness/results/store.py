@@ -298,7 +298,7 @@ def superseded_positions(records: list[dict[str, Any]]) -> tuple[dict[int, int],
     return shown, gone
 
 
-def load_run(*run_dirs: Path | str):
+def load_run(*run_dirs: Path | str) -> pd.DataFrame:
     """Load one or more runs into one pandas DataFrame, with every column of the schema present.
 
     `frame.attrs["dropped_partial_lines"]` lists the records files whose truncated last line was dropped
@@ -310,7 +310,7 @@ def load_run(*run_dirs: Path | str):
     return frame
 
 
-def records_frame(records: Iterable[Record]):
+def records_frame(records: Iterable[Record]) -> pd.DataFrame:
     """Typed records as one pandas DataFrame, every column of the schema present, in the schema's order."""
     import pandas as pd
 

@@ -111,6 +111,8 @@ class RaySupervisor(Supervisor):
 
     #: Not yet: a Ray task's rows would need the re-measure plan stamped on them, and its nodes' load is not this machine's.
     remeasures = chooses_threads = False
+    #: A task loads its plugins on its node, under the ATTNBENCH_* variables it is given: a local child says nothing of it.
+    probes_workers = False
 
     missing_reason = "no Ray task ran this pair (its case's tasks kept dying before any pair; see the Ray logs of the node)"
 

@@ -29,6 +29,7 @@ workers can be started by a cluster scheduler on a shared file system instead of
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -48,6 +49,7 @@ from harness.run import protocol
 from harness.run.driver import FailureRows, sigterm_interrupts
 from harness.run.order import fair_pairs, select_keys
 from harness.run.config import RunConfig, RunSummary  # noqa: F401 - their home was here: importers keep this name
+from harness.run.plugin_probe import check_workers_load
 from harness.run.progress import Progress
 from harness.run.remeasure import remeasure_flagged
 from harness.run.manifest_pairs import pair_manifest, suite_of_run
@@ -89,6 +91,8 @@ class Supervisor:
     remeasures = True
     #: Whether a CPU run given no --threads picks one from this machine's load (the local executor's workers run here).
     chooses_threads = True
+    #: Whether a worker process started here is probed for the plugins before a run (harness.run.plugin_probe).
+    probes_workers = True
     #: The reason of the row a pair gets when the run ended without anybody running it.
     missing_reason = "no worker ran this pair (a worker failed outside any pair; see the worker-*.log files)"
 
@@ -161,6 +165,8 @@ class Supervisor:
                 self.log.write(f"attnbench: {exc}\n")
         ordered = {pair_key(c, b): (c, b) for c, b in fair_pairs(suite.pairs(names), config.options.order_seed)}
         keys = select_keys(list(ordered.values()), config.only, config.cases, suite.name)
+        if self.probes_workers:  # before the folder exists: a plugin no worker can load would make each of its rows an error
+            check_workers_load(self.registry, list(dict.fromkeys(ordered[k][1] for k in keys)), {**os.environ, **config.worker_env})
         run_id = validate_run_id(config.run_id or new_run_id(suite.slug))
         options = replace(config.options, budget=config.options.budget or suite.budget)
         threads_chosen = None

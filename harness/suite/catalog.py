@@ -13,12 +13,12 @@ import math
 import os
 import pkgutil
 import re
-import tomllib
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from harness.compat import tomllib
 from harness.suite.batch_axes import check_axes, ragged_cases
 from harness.suite.case_layout import DENSE_ONLY, DRAWN_FIELDS, RAGGED_FIELDS, RAGGED_LAYOUTS
 from harness.suite.case_values import VALUE_CHECKS
