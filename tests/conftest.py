@@ -105,6 +105,8 @@ def pytest_runtest_makereport(item, call):
 SHARED_SERVICE_GROUPS = ("ray", "postgres")
 #: The fixtures that start such a service: a test that asks for one carries its marker whether or not it says so.
 SERVICE_FIXTURES = {"ray_cluster": "ray", "postgres_base": "postgres"}
+#: Parametrized fixtures one of whose values asks for such a service at run time (getfixturevalue: unseen by fixturenames).
+SERVICE_PARAMS = {("db_target", "postgresql"): "postgres"}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -113,6 +115,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for fixture, marker in SERVICE_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(getattr(pytest.mark, marker))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for (name, value), marker in SERVICE_PARAMS.items():
+            if params.get(name) == value:
                 item.add_marker(getattr(pytest.mark, marker))
         for group in SHARED_SERVICE_GROUPS:
             if item.get_closest_marker(group) is not None:

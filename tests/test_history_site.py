@@ -51,6 +51,7 @@ def test_site_holds_both_runs_trends_changes_winners_and_csvs(site):
         assert "record_json" not in frame.columns and len(frame) > 0
 
 
+@pytest.mark.browser
 def test_site_opens_in_chromium(site, tmp_path):
     if chromium() is None:
         pytest.skip("no headless Chromium on this machine")

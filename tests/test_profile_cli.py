@@ -67,6 +67,7 @@ def test_run_profile_fills_the_profile_columns_and_writes_a_trace_per_pair(profi
     assert all(r["profile_ms_fused_attention"] > 0 for r in sdpa)
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
 def test_the_report_shows_the_profiling_section_in_chromium(profiled_run, tmp_path):
     page = profiled_run.parent / "reports" / "p" / "index.html"

@@ -94,6 +94,7 @@ def test_report_is_self_contained(report):
 
 
 # -- a real browser ---------------------------------------------------------------------------------
+@pytest.mark.browser
 @pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
 def test_report_in_headless_chromium(report, tmp_path):
     found, console = browse(report, tmp_path)
@@ -108,6 +109,7 @@ def test_report_in_headless_chromium(report, tmp_path):
     assert shot.exists() and shot.stat().st_size > 10_000
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (CI installs the Debian package `chromium`; see .ci/run)")
 def test_the_browser_probe_sees_a_broken_image(tmp_path):
     # The probe must be able to fail: an undecodable image and a console error are caught.
