@@ -205,7 +205,7 @@ class Record:
     time_inputs_s: float | None = None
     #: Host seconds in the backend's untimed `prepare` (compiling and planning included).
     time_prepare_s: float | None = None
-    #: Host seconds in the agreement check against the float64 reference.
+    #: Host seconds in the agreement check (the reference, or the backend's own check).
     time_check_s: float | None = None
     #: Host seconds in the warm-up.
     time_warmup_s: float | None = None
