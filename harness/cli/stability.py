@@ -51,12 +51,24 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
     """The ways to name one case on the command line: a case id, or shape flags."""
     parser.add_argument("case", nargs="?", help="a case id such as B1-Sq1024-Skv1024-H8-Hkv8-dk64-fp32 (or give the flags below)")
     group = parser.add_argument_group("case by flags")
-    for flag in ("B", "S", "S-q", "S-kv", "H", "H-kv", "d-k", "d-v", "window"):
-        group.add_argument(f"--{flag}", type=int, dest=f"case_{flag.replace('-', '_')}")
-    group.add_argument("--dtype", dest="case_dtype")
-    group.add_argument("--mode", dest="case_mode")
-    group.add_argument("--causal", action="store_true", dest="case_causal")
-    group.add_argument("--padding", action="store_true", dest="case_padding")
+    sizes = {
+        "B": "Case.B: the batch size, in sequences (required with flags)",
+        "S": "Case.S_q and Case.S_kv both: the sequence length, in tokens (or give --S-q and --S-kv)",
+        "S-q": "Case.S_q: the query length, in tokens (with --S-kv, instead of --S)",
+        "S-kv": "Case.S_kv: the key/value length, in tokens (with --S-q, instead of --S)",
+        "H": "Case.H: the number of query heads (required with flags)",
+        "H-kv": "Case.H_kv: the number of key/value heads (default: --H, i.e. MHA)",
+        "d-k": "Case.d_k: the query/key head dimension, in elements (required with flags)",
+        "d-v": "Case.d_v: the value head dimension, in elements (default: --d-k)",
+        "window": "Case.window: each query sees this many keys, ending at its own position (default: no window)",
+    }
+    for flag, help_ in sizes.items():
+        group.add_argument(f"--{flag}", type=int, dest=f"case_{flag.replace('-', '_')}", help=help_)
+    group.add_argument("--dtype", dest="case_dtype", help="Case.dtype: the inputs' element type, e.g. fp32, bf16, fp16 (default: fp32)")
+    group.add_argument("--mode", dest="case_mode", help="Case.mode: the pass timed, fwd, bwd or fwd_bwd (default: fwd)")
+    group.add_argument("--causal", action="store_true", dest="case_causal", help="Case.causal: a causal mask, aligned bottom-right")
+    group.add_argument("--padding", action="store_true", dest="case_padding",
+                       help="Case.padding: per-sequence key lengths drawn from the seed (a right-padded batch)")
 
 
 def case_from_args(args: argparse.Namespace, device: str) -> Case:

@@ -46,26 +46,46 @@ class Record:
 
     #: The problem the pair measured, whole: its flat columns (case_id, the fields, attention_kind) exist only in files and frames.
     case: Case
+    #: The backend's registry name (what `--backends` takes, e.g. naive, sdpa); never empty.
     backend: str
     #: The real query and KV tokens of the case (a dense case's too): what its FLOPs and bytes count.
+    #: `tokens_q`: the real query rows summed over the batch (B·S_q unless padded or ragged; theory.mask_counts); set on every row.
     tokens_q: int | None = None
+    #: The real key/value tokens summed over the batch (B·S_kv unless padded or ragged: then the per-sequence lengths); set on every row.
     tokens_kv: int | None = None
+    #: The backend's family (its class's `family`: eager, compiled, flash-attn, flashinfer, flex, mla, layer, plugin, ...); empty if it declares none.
     family: str = ""
+    #: The backend library's version as its `version()` reports it; None when the probe failed or there is none.
     backend_version: str | None = None
+    #: How the pair ended: ok, unsupported (an answer, with its reason) or a failure; `skipped` only in gpu-check.
     status: Status = Status.OK
+    #: Why the row is not ok (unsupported: the backend's reason; error, oom, crashed, timeout: what happened), or on an ok
+    #: row the agreement check's note (a sampled or skipped check, a failed one's cause); None when there is nothing to say.
     reason: str | None = None
+    #: Median of the timed samples, ms per call (each sample is the mean of `iterations` calls); None when nothing was timed.
     latency_ms_median: float | None = None
+    #: 20th percentile of the samples (linear interpolation), ms per call; None when nothing was timed.
     latency_ms_p20: float | None = None
+    #: 80th percentile of the samples (linear interpolation), ms per call; None when nothing was timed.
     latency_ms_p80: float | None = None
+    #: Fastest sample, ms per call; None when nothing was timed.
     latency_ms_min: float | None = None
+    #: Mean of the samples, ms per call; None when nothing was timed.
     latency_ms_mean: float | None = None
+    #: Slowest sample, ms per call; None when nothing was timed.
     latency_ms_max: float | None = None
+    #: Sample standard deviation (ddof=1; 0 with one sample), ms per call; None when nothing was timed.
     latency_ms_stdev: float | None = None
     #: A distribution-free 95 % confidence interval of the median (order statistics); None under 6 samples.
+    #: `latency_ms_ci95_low`: its lower end, ms per call (widened to the medians of 8 consecutive blocks from 16 samples).
     latency_ms_ci95_low: float | None = None
+    #: The interval's upper end, ms per call; None under 6 samples (or when nothing was timed).
     latency_ms_ci95_high: float | None = None
+    #: Interquartile range over median, (p75 − p25) / median, a fraction: what `noisy` and `suspect` test; None when nothing was timed.
     iqr_ratio: float | None = None
+    #: Number of timed samples (harness.measure.stopping decides it: `stopped_by`); None when nothing was timed.
     samples: int | None = None
+    #: Calls per timed sample (batched on a CPU so a sample lasts about 1 ms); None when nothing was timed.
     iterations: int | None = None
     #: What set the number of samples (harness.measure.stopping): precision (the median's 95 % interval came
     #: within ±1 % on a steady run before the time budget was spent), budget, max_rounds, min_rounds (taken
@@ -76,76 +96,126 @@ class Record:
     drift_pct: float | None = None
     #: The thirds' 95 % intervals are disjoint and they differ by at least 1 %: the median depends on when it was taken.
     drifted: bool | None = None
+    #: IQR/median ≥ 10 % (harness.measure.stats.NOISY_IQR): the samples spread widely; None when nothing was timed.
     noisy: bool | None = None
+    #: IQR/median ≥ 25 % (SUSPECT_IQR): the median should not be trusted (harness.run.remeasure may re-measure it); None when nothing was timed.
     suspect: bool | None = None
     #: The shortest sample lasts under 100 clock ticks: quantisation alone may move it by more than 1 %.
     too_short: bool | None = None
+    #: Host seconds the time-based warm-up took before the samples (0 when the first call was the one sample); None when nothing was timed.
     warmup_s: float | None = None
     #: The clock's tick as far as it is known: its resolution, or the samples' own grid where that is finer.
+    #: In seconds; None when nothing was timed.
     clock_resolution_s: float | None = None
     #: Timed samples whose interval may hold host launch time (CUDA: the host outran the spin); None on host clocks.
     launch_leaked: int | None = None
     #: Another process took the CPU (run-queue waits or preemptions) or ran on the GPU during the timed samples; the evidence follows.
+    #: `contended`: run_queue_wait_ratio ≥ 0.10, else ≥ 100 preemptions/s, or gpu_other_processes > 0; None when nothing could be read.
     contended: bool | None = None
+    #: Thread-seconds the process spent runnable but not running, per wall second of the timed phase; None where the kernel does not report run-queue waits.
     run_queue_wait_ratio: float | None = None
+    #: Involuntary context switches (preemptions) of the process during the timed phase, a count; None where unreadable.
     involuntary_switches: int | None = None
+    #: Process CPU seconds over wall seconds × intra-op threads during the timed phase, a fraction; None when nothing was timed.
     cpu_wall_ratio: float | None = None
     #: torch's intra-op CPU threads the pair was timed with (`run --threads`, else torch's default, the core count).
+    #: None on an unsupported row (it ran nothing) and where no timing process stamped it (a row not ok).
     threads: int | None = None
+    #: What the latency is: perf_counter or cuda-event (`run --timer events`), cpu-operators/cuda-kernels (profiler), cuda-graph-replay; None when not ok.
     timer: str | None = None
+    #: Seconds the backend's untimed `prepare` spent compiling (torch.compile's first calls: flex, naive-compiled), never in latency; None for the others.
     compile_s: float | None = None
     #: Milliseconds of the backend's untimed per-batch set-up (FlashInfer's plan(), a BlockMask), timed on its own.
+    #: None where the backend has none, or the row is not ok.
     plan_ms: float | None = None
+    #: Bytes a call needed above what its inputs held: CUDA allocator peak, or the CPU process's resident high-water mark; None when not measured.
     peak_mem_bytes: int | None = None
+    #: Bytes the CUDA caching allocator reserved at its peak above what it held before the call; None on a CPU or when not measured.
     peak_reserved_bytes: int | None = None
+    #: How the peak was measured: cuda-allocator, or rss-hwm-trimmed (CPU VmHWM after malloc_trim); None when not measured.
     memory_method: str | None = None
+    #: Floating-point operations of one call: the backend's own count, else theory.flops (visible pairs × 2·H·(d_k + d_v) forward); set on every row.
     flops: float | None = None
+    #: Bytes one call must move at least: Q, K, V read once, O written once (theory.min_bytes, or the backend's count); set on every row.
     bytes: float | None = None
+    #: Bytes of the KV cache the case's real tokens hold (MLA: one latent per token; theory.kv_cache_bytes); set on every row.
     kv_cache_bytes: float | None = None
+    #: flops / median latency, in 10¹² FLOP/s; None when nothing was timed.
     tflops: float | None = None
+    #: bytes / median latency, in 10⁹ bytes/s; None when nothing was timed.
     gbps: float | None = None
+    #: flops / bytes, FLOP per byte; set on every row.
     arithmetic_intensity: float | None = None
+    #: The harness copied K/V to H heads for a backend without native GQA (that copy is timed); None when the row is not ok.
     kv_expanded: bool | None = None
+    #: The backend's notes on the call (the operator a library dispatched to, kv_expanded) and a cool-down's problem; None when none.
     notes: dict[str, Any] | None = None
+    #: Largest |output − float64 reference| over the checked elements (backward: the worst of dQ, dK, dV); None when not
+    #: checked or the shapes differ; infinite (written as null) when the output holds NaN or Inf.
     max_abs_err: float | None = None
+    #: The bound max_abs_err must stay within: 2·max|eager low-precision − reference| + atol; None when not checked.
     err_bound: float | None = None
+    #: ‖output − reference‖ / ‖reference‖ (backward: the largest of the gradients'); None when not checked.
     rel_err: float | None = None
+    #: max_abs_err ≤ err_bound and no NaN/Inf (every gradient in backward modes); None when not checked (`reason` says why).
     agree: bool | None = None
     #: Whether the check's two consecutive calls returned bitwise-equal results (the output in fwd, the gradients in
     #: bwd/fwd_bwd): measured, not assumed; None when the pair made no two checked calls. A deterministic case needs True.
     bitwise_repeatable: bool | None = None
     #: Largest |value| written into query rows that see no key (the reference writes 0); not part of `agree`.
+    #: None when the case has no such rows or was not checked.
     masked_rows_max_abs: float | None = None
     #: From one profiled pass after the timed samples (`run --profile`), per step: kernels (CUDA) or operators
     #: (CPU), their summed time, the share of the median they leave to launch overhead and gaps, the top one,
-    #: and the time per category (harness.profiling.categories).
+    #: and the time per category (harness.profiling.categories). Every profile_* column is None without `--profile`.
+    #: `profile_kernels_per_step`: kernels or operators launched per step.
     profile_kernels_per_step: float | None = None
+    #: Their summed time per step, ms.
     profile_kernel_ms_per_step: float | None = None
+    #: 1 − that time / the median, a fraction: launch overhead and gaps; negative when the profile exceeds the median (not clamped).
     profile_gap_share: float | None = None
+    #: The kernel or operator with the most time per step, by name.
     profile_top_kernel: str | None = None
+    #: Time per step in matrix products, ms.
     profile_ms_matmul: float | None = None
+    #: Time per step in softmax, ms.
     profile_ms_softmax: float | None = None
+    #: Time per step in elementwise kernels or operators, ms.
     profile_ms_elementwise: float | None = None
+    #: Time per step in copies and K/V expansion, ms.
     profile_ms_copy_expand: float | None = None
+    #: Time per step in fused attention kernels, ms.
     profile_ms_fused_attention: float | None = None
+    #: Time per step in everything no other category takes, ms.
     profile_ms_other: float | None = None
+    #: Path of the pair's Chrome trace (gzip JSON, traces/) with `run --profile --traces`; None without it.
     profile_trace: str | None = None
     #: For a backend that claims a kernel for the case (FP8, MLA: harness.backends.kernel_claims), from one untimed
     #: profiled call after the check: the distinct kernels (CUDA) or operators (CPU) that ran, the claimed ones first,
     #: ';'-joined and capped; `kernel_mismatch`, whether the trace failed the claim (the row then decides nothing: it
     #: measured another path than it claims), and why, in one line. None: no claim, or no proof.
     kernels: str | None = None
+    #: True when the trace failed the claim, False when it met it; None: no claim, or no proof.
     kernel_mismatch: bool | None = None
+    #: Why the trace failed the claim, one line; None when it met it, or nothing was claimed or proved.
     kernel_mismatch_reason: str | None = None
     #: Host seconds the pair spent in each phase of the executor, and in all of it (clean-up included):
-    #: what the sweep's wall time went to, beside the timed samples themselves.
+    #: what the sweep's wall time went to, beside the timed samples themselves. Each is None when its phase did not run.
+    #: `time_inputs_s`: drawing the inputs.
     time_inputs_s: float | None = None
+    #: Host seconds in the backend's untimed `prepare` (compiling and planning included).
     time_prepare_s: float | None = None
+    #: Host seconds in the agreement check (the reference, or the backend's own check).
     time_check_s: float | None = None
+    #: Host seconds in the warm-up.
     time_warmup_s: float | None = None
+    #: Host seconds of the timed samples' phase.
     time_timed_s: float | None = None
+    #: Host seconds of the memory phase.
     time_memory_s: float | None = None
+    #: Host seconds of the profiled pass (`run --profile`).
     time_profile_s: float | None = None
+    #: Host seconds of the whole pair, clean-up included.
     time_pair_s: float | None = None
     #: -- The machine's state and energy (harness.telemetry.gpu_state, harness.telemetry.energy). --
     #: Host seconds of the energy phase (after the check; none where there is no energy counter).
@@ -153,60 +223,96 @@ class Record:
     #: NVML readings over the timed samples (start, end, every 20 ms between): SM clock MHz (lowest, median),
     #: memory clock MHz (median), temperature °C (highest), board power W (mean), throttle reason bits OR-ed,
     #: how many readings, and the SM clock MHz the device is meant to sustain. None on a CPU row.
+    #: `gpu_sm_clock_mhz_min`: the lowest SM clock read, MHz.
     gpu_sm_clock_mhz_min: float | None = None
+    #: The median SM clock read, MHz; None on a CPU row.
     gpu_sm_clock_mhz_median: float | None = None
+    #: The median memory clock read, MHz; None on a CPU row.
     gpu_mem_clock_mhz_median: float | None = None
+    #: The highest GPU temperature read, °C; None on a CPU row.
     gpu_temperature_c_max: float | None = None
+    #: The mean board power read, W; None on a CPU row.
     gpu_power_w_mean: float | None = None
+    #: NVML's clock-throttle reason bits of every reading, OR-ed (0x1, idle, alone is not throttling); None on a CPU row.
     gpu_throttle_reasons: int | None = None
+    #: How many NVML readings the figures above summarise; None on a CPU row or when none was taken.
     gpu_state_readings: int | None = None
+    #: The SM clock the device is meant to sustain (its maximum, or the application clock set below it), MHz; None on a CPU row.
     gpu_sustained_sm_clock_mhz: float | None = None
     #: A power/thermal/hardware slowdown reason was set, or the SM clock fell below the sustained one, while the
     #: samples ran (the row's latency is the slowed GPU's); `throttle_reason` says which. None: not read.
     throttled: bool | None = None
+    #: The slowdown reasons and low-clock readings found, '; '-joined; None when none was found or nothing was read.
     throttle_reason: str | None = None
     #: Why the GPU state columns are empty (a CPU row, NVML missing).
+    #: None when they were read.
     gpu_state_reason: str | None = None
     #: Compute processes other than the timing one that NVML listed on the device as the samples started or ended (above 0
     #: makes the row `contended`), and the GPU's utilisation % then (the higher); None where NVML cannot tell (a CPU row, MIG).
+    #: `gpu_other_processes`: their count.
     gpu_other_processes: int | None = None
+    #: The GPU's utilisation then, % (the higher of the two readings); None where NVML cannot tell.
     gpu_utilization_pct: float | None = None
     #: The energy phase: mJ per call, mean W and GFLOP per joule between two changes of the counter, over
     #: `energy_window_s` seconds and `energy_calls` back-to-back calls in which it changed `energy_counter_updates`
     #: times; `energy_counter` names it (nvml-total-energy, rapl:…), `energy_reason` says why there is no figure.
+    #: The figures are None without `run --energy` or when the counter moved too few times.
+    #: `energy_mj_per_call`: millijoules per call (the whole board or CPU package, static power included).
     energy_mj_per_call: float | None = None
+    #: Mean power over the energy window, W.
     avg_power_w: float | None = None
+    #: flops per call over joules per call, in GFLOP/J.
     gflop_per_joule: float | None = None
+    #: Seconds between the two counter changes the figures span.
     energy_window_s: float | None = None
+    #: Calls made in that window, a count.
     energy_calls: int | None = None
+    #: Times the counter changed in that window, a count.
     energy_counter_updates: int | None = None
+    #: The counter read (nvml-total-energy, rapl:…); None when none was read.
     energy_counter: str | None = None
+    #: Why there is no energy figure (no `--energy`, no readable counter, too few updates); None when there is one.
     energy_reason: str | None = None
+    #: The run's id (`<UTC time>-<suite>-<supervisor pid>`, the folder's name; gpu-check writes gpu-check); empty when none was given.
     run_id: str = ""
+    #: The worker slot that ran the pair (its log is worker-<worker>.log), or "supervisor" on a row it wrote for a pair that never ran; "0" by default.
     worker: str = "0"
     #: Where the pair ran when that is not this machine (`--executor ray`): the node's address and its device's model.
+    #: `node`: the Ray node's address; None on a local run.
     node: str | None = None
+    #: The model of the device on that Ray node; None on a local run.
     device_name: str | None = None
     #: Where the pair ran in its case's backend order (0 = first; harness.run.order), how long the GPU was
     #: let cool before it (`--cooldown`), and the one shell command that re-runs this pair alone (harness.run.repro).
+    #: `order_in_case`: the position, 0-based; None where the run's writer did not stamp one.
     order_in_case: int | None = None
+    #: Seconds waited for the GPU to cool before the pair (`run --cooldown`); None without it.
     cooldown_s: float | None = None
+    #: The shell command that re-runs this pair alone; None where the run's writer did not stamp one.
     repro: str | None = None
     #: What measured the row (harness.env.harness_identity, stamped by the run's writer): attnbench's version, its git
     #: commit and whether the checkout's tracked files differed from it; None where unknown (not a git checkout, git
     #: missing, a row written before these columns existed). The measurement rules change between versions.
+    #: `harness_version`: attnbench's version.
     harness_version: str | None = None
+    #: The git commit attnbench ran from; None outside a git checkout or without git.
     harness_commit: str | None = None
+    #: True when the checkout's tracked files differed from that commit; None outside a git checkout or without git.
     harness_dirty: bool | None = None
     #: Set on a row measured again at the end of its sweep because its first measurement was contended, suspect or
     #: throttled (harness.run.remeasure): that first measurement's evidence (median, interval, flags, contention, when).
     #: The first row stays in records.jsonl; readers see this one in its place (harness.results.store.read_records).
+    #: None on a row measured once.
     remeasured_from: dict[str, Any] | None = None
+    #: When the record was made, Unix seconds (time.time()).
     timestamp: float = field(default_factory=time.time)
+    #: The version of the row's layout (SCHEMA_VERSION, 1 now).
     schema_version: int = SCHEMA_VERSION
     #: Per-call seconds ×1e3 of every timed sample: kept in the JSONL, left out of the flat CSV.
+    #: In ms, in the order taken; None when nothing was timed.
     sample_ms: list[float] | None = None
     #: Columns this version does not know (a newer writer, a plugin): carried through untouched.
+    #: An empty dict when there are none.
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
