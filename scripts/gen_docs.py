@@ -114,7 +114,7 @@ def columns_markdown() -> str:
     out = ["# Columns of a results row", "", generated_note("harness/results/record.py (`Record`) and harness/suite/cases.py (`Case`)"),
            docstring(Record), "",
            ("A `#:` comment in record.py describes the field under it and, often, the fields that follow it up to the next "
-            "comment; a field shown with no text has no comment of its own (read the one above it). How the columns are "
+            "comment; every field has one of its own (tests/test_docs_generated.py keeps it so). How the columns are "
             "used is in [results.md](results.md)."), ""]
     comments, hints = comments_of(Record), typing.get_type_hints(Record)
     for field in dataclasses.fields(Record):

@@ -77,3 +77,13 @@ def test_the_cli_page_has_a_section_for_every_subcommand_and_names_every_flag():
         for action in sub._actions:
             for flag in action.option_strings:
                 assert flag in ("-h", "--help") or f"`{flag}" in text, (name, flag)
+
+
+def test_every_column_and_every_flag_says_what_it_is():
+    # A new field or flag without words would leave an empty cell in the generated pages.
+    import dataclasses
+
+    comments = gen_docs.comments_of(record.Record)
+    assert [f.name for f in dataclasses.fields(record.Record) if not comments.get(f.name, ([], ""))[1].strip()] == []
+    rows = [line for line in gen_docs.cli_markdown().splitlines() if line.startswith("| `")]
+    assert rows and [row for row in rows if not row.rstrip("|").rsplit("|", 1)[1].strip()] == []
