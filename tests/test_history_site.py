@@ -76,3 +76,17 @@ def test_contended_rows_are_no_change_and_a_bad_run_is_listed_without_a_link(tmp
     assert 'href="runs/run-a/index.html"' in html
     trend = next((index.parent / "trends").glob("*.html")).read_text()
     assert "slower" not in trend
+
+
+def test_a_backend_that_ran_alone_is_no_latest_winner():
+    from harness.history.site import _winners
+
+    def row(case, backend, ms, **flags):
+        return {"case_id": case, "backend": backend, "latency_ms_median": ms, "status": "ok", "agree": True, "run_uuid": "u",
+                "run_id": "r", "created_utc": "2026-12-03T00:00:00+00:00", "contended": False, "suspect": False, **flags}
+
+    rows = pd.DataFrame([row("sinks", "naive", 0.6), row("sinks", "sdpa", 0.2, contended=True),  # the faster one is flagged
+                         row("plain", "naive", 0.6), row("plain", "sdpa", 0.2)])
+    table = {cells[0]: cells[1] for cells in _winners(pd.DataFrame(), rows)}
+    assert table["plain"] == "sdpa"
+    assert table["sinks"].startswith("only candidate: naive") and "not a win" in table["sinks"]

@@ -96,7 +96,7 @@ def _table_row_change(case: str, backend: str, row: pd.Series, ratio: float) -> 
 
 
 def _winners(runs: pd.DataFrame, rows: pd.DataFrame) -> list[list[str]]:
-    """Per case: the fastest ok, agreeing, trusted row of the newest run having that case, or 'no winner: …'."""
+    """Per case: the fastest ok, agreeing, trusted row of the newest run having that case ('only candidate' when it ran alone), or 'no winner: …'."""
     out = []
     for case, frame in rows.groupby("case_id", sort=True):
         newest = frame.sort_values("created_utc").iloc[-1]["run_uuid"]
@@ -107,7 +107,10 @@ def _winners(runs: pd.DataFrame, rows: pd.DataFrame) -> list[list[str]]:
             out.append([esc(case), esc(f"no winner: {no_winner_reason(latest)}"), "", run_id])
         else:
             best = good.sort_values("latency_ms_median").iloc[0]
-            out.append([esc(case), esc(best["backend"]), esc(f"{float(best['latency_ms_median']):.4g}"), run_id])
+            # A backend that ran alone beat nothing: named as the report and recommend name it, never as a winner.
+            name = best["backend"] if len(good) > 1 else (
+                f"only candidate: {best['backend']} (the one backend that ran, agreed and carries no flag: not a win)")
+            out.append([esc(case), esc(name), esc(f"{float(best['latency_ms_median']):.4g}"), run_id])
     return out
 
 
