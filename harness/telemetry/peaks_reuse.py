@@ -11,9 +11,8 @@ as such (harness.analysis.roofline calls it no bound) in every run that takes it
 
 from __future__ import annotations
 
-import json
 import os
-import platform
+import socket
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,7 +27,7 @@ def machine(device: str) -> dict[str, str]:
     """What a measured ceiling belongs to beyond its device kind: this host and its CPU model (and GPU's name on CUDA)."""
     from harness.env import cpu_model
 
-    here = {"host": platform.node(), "cpu": cpu_model()}
+    here = {"host": socket.gethostname(), "cpu": cpu_model()}  # as env.json's fingerprint names them
     if device == "cuda":
         import torch
 
@@ -79,8 +78,7 @@ def _mismatch(stored: dict[str, Any], device: str, dtypes: Sequence[str], thread
 
 def reused_peaks(source: Path, device: str, dtypes: Sequence[str], threads: int | None) -> tuple[dict[str, Any] | None, str | None]:
     """(the ceilings to store, None) when `source` can be taken for this run; (None, why not) when it cannot."""
-    read_document(source, Peaks)  # a damaged or foreign file is one line naming it, never a half-read ceiling
-    stored = json.loads(source.read_text())
+    stored = read_document(source, Peaks).to_dict()  # a damaged or foreign file is one line naming it, never a half-read ceiling
     why = _mismatch(stored, device, dtypes, threads)
     if why is not None:
         return None, f"{source}: {why}"
