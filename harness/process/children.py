@@ -62,11 +62,13 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def spawn(command: Sequence[str], *, stdout: TextIO | int | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start a child in its own session that dies with this process; stderr goes with stdout."""
+def spawn(command: Sequence[str], *, stdout: TextIO | int | None = None, env: dict[str, str] | None = None,
+          pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+    """Start a child in its own session that dies with this process; stderr goes with stdout; `pass_fds` stay open in it."""
     parent = os.getpid()
     return subprocess.Popen(list(command), stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
-                            env=child_env(env), cwd=ROOT, start_new_session=True, preexec_fn=lambda: die_with_parent(parent))
+                            env=child_env(env), cwd=ROOT, start_new_session=True, preexec_fn=lambda: die_with_parent(parent),
+                            pass_fds=tuple(pass_fds))
 
 
 def kill_group(process: subprocess.Popen) -> None:

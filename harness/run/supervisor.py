@@ -253,7 +253,9 @@ class Supervisor:
         slots = self._slots(folder.device)[: max(1, len(pending))]
         active: dict[str, Worker] = {}
         fruitless: dict[str, int] = {}
-        start = lambda slot, attempt=0: Worker.start(folder, slot, self.config.worker_env, self.config.memory_limit, attempt)  # noqa: E731
+        # CPU workers are forked from a template that has imported torch once (harness.process.forkserver); CUDA ones start fresh.
+        fork = folder.device == "cpu"
+        start = lambda slot, attempt=0: Worker.start(folder, slot, self.config.worker_env, self.config.memory_limit, attempt, fork)  # noqa: E731
         with sigterm_interrupts():
             try:
                 if pending:

@@ -17,7 +17,8 @@ from typing import Mapping, TextIO
 
 from harness.errors import UserError
 from harness.run import protocol
-from harness.process.children import child_command, kill_group, spawn
+from harness.process import forkserver
+from harness.process.children import child_command, child_env, kill_group, spawn
 from harness.run.rundir import RunFolder
 from harness.telemetry.nvml import visible_gpus
 
@@ -64,34 +65,60 @@ def worker_slots(device: str, workers: int, gpus: list[int] | None, memory_limit
     return [Slot(str(i), env) for i in range(workers)]
 
 
-def worker_command(folder: RunFolder, slot: Slot, memory_limit: int | None) -> list[str]:
-    """The command line of one worker on a run folder: only what is its process's own; the rest it reads from the folder."""
-    command = child_command("worker", "--run-dir", str(folder.path), "--worker", slot.name, "--parent-pid", str(os.getpid()))
+def worker_args(folder: RunFolder, slot: Slot, memory_limit: int | None, parent_pid: int) -> list[str]:
+    """The `worker` job's arguments on a run folder: only what is its process's own (the rest it reads from the folder);
+    `parent_pid` is the process it must outlive no further (this supervisor, or the template that forks it)."""
+    args = ["--run-dir", str(folder.path), "--worker", slot.name, "--parent-pid", str(parent_pid)]
     if memory_limit is not None:
-        command += ["--memory-limit", str(memory_limit)]
-    return command
+        args += ["--memory-limit", str(memory_limit)]
+    return args
+
+
+def worker_command(folder: RunFolder, slot: Slot, memory_limit: int | None) -> list[str]:
+    """The command line of one worker started fresh on a run folder."""
+    return child_command("worker", *worker_args(folder, slot, memory_limit, os.getpid()))
+
+
+def start_worker_process(folder: RunFolder, slot: Slot, memory_limit: int | None, log: TextIO, env: dict[str, str],
+                         fork: bool) -> subprocess.Popen | forkserver.ForkedProcess:
+    """Start one worker, its output on `log`: forked from a template (harness.process.forkserver) where `fork` and the
+    environment allow it, else a fresh interpreter; the attempt's line in the log says which."""
+    env = child_env(env)
+    if fork and forkserver.enabled(env):
+        try:
+            template = forkserver.template_for(env)
+            args = worker_args(folder, slot, memory_limit, template.pid)
+            log.write(f"forked from worker template {template.pid}: python -m harness.child worker {' '.join(args)}\n")
+            log.flush()
+            return template.launch(["worker", *args], log.fileno(), env)
+        except OSError as exc:
+            log.write(f"no worker template ({exc}); starting the worker as a fresh interpreter\n")
+    command = worker_command(folder, slot, memory_limit)
+    log.write(f"{' '.join(command)}\n")
+    log.flush()
+    return spawn(command, stdout=log, env=env)
 
 
 class Worker:
     """One worker process and what it is doing."""
 
-    def __init__(self, slot: Slot, process: subprocess.Popen, current: Path, log_path: Path, log: TextIO, attempt: int) -> None:
+    def __init__(self, slot: Slot, process: subprocess.Popen | forkserver.ForkedProcess, current: Path, log_path: Path, log: TextIO,
+                 attempt: int) -> None:
         self.slot, self.process, self.current, self.log_path, self._log, self.attempt = slot, process, current, log_path, log, attempt
         self._pair = ""
         self._pair_since = time.monotonic()
         self.returncode: int | None = None
 
     @classmethod
-    def start(cls, folder: RunFolder, slot: Slot, extra_env: dict[str, str], memory_limit: int | None, attempt: int = 0) -> "Worker":
-        """Start a worker on the folder's pending pairs, its output going to `worker-<slot>.log`."""
+    def start(cls, folder: RunFolder, slot: Slot, extra_env: dict[str, str], memory_limit: int | None, attempt: int = 0,
+              fork: bool = False) -> "Worker":
+        """Start a worker on the folder's pending pairs, its output going to `worker-<slot>.log` (`fork`: from a template)."""
         current = protocol.current_path(folder.path, slot.name)
         protocol.atomic_write(current, "")
         log_path = folder.path / f"worker-{slot.name}.log"
-        command = worker_command(folder, slot, memory_limit)
         log = open(log_path, "a")
-        log.write(f"\n=== attempt {attempt}: {' '.join(command)}\n")
-        log.flush()
-        process = spawn(command, stdout=log, env={**os.environ, **slot.env, **extra_env})
+        log.write(f"\n=== attempt {attempt}: ")
+        process = start_worker_process(folder, slot, memory_limit, log, {**os.environ, **slot.env, **extra_env}, fork)
         return cls(slot, process, current, log_path, log, attempt)
 
     def current_pair(self) -> str:

@@ -1,0 +1,279 @@
+"""CPU workers forked from a template process that has already imported torch: a worker starts in milliseconds, not seconds.
+
+Importing torch costs about 2 CPU-seconds per process (more on a loaded machine), and a run starts a worker per
+slot, another after each crash, and fresh ones for its re-measure phase; a process that runs many sweeps (a
+notebook, a script of runs, the test suite) starts hundreds. So a supervisor keeps one template per environment:
+`python -m harness.child template`, started as every child is (harness.process.children: from the checkout's
+root, the user's import path, its own session, dying with its parent), which imports the worker's modules and then
+only forks. Each fork becomes `python -m harness.child worker …` as if started fresh: its own session, a
+parent-death signal, stdout and stderr on its log, stdin on /dev/null, exactly the environment asked for, numpy's
+global generator reseeded, and the normal interpreter exit. Its exit status comes back through a pipe the
+template writes when it reaps the child, so the supervisor watches it as it watches a `Popen`.
+
+What a fork could not give as a fresh process does, the template never does:
+- It runs no torch operation: OpenMP's thread pool does not survive a fork (GNU libgomp hangs in the child).
+- It serves CPU runs only: CUDA cannot be used in a child forked from a process that initialised it, and this
+  path has not been run on a GPU box; CUDA workers are started fresh, as before.
+- An environment variable read while importing (PYTHONPATH, OMP_NUM_THREADS, CUDA_*, LD_*, …) is the template's:
+  a template serves one environment, compared without only the variables attnbench itself reads when they are
+  used (`ATTNBENCH_*`, never at import: tests/test_forkserver.py walks every module for that) and pytest's
+  per-test markers.
+`ATTNBENCH_FORK_WORKERS=0` starts every worker fresh.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any, Mapping, Sequence
+
+#: Set to 0 to start every worker as a fresh interpreter.
+ENV_SWITCH = "ATTNBENCH_FORK_WORKERS"
+#: The modules a template imports before it forks: the worker job's (torch with them).
+PRELOAD = ("harness.run.worker",)
+#: Variables that may differ between the workers one template serves: read when used, never while importing.
+RUNTIME_ONLY_PREFIXES = ("ATTNBENCH_", "PYTEST_CURRENT_TEST")
+#: How long a template may take to import torch on a loaded machine before its first worker is started fresh instead.
+READY_TIMEOUT_S = 300.0
+#: Templates one process keeps (each holds torch's import, ~300 MB resident); the least recently used is closed.
+MAX_TEMPLATES = 2
+#: Largest request (argv and environment) a template reads in one message.
+_MESSAGE_BYTES = 1 << 20
+
+
+def enabled(env: Mapping[str, str]) -> bool:
+    """Whether workers started with `env` may be forked (Linux, SCM_RIGHTS, not switched off)."""
+    return (sys.platform.startswith("linux") and hasattr(socket, "send_fds") and hasattr(os, "fork")
+            and env.get(ENV_SWITCH, "1") != "0")
+
+
+def template_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """What makes two environments need two templates: every variable but those read only when used."""
+    return tuple(sorted((name, value) for name, value in env.items() if not name.startswith(RUNTIME_ONLY_PREFIXES)))
+
+
+class ForkedProcess:
+    """A worker forked by a template, watched like a `subprocess.Popen`: pid, poll, wait, returncode."""
+
+    def __init__(self, pid: int, status_fd: int, args: Sequence[str]) -> None:
+        self.pid, self.args, self.returncode = pid, list(args), None
+        self._status = os.fdopen(status_fd, "rb", buffering=0)
+
+    def poll(self) -> int | None:
+        """The exit status once the template has reaped the child; None while it runs."""
+        if self.returncode is None and select.select([self._status], [], [], 0)[0]:
+            self._settle()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the child has ended (subprocess.TimeoutExpired after `timeout` seconds); its exit status."""
+        if self.returncode is None:
+            if not select.select([self._status], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._settle()
+        assert self.returncode is not None
+        return self.returncode
+
+    def _settle(self) -> None:
+        data = self._status.read()
+        self._status.close()
+        # Nothing written: the template itself died, and its children with it (their parent-death signal).
+        self.returncode = int(data) if data.strip() else -signal.SIGKILL
+
+
+class Template:
+    """One template process and its control socket."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        from harness.process.children import child_command, spawn
+
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._log = tempfile.TemporaryFile(mode="w+")
+        command = child_command("template", "--control-fd", str(child_end.fileno()), *PRELOAD)
+        self.process = spawn(command, stdout=self._log, env=dict(env), pass_fds=(child_end.fileno(),))
+        child_end.close()
+        self._socket = parent_end
+        self._lock = threading.Lock()
+        self._socket.settimeout(READY_TIMEOUT_S)
+        try:
+            ready = self._socket.recv(_MESSAGE_BYTES)
+        except OSError:
+            ready = b""
+        finally:
+            self._socket.settimeout(None)
+        if not ready:
+            self.close()
+            raise OSError(f"the worker template did not start: {self.describe()}")
+
+    @property
+    def pid(self) -> int:
+        """The template's process id: the parent of every worker it forks."""
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """Whether the template still runs."""
+        return self.process.poll() is None
+
+    def launch(self, command: Sequence[str], stdout: int, env: Mapping[str, str]) -> ForkedProcess:
+        """Fork `command` (a harness.child job) with `env`, its output on file descriptor `stdout`."""
+        status_read, status_write = os.pipe()
+        request = json.dumps({"argv": list(command), "env": dict(env)}).encode()
+        try:
+            with self._lock:
+                socket.send_fds(self._socket, [request], [stdout, status_write])
+                reply = json.loads(self._socket.recv(_MESSAGE_BYTES) or b"{}")
+        except (OSError, ValueError) as exc:
+            os.close(status_read)
+            raise OSError(f"the worker template stopped answering ({exc}): {self.describe()}") from None
+        finally:
+            os.close(status_write)
+        if "pid" not in reply:
+            os.close(status_read)
+            raise OSError(f"the worker template could not fork: {reply.get('error', self.describe())}")
+        return ForkedProcess(reply["pid"], status_read, command)
+
+    def describe(self) -> str:
+        """How the template ended, and the last of what it printed."""
+        self._log.seek(0)
+        tail = " ".join(self._log.read().split())[-300:]
+        return f"exit {self.process.poll()}: {tail}" if tail else f"exit {self.process.poll()}"
+
+    def close(self) -> None:
+        """Close the control socket: the template exits once the workers it forked have."""
+        self._socket.close()
+        self._log.close()
+
+
+_templates: dict[tuple[tuple[str, str], ...], Template] = {}
+_templates_lock = threading.Lock()
+
+
+def template_for(env: Mapping[str, str]) -> Template:
+    """This process's live template for `env`, started if there is none (OSError when it cannot start)."""
+    key = template_key(env)
+    with _templates_lock:
+        template = _templates.pop(key, None)
+        if template is not None and not template.alive():
+            template.close()
+            template = None
+        if template is None:
+            template = Template(env)
+        _templates[key] = template  # most recently used last
+        while len(_templates) > MAX_TEMPLATES:
+            _templates.pop(next(iter(_templates))).close()
+        return template
+
+
+# -- In the template process. --
+
+
+def template_job(argv: list[str]) -> int:
+    """harness.child's `template` job: import the workers' modules, then fork one child per request until the socket closes.
+
+    In a forked child this returns the exit status of the job it was asked to run, as `python -m harness.child` would.
+    """
+    from harness.process.jobs import job_parser
+
+    parser = job_parser("template", "Import the worker's modules, then fork workers on request (started by attnbench run).")
+    parser.add_argument("--control-fd", type=int, required=True, help="the socket the supervisor sends requests on")
+    parser.add_argument("preload", nargs="*", help="modules to import before forking")
+    args = parser.parse_args(argv)
+    for module in args.preload:
+        importlib.import_module(module)
+    gc.collect()
+    gc.freeze()  # the imports live in every child: none of their collections need walk them (and touch their pages)
+    control = socket.socket(fileno=args.control_fd)
+    control.send(json.dumps({"ready": os.getpid()}).encode())
+    request = _serve(control)
+    if request is None:
+        return 0
+    from harness.child import main as child_main
+
+    return child_main(request)
+
+
+def _serve(control: socket.socket) -> list[str] | None:
+    """The template's loop; returns None when the supervisor has gone and every child is reaped, a child's argv in a child."""
+    statuses: dict[int, int] = {}  # child pid → the write end of its status pipe
+    open_control = True
+    while open_control or statuses:
+        readable = select.select([control] if open_control else [], [], [], 0.05)[0]
+        _reap(statuses)
+        if not readable:
+            continue
+        try:
+            message, fds, _, _ = socket.recv_fds(control, _MESSAGE_BYTES, 2)
+        except OSError:
+            message, fds = b"", []
+        if not message:
+            open_control = False
+            control.close()
+            continue
+        request = json.loads(message)
+        stdout, status_write = fds
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            control.send(json.dumps({"error": f"fork failed: {exc}"}).encode())
+            continue
+        if pid == 0:
+            control.close()
+            _become_child(request, stdout, [status_write, *statuses.values()])
+            return request["argv"]
+        os.close(stdout)
+        statuses[pid] = status_write
+        control.send(json.dumps({"pid": pid}).encode())
+    return None
+
+
+def _reap(statuses: dict[int, int]) -> None:
+    """Write each ended child's exit status (negative: the signal that killed it) to its pipe and close it."""
+    for pid in list(statuses):
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 0
+        if done == 0:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        fd = statuses.pop(pid)
+        try:
+            os.write(fd, str(code).encode())
+        except OSError:
+            pass  # the supervisor stopped watching (it ended): nothing to tell
+        os.close(fd)
+
+
+def _become_child(request: dict[str, Any], stdout: int, inherited: list[int]) -> None:
+    """In a fresh fork: drop the template's descriptors, take the request's output, environment and a session of its own."""
+    from harness.run.protocol import die_with_parent
+
+    template = os.getppid()
+    os.setsid()
+    die_with_parent(template)  # the template dies with the supervisor, so the worker does too
+    for fd in inherited:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    os.dup2(stdout, 1)
+    os.dup2(stdout, 2)
+    os.close(stdout)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = [sys.argv[0], *request["argv"]]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()  # a fresh process seeds numpy's global generator from the OS; a fork would share the template's
+
