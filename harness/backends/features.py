@@ -2,9 +2,10 @@
 
 Each `Feature` says how a case asks for it (`asked`: the value it wants, None when it uses none), what a backend
 declares it serves (`declared`: the values, read from the backend's declaration), and the words of the refusal
-(`words`, given the backend's own why from `Backend.feature_reasons`, keyed "dtype:fp8_e4m3" or "softcap", where it has one). A backend refused by a case
-hears every feature it lacks, in the table's order, not only the first. `example` gives the matrix the Case fields that
-ask for one value, so `attnbench backends --matrix` can ask each backend about each feature without a GPU.
+(`words`, given the backend's own why from `Backend.feature_reasons`, keyed "dtype:fp8_e4m3" or "softcap", where
+it has one). A backend refused by a case hears every feature it lacks, in the table's order, not only the first.
+`example` gives the matrix the Case fields that ask for one value, so `attnbench backends --matrix` can ask each
+backend about each feature without a GPU.
 
 Adding a feature (a new score variant, say) is one entry here, its name in the declaration of each backend that
 computes it (`score_variants` for a variant) and the arguments that hand it to each library: no list elsewhere.
@@ -21,8 +22,10 @@ from harness.suite.case_layout import LAYOUTS
 from harness.suite.case_values import DEVICES, DTYPES, FP8_DTYPES
 
 if TYPE_CHECKING:
-    from harness.backends.base import Backend
     from harness.suite.cases import Case
+
+#: A harness.backends.base.Backend: base imports this table, so it is not imported back, even for type checking.
+Backend = Any
 
 #: How a refusal names each layout: "naive does not take paged batches".
 LAYOUT_WORDS = {"dense": "dense (rectangular) batches", "padded": "padded batches", "packed": "packed (varlen) batches",
@@ -44,17 +47,17 @@ class Feature:
     #: Its values as the matrix lists them (a dtype's names; ("softcap",) for a feature that is on or off).
     values: tuple[str, ...]
     #: The value a case asks for, or None when the case does not use the feature.
-    asked: Callable[["Case"], str | None]
+    asked: Callable[[Case], str | None]
     #: The values a backend serves, from its declaration.
-    declared: Callable[["Backend"], Collection[str]]
+    declared: Callable[[Backend], Collection[str]]
     #: The refusal: (backend, case, the value asked, the backend's own why or None) → one line.
-    words: Callable[["Backend", "Case", str, str | None], str]
+    words: Callable[[Backend, Case, str, str | None], str]
     #: The Case fields that ask for one value (the matrix's examples); None: the matrix has no row for it.
     example: Callable[[str], Mapping[str, Any]] | None = None
     #: A heading for the matrix ("score variant", "layout").
     group: str = ""
 
-    def refusal(self, backend: "Backend", case: "Case") -> str | None:
+    def refusal(self, backend: Backend, case: Case) -> str | None:
         """Why `backend` cannot serve what `case` asks of this feature, or None (not asked, or declared)."""
         value = self.asked(case)
         if value is None or value in self.declared(backend):
@@ -64,31 +67,31 @@ class Feature:
         return self.words(backend, case, value, why)
 
 
-def declared_in(attribute: str) -> Callable[["Backend"], Collection[str]]:
+def declared_in(attribute: str) -> Callable[[Backend], Collection[str]]:
     """A declaration read from one attribute of the backend: a collection of names, or a bool meaning the feature's own."""
-    def read(backend: "Backend") -> Collection[str]:
+    def read(backend: Backend) -> Collection[str]:
         return tuple(getattr(backend, attribute, ()) or ())
     return read
 
 
-def _on_off(attribute: str, name: str) -> Callable[["Backend"], Collection[str]]:
+def _on_off(attribute: str, name: str) -> Callable[[Backend], Collection[str]]:
     """A declaration that is a bool attribute: True serves `name`."""
     return lambda backend: (name,) if getattr(backend, attribute, False) else ()
 
 
-def _dtype_words(backend: "Backend", case: "Case", dtype: str, why: str | None) -> str:
+def _dtype_words(backend: Backend, case: Case, dtype: str, why: str | None) -> str:
     if why:
         return f"{backend.name} does not compute {dtype} here ({why})"
     kind = "FP8 kernel" if dtype in FP8_DTYPES else f"{dtype} kernel"
     return f"{backend.name} has no {kind} (it computes in {', '.join(sorted(backend.dtypes))})"
 
 
-def _layout_words(backend: "Backend", case: "Case", layout: str, why: str | None) -> str:
+def _layout_words(backend: Backend, case: Case, layout: str, why: str | None) -> str:
     takes = ", ".join(name for name in LAYOUTS if name in backend.layouts)
     return f"{backend.name} does not take {LAYOUT_WORDS.get(layout, layout)} (it takes: {takes})" + (f": {why}" if why else "")
 
 
-def _ragged_backward_words(backend: "Backend", case: "Case", layout: str, why: str | None) -> str:
+def _ragged_backward_words(backend: Backend, case: Case, layout: str, why: str | None) -> str:
     if layout == "paged":
         return f"a paged KV cache serves decoding and has no {case.mode} pass: train on packed or padded batches"
     return (f"{backend.name}'s adapter does not differentiate {LAYOUT_WORDS[layout]} (its {layout} batches are forward only)"
@@ -142,7 +145,7 @@ FEATURES: list[Feature] = [
 ]
 
 
-def feature_refusals(backend: "Backend", case: "Case", features: list[Feature] | None = None) -> list[str]:
+def feature_refusals(backend: Backend, case: Case, features: list[Feature] | None = None) -> list[str]:
     """Every reason `backend` cannot serve `case` by its declarations, one per feature it lacks, in the table's order."""
     reasons = [feature.refusal(backend, case) for feature in (FEATURES if features is None else features)]
     return [reason for reason in reasons if reason is not None]
@@ -153,7 +156,7 @@ def joined(reasons: list[str]) -> str | None:
     return "; ".join(reasons) if reasons else None
 
 
-def refusal(backend: "Backend", case: "Case") -> str | None:
+def refusal(backend: Backend, case: Case) -> str | None:
     """Why the harness will not run `backend` on `case`, every reason in one line, or None.
 
     A built-in's `supports` already lists its declared features' refusals; a plugin's `supports` may not, so any
