@@ -164,7 +164,7 @@ class Backend:
         return joined(self.refusals(case))
 
     def refusals(self, case: Case) -> list[str]:
-        """Every reason this backend cannot serve `case`: each declared feature it lacks (harness.backends.features), then its own limits."""
+        """Every reason this backend cannot serve `case`: each declared feature it lacks (backends/features.py), then its own limits."""
         return feature_refusals(self, case) + self.own_refusals(case)
 
     def own_refusals(self, case: Case) -> list[str]:

@@ -169,4 +169,5 @@ def refusal(backend: Backend, case: Case) -> str | None:
         if declared:  # refused already: a plugin's own probe is never made to read what it declares it cannot
             return joined(declared)
         raise
+    own = str(own) if own else None  # a plugin's reason of another type is still its words, as text; a falsy one serves
     return joined([reason for reason in declared if not own or reason not in own] + ([own] if own else []))

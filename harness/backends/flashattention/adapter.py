@@ -23,7 +23,7 @@ case needs to be refused for alignment.
 
 FlashAttention's arguments for a ragged batch: packed rows with `cu_seqlens`, or the page pools behind a block table.
 
-Plain functions of CPU-runnable torch code (harness.backends.flashattention.adapter calls them in `prepare`), so the CPU tests
+Plain functions of CPU-runnable torch code (`prepare` below calls them), so the CPU tests
 bind their calls to the libraries' real signatures and check the translation against the layout contract.
 """
 

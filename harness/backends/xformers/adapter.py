@@ -6,7 +6,7 @@ bottom-right aligned (per sequence with padding), the harness's convention. `xfo
 translation, a plain function tested on the CPU (its biases materialise on the CPU too); the
 kernels have no CPU implementation and are unverified until `make gpu-check` runs on a GPU.
 
-Serving layouts (`xformers_calls.xformers_ragged_call`): packed rows as one `[1, T, H, d]` sequence with a
+Serving layouts (`xformers_ragged_call`): packed rows as one `[1, T, H, d]` sequence with a
 block-diagonal bias (`BlockDiagonalMask`, causal `BlockDiagonalCausalFromBottomRightMask`); paged,
 the page pool viewed as `[1, num_pages·page_size, H_kv, d]` with `PagedBlockDiagonalPaddedKeysMask`
 (causal: `PagedBlockDiagonalCausalWithOffsetPaddedKeysMask`), which reads sequence b's logical page p
@@ -28,7 +28,7 @@ declares `SUPPORTED_MAX_K = 65536` (flash and flash3 256, triton_splitk 512): no
 xFormers' call records: the arguments of one `memory_efficient_attention` call, and a ragged batch's translation into them.
 
 The serving and training layouts' translation is plain CPU-runnable torch (its biases are xFormers' real classes, which
-import on the CPU), so the CPU tests check it against the layout contract; harness.backends.xformers.adapter makes the call.
+import on the CPU), so the CPU tests check it against the layout contract; `XformersBackend.prepare` makes the call.
 """
 
 from __future__ import annotations
