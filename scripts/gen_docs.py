@@ -1,9 +1,12 @@
-"""Write docs/columns.md and docs/cli.md from the code: the Record's fields and their `#:` comments, and the argparse parser.
+"""Write docs/columns.md, docs/cli.md and docs/backends.md from the code: the Record's fields and their `#:` comments,
+the argparse parser, and the capability matrix of the built-in backends.
 
-    python scripts/gen_docs.py           rewrite both pages
+    python scripts/gen_docs.py           rewrite the pages
     python scripts/gen_docs.py --check   exit 1 naming each page that differs from what the code makes now
 
-The pages are never edited by hand: a column or a flag added without its page fails tests/test_docs_generated.py.
+The pages are never edited by hand: a column, a flag or a feature added without its page fails tests/test_docs_generated.py.
+The matrix is what a machine without CUDA answers (a GPU's own rules for any GPU the library supports); on a CUDA
+machine the answers follow its GPU, so there it is neither written nor checked.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from harness.suite.cases import Case
 
 COLUMNS_PAGE = "docs/columns.md"
 CLI_PAGE = "docs/cli.md"
+BACKENDS_PAGE = "docs/backends.md"
 #: A `#: -- Title --` comment line in a dataclass starts a section of its fields.
 SECTION = re.compile(r"^--\s*(.*?)\s*--$")
 
@@ -199,9 +203,34 @@ def cli_markdown() -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+def backends_markdown() -> str:
+    """docs/backends.md: every built-in backend's capability matrix (harness.backends.matrix), as `backends --matrix` prints it."""
+    import torch
+
+    from harness.backends.matrix import capability_matrix, render
+    from harness.backends.registry import load_registry
+
+    matrix = render(capability_matrix(load_registry(plugins=False)), markdown=True, availability=False)
+    # Words that quote the installed torch's version name it once, not a version the page would go stale with.
+    matrix = matrix.replace(f"torch {torch.__version__}", "the installed torch")
+    out = ["# What each backend computes", "",
+           generated_note("each backend's declarations and limits (harness/backends/features.py, harness/backends/matrix.py)"),
+           ("Per backend and device, each feature a case may ask for (rows) in each dtype (columns): ✓ served, ✗n refused for "
+            "the reasons numbered n below the table, · no such case (an FP8 case has no score variant and is dense). Nothing is run: "
+            "this is what `attnbench backends --matrix` prints, as a machine without CUDA answers it (a library's per-GPU rules for "
+            "any GPU it supports), a C++ compiler on its path. `--matrix --json` gives each cell with its example case."), "",
+           matrix.rstrip("\n")]
+    return "\n".join(out) + "\n"
+
+
 def pages() -> dict[str, str]:
-    """Each generated page's path (from the checkout's root) and its text as the code makes it now."""
-    return {COLUMNS_PAGE: columns_markdown(), CLI_PAGE: cli_markdown()}
+    """Each generated page's path (from the checkout's root) and its text as the code makes it now (the matrix only without CUDA)."""
+    import torch
+
+    made = {COLUMNS_PAGE: columns_markdown(), CLI_PAGE: cli_markdown()}
+    if not torch.cuda.is_available():
+        made[BACKENDS_PAGE] = backends_markdown()
+    return made
 
 
 def stale_pages(root: Path = ROOT) -> list[str]:
@@ -211,7 +240,7 @@ def stale_pages(root: Path = ROOT) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Rewrite the pages, or with --check say which are stale (exit 1)."""
-    parser = argparse.ArgumentParser(prog="gen_docs.py", description="Write docs/columns.md and docs/cli.md from the code.")
+    parser = argparse.ArgumentParser(prog="gen_docs.py", description="Write docs/columns.md, docs/cli.md and docs/backends.md from the code.")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale page")
     args = parser.parse_args(argv)
     if args.check:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from harness.backends.naive import NaiveBackend
+from harness.backends.pytorch.naive import NaiveBackend
 
 
 class _Renamed(NaiveBackend):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends.flash_attn import FlashAttn2Backend, FlashAttn3Backend, FlashAttn4Backend
+from harness.backends.flashattention.adapter import FlashAttn2Backend, FlashAttn3Backend, FlashAttn4Backend
 from tests.real_signatures import read_members, signature_from_source
 
 SDIST_ENV = "ATTNBENCH_FLASH_ATTN_SDIST"

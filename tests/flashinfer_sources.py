@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import harness.backends.flashinfer as fi
+import harness.backends.flashinfer.adapter as fi
 
 _SPEC = importlib.util.find_spec("flashinfer")
 SOURCE = Path(_SPEC.origin).parent if _SPEC is not None and _SPEC.origin else None

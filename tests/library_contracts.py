@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.backends.flashinfer import PAGED_DECODE, RAGGED_PREFILL
+from harness.backends.flashinfer.adapter import PAGED_DECODE, RAGGED_PREFILL
 from tests.ragged_fixtures import attend_one
 
 

@@ -60,7 +60,7 @@ class NoDeterministicBackend(JitteryBackwardBackend):
 
     name = "no-det-bwd"
     deterministic_backward = False
-    deterministic_reason = "its backward accumulates in launch order"
+    feature_reasons = {"deterministic": "its backward accumulates in launch order"}
 
 
 def add_all(registry) -> None:

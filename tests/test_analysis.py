@@ -12,7 +12,7 @@ import pytest
 from harness import analysis
 
 from harness.analysis import roofline
-from harness.backends.projections import ProjectionsBackend, projection_flops
+from harness.backends.pytorch.projections import ProjectionsBackend, projection_flops
 from harness.suite.cases import Case
 from harness.cli.main import main
 from harness.analysis.compare import compare_frames, parse_threshold

@@ -6,7 +6,7 @@ import torch
 from harness.attention.eager import naive_attention
 from harness.attention.numerics import check_forward
 from harness.backends.base import expand_kv
-from harness.backends.naive import NaiveBackend
+from harness.backends.pytorch.naive import NaiveBackend
 from harness.backends.registry import Registry, load_registry
 from harness.errors import Unsupported, UserError
 from harness.suite.cases import Case

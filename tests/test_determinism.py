@@ -8,14 +8,13 @@ import pytest
 import torch
 
 from harness.analysis.determinism import determinism_cost, plain_case_id
-from harness.backends.base import layout_refusal
 from harness.report.determinism import determinism_section
 from harness.report.writer import Table, render_table
-from harness.backends.determinism import NOT_REPEATABLE, deterministic_algorithms, determinism_refusal
-from harness.backends.flash_attn import flash_call
-from harness.backends.naive import NaiveBackend
-from harness.backends.sdpa import SdpaCudnnBackend
-from harness.backends.xformers import XformersBackend
+from harness.backends.determinism import NOT_REPEATABLE, deterministic_algorithms
+from harness.backends.flashattention.adapter import flash_call
+from harness.backends.pytorch.naive import NaiveBackend
+from harness.backends.pytorch.sdpa import SdpaCudnnBackend
+from harness.backends.xformers.adapter import XformersBackend
 from harness.errors import Unsupported, UserError
 from harness.results.record import Record
 from harness.results.store import read_records
@@ -75,11 +74,12 @@ def test_an_old_record_without_the_field_reads_false(tmp_path):
 
 def test_backends_without_a_deterministic_backward_refuse_with_their_reason():
     case = det_case(device="cuda")
-    refusal = determinism_refusal(XformersBackend(), case)
-    assert refusal.startswith("xformers has no deterministic backward (memory_efficient_attention has no deterministic switch")
-    assert "cuDNN" in layout_refusal(SdpaCudnnBackend(), case)
-    assert layout_refusal(NaiveBackend(), det_case()) is None
-    assert determinism_refusal(XformersBackend(), case.replace(deterministic=False)) is None
+    refusals = XformersBackend().refusals(case)
+    assert len(refusals) == 1, refusals
+    assert refusals[0].startswith("xformers has no deterministic backward (memory_efficient_attention has no deterministic switch")
+    assert "cuDNN" in SdpaCudnnBackend().supports(case)
+    assert NaiveBackend().supports(det_case()) is None
+    assert XformersBackend().refusals(case.replace(deterministic=False)) == []
 
 
 def test_a_cuda_deterministic_case_without_the_cublas_setting_says_what_to_export(monkeypatch):
@@ -148,7 +148,8 @@ def test_a_backend_without_one_is_unsupported_with_its_reason(capsys, monkeypatc
     code, pairs = _check(capsys, monkeypatch, tmp_path, NoDeterministicBackend.name, "true")
     assert code == 0 and pairs
     assert {p["status"] for p in pairs} == {"unsupported"}
-    assert all(p["reason"] == f"{NoDeterministicBackend.name} has no deterministic backward ({NoDeterministicBackend.deterministic_reason})"
+    why = NoDeterministicBackend.feature_reasons["deterministic"]
+    assert all(p["reason"] == f"{NoDeterministicBackend.name} has no deterministic backward ({why})"
                for p in pairs)
 
 

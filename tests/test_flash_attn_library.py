@@ -19,9 +19,9 @@ import types
 
 import pytest
 
-import harness.backends.flash_attn as fa
-from harness.backends.flash_attn import FlashAttn2Backend, FlashAttn3Backend, FlashAttn4Backend, flash_call, flash_ragged_call
-from harness.backends.flash_rules import head_dim_refusal
+import harness.backends.flashattention.adapter as fa
+from harness.backends.flashattention.adapter import FlashAttn2Backend, FlashAttn3Backend, FlashAttn4Backend, flash_call, flash_ragged_call
+from harness.backends.flashattention.rules import head_dim_refusal
 from harness.errors import Unsupported
 from harness.suite.cases import Case
 from harness.suite.inputs import make_inputs

@@ -20,7 +20,7 @@ import shutil
 import pytest
 import torch
 
-import harness.backends.flashinfer as fi
+import harness.backends.flashinfer.adapter as fi
 from harness.attention.numerics import check_forward
 from harness.suite.cases import Case
 from harness.suite.inputs import make_inputs

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch._functorch.config as functorch_config
 
-from harness.backends.flex import FlexBackend, flex_ragged_layout, ragged_mask_mod
+from harness.backends.pytorch.flex import FlexBackend, flex_ragged_layout, ragged_mask_mod
 from tests.ragged_fixtures import agrees, ragged_batch, serving_case
 
 BATCHES = [([5, 3, 7], [5, 3, 7]), ([4, 2, 6], [9, 13, 6]), ([1, 1, 1, 1], [7, 16, 3, 11]), ([3, 3, 3], [10, 5, 17])]
@@ -94,7 +94,7 @@ def test_compiled_flex_runs_a_ragged_batch_on_cpu_with_its_block_mask_as_the_pla
 
 @pytest.mark.compile
 def test_compiled_bwd_leaves_donated_buffer_as_the_process_has_it_after_prepare_and_after_the_step(one_thread):
-    from harness.backends.compiled import NaiveCompiledBackend
+    from harness.backends.pytorch.compiled import NaiveCompiledBackend
     from harness.execution.execute import build_step
     from harness.execution.shared_inputs import InputsCache
     from harness.suite.cases import Case

@@ -10,8 +10,8 @@ import torch
 
 from harness.attention import theory
 from harness.attention.fp8 import FP8_FORMATS, dequantized, quantize
-from harness.backends.eager_fp8 import EagerFp8Backend
-from harness.backends.flash_attn import FlashAttn3Backend, flash_call
+from harness.backends.pytorch.eager_fp8 import EagerFp8Backend
+from harness.backends.flashattention.adapter import FlashAttn3Backend, flash_call
 from harness.backends.registry import load_registry
 from harness.checks.correctness import check_pair, plan_checks, run_checks
 from harness.errors import UserError
@@ -126,7 +126,7 @@ def test_flash_attn3_fp8_call_binds_the_descales_to_the_real_signature():
 @needs_source
 def test_flashinfer_fp8_kv_decode_plans_the_cache_format_and_binds_its_scales_to_the_real_wrapper(monkeypatch):
     """FlashInfer's paged decode reads an FP8 cache: kv_data_type at plan(), k_scale and v_scale at run(), bound to its real source."""
-    from harness.backends import flashinfer as fi
+    from harness.backends.flashinfer import adapter as fi
     from tests.flashinfer_sources import bind, prepared_calls
 
     case = _case(dtype="bf16", kv_dtype="fp8_e4m3", S_q=1, S_kv=32, causal=True)

@@ -27,7 +27,7 @@ class _RefusingBackward(torch.autograd.Function):
 
 
 def _fake_xformers(monkeypatch, *, backward_ok: bool):
-    import harness.backends.xformers as xf
+    import harness.backends.xformers.adapter as xf
     from tests.xformers_real import real_fmha
 
     fmha = real_fmha()
@@ -139,7 +139,7 @@ def test_flash_attn2_is_unavailable_when_flash_attn_is_only_fa4s_namespace(monke
     import sys
     import types
 
-    from harness.backends.flash_attn import FlashAttn2Backend
+    from harness.backends.flashattention.adapter import FlashAttn2Backend
 
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))  # what flash-attn-4 alone leaves
     reason = FlashAttn2Backend().available()

@@ -18,11 +18,11 @@ from typing import Optional
 import pytest
 import torch
 
-import harness.backends.flash_attn as fa
-import harness.backends.flashinfer as fi
+import harness.backends.flashattention.adapter as fa
+import harness.backends.flashinfer.adapter as fi
 from harness.attention.variants import alibi_slopes
-from harness.backends.flash_attn_variants import SCORE_VARIANTS
-from harness.backends.xformers_variants import MAX_HEAD_DIM
+from harness.backends.flashattention.rules import SCORE_VARIANTS
+from harness.backends.xformers.adapter import MAX_HEAD_DIM
 from harness.suite.cases import Case
 from harness.suite.inputs import make_inputs
 from tests.flash_attn_sources import BACKENDS, fa4_text, real_signature

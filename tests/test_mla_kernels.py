@@ -20,9 +20,9 @@ import torch
 
 from harness.attention.numerics import check_ragged_forward
 from harness.backends import registry as registry_module
-from harness.backends.flashinfer_mla import WRAPPER, FlashinferMlaBackend, flashinfer_mla_call
-from harness.backends.flashmla import FlashmlaBackend, flashmla_call
-from harness.backends.mla import MlaBackend
+from harness.backends.flashinfer.mla import WRAPPER, FlashinferMlaBackend, flashinfer_mla_call
+from harness.backends.flashmla.adapter import FlashmlaBackend, flashmla_call
+from harness.backends.pytorch.mla import MlaBackend
 from harness.execution.execute import PairRunner, execute
 from harness.measure.timing import Budget
 from harness.suite.batch_axes import ragged_case
@@ -32,7 +32,7 @@ from tests.flashinfer_sources import NO_SOURCE, SOURCE, signature
 from tests.real_signatures import signature_from_source
 
 FAST = PairRunner(budget=Budget(warmup_s=0.0, measure_s=0.005, min_sample_s=0.0, min_rounds=1, max_rounds=3))
-MINE = ("harness.backends.flashmla", "harness.backends.flashinfer_mla")
+MINE = ("harness.backends.flashmla.adapter", "harness.backends.flashinfer.mla")
 
 
 def mla_case(batch="3x1@uniform(40,200)", *, H=4, d_k=576, d_v=512, page_size=64, dtype="bf16", device="cpu", causal=True, seed=0):

@@ -10,7 +10,7 @@ import torch
 
 from harness.attention import numerics
 from harness.backends.base import Backend, Prepared
-from harness.backends.naive import NaiveBackend
+from harness.backends.pytorch.naive import NaiveBackend
 from harness.attention.eager import naive_attention
 from harness.backends.registry import load_registry
 from harness.suite.cases import Case

@@ -110,7 +110,7 @@ def test_another_class_claiming_a_taken_name_is_listed_unavailable_naming_both_r
     registry = load_registry()
     listing = {row.name: row for row in registry.describe()}
     assert type(registry.get("my-attention")).__module__ == "contract_first"
-    assert type(registry.get("sdpa")).__module__ == "harness.backends.sdpa"
+    assert type(registry.get("sdpa")).__module__ == "harness.backends.pytorch.sdpa"
     second = listing["contract_second:OtherAttention"]
     assert not second.available and "\n" not in second.reason
     for words in ("'my-attention'", "ATTNBENCH_BACKENDS entry contract_first:MyAttention", "contract_first.MyAttention",

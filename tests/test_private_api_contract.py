@@ -17,8 +17,8 @@ import torch
 import torch._functorch.config as functorch_config
 
 import harness.execution.execute as execute
-from harness.backends.compiled import NaiveCompiledBackend
-from harness.backends.sdpa import (
+from harness.backends.pytorch.compiled import NaiveCompiledBackend
+from harness.backends.pytorch.sdpa import (
     FUSED_SDP_CHOICE_ARGUMENTS, SdpaBackend, causal_bias_materialize_problem, dispatched_kernel, fused_sdp_choice_problem,
 )
 from harness.errors import Unsupported
@@ -60,7 +60,7 @@ def test_fused_sdp_choice_problem_names_a_missing_or_changed_function(monkeypatc
         m.delattr(torch, "_fused_sdp_choice")
         _one_line_naming(fused_sdp_choice_problem(), "torch._fused_sdp_choice", torch.__version__)
     # A schema without an argument the harness passes (as if torch renamed one).
-    monkeypatch.setattr("harness.backends.sdpa.FUSED_SDP_CHOICE_ARGUMENTS", (*FUSED_SDP_CHOICE_ARGUMENTS, "window_size"))
+    monkeypatch.setattr("harness.backends.pytorch.sdpa.FUSED_SDP_CHOICE_ARGUMENTS", (*FUSED_SDP_CHOICE_ARGUMENTS, "window_size"))
     _one_line_naming(fused_sdp_choice_problem(), "torch._fused_sdp_choice", torch.__version__)
 
 
@@ -180,7 +180,7 @@ def _fmha():
 
 
 def test_dispatch_fw_takes_inputs_and_refuses_what_no_operator_serves():
-    from harness.backends.xformers import dispatch_fw_problem
+    from harness.backends.xformers.adapter import dispatch_fw_problem
 
     fmha = _fmha()
     assert dispatch_fw_problem(fmha) is None
@@ -191,7 +191,7 @@ def test_dispatch_fw_takes_inputs_and_refuses_what_no_operator_serves():
 
 
 def test_dispatch_fw_problem_names_a_missing_or_changed_function(monkeypatch):
-    from harness.backends.xformers import dispatch_fw_problem, xformers_version
+    from harness.backends.xformers.adapter import dispatch_fw_problem, xformers_version
 
     fmha = _fmha()
     with monkeypatch.context() as m:
@@ -202,7 +202,7 @@ def test_dispatch_fw_problem_names_a_missing_or_changed_function(monkeypatch):
 
 
 def _xformers_without_dispatcher(monkeypatch, forward):
-    import harness.backends.xformers as xf
+    import harness.backends.xformers.adapter as xf
 
     fmha = _fmha()
 
@@ -215,7 +215,7 @@ def _xformers_without_dispatcher(monkeypatch, forward):
 
 
 def test_xformers_row_says_why_its_operator_is_unnamed_without_dispatch_fw(monkeypatch):
-    from harness.backends.xformers import xformers_version
+    from harness.backends.xformers.adapter import xformers_version
 
     backend = _xformers_without_dispatcher(monkeypatch, lambda q, k, v, attn_bias=None, scale=None, op=None: q * 1.0)
     prepared = backend.prepare(SQUARE, make_inputs(SQUARE))
@@ -240,7 +240,7 @@ def test_xformers_without_cpp_lib_is_not_reported_as_missing(monkeypatch):
 
     import xformers
 
-    from harness.backends.xformers import import_xformers
+    from harness.backends.xformers.adapter import import_xformers
 
     _fmha()
     monkeypatch.delattr(xformers, "_cpp_lib")

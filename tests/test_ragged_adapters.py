@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from harness.backends.flash_attn import FlashAttn2Backend, FlashAttn3Backend, FlashAttn4Backend, flash_ragged_call
-from harness.backends.flashinfer import (
+from harness.backends.flashattention.adapter import FlashAttn2Backend, FlashAttn3Backend, FlashAttn4Backend, flash_ragged_call
+from harness.backends.flashinfer.adapter import (
     PAGED_DECODE, PAGED_PREFILL, RAGGED_PREFILL, FlashinferBackend, flashinfer_call, flashinfer_dense_call,
 )
 from harness.attention.numerics import check_forward
@@ -102,7 +102,7 @@ def _xformers_bias():
 
 @pytest.mark.parametrize("inputs", batches(paged=False) + batches(paged=True))
 def test_xformers_translation_meets_the_reference(inputs):
-    from harness.backends.xformers import xformers_ragged_call
+    from harness.backends.xformers.adapter import xformers_ragged_call
 
     call = xformers_ragged_call(inputs, _xformers_bias())
     expected = ("Paged" if inputs.block_table is not None else "") + ("BlockDiagonalCausal" if inputs.causal else "BlockDiagonal")
@@ -111,7 +111,7 @@ def test_xformers_translation_meets_the_reference(inputs):
 
 
 def test_xformers_paged_bias_reads_the_block_table_it_is_given():
-    from harness.backends.xformers import xformers_ragged_call
+    from harness.backends.xformers.adapter import xformers_ragged_call
 
     inputs = ragged_batch([1, 1], [9, 6], page_size=4, seed=5)
     good = xformers_ragged_call(inputs, _xformers_bias())
@@ -124,7 +124,7 @@ def test_xformers_paged_bias_reads_the_block_table_it_is_given():
 
 
 def test_xformers_causal_block_with_more_queries_than_keys_is_unsupported_with_xformers_reason():
-    from harness.backends.xformers import xformers_ragged_call
+    from harness.backends.xformers.adapter import xformers_ragged_call
 
     with pytest.raises(Unsupported, match="num_keys >= num_queries"):
         xformers_ragged_call(ragged_batch([4, 2], [2, 5], causal=True), _xformers_bias())
@@ -248,7 +248,7 @@ def test_flash_prepare_calls_the_named_function_and_returns_packed_rows(monkeypa
 def test_flashinfer_prepare_plans_once_untimed_and_runs_the_planned_wrapper(monkeypatch):
     import sys
 
-    from harness.backends.flashinfer import FlashinferCall
+    from harness.backends.flashinfer.adapter import FlashinferCall
 
     log = []
 
@@ -288,7 +288,7 @@ def test_flashinfer_prepare_plans_once_untimed_and_runs_the_planned_wrapper(monk
 def test_xformers_prepare_passes_the_ragged_bias_and_returns_packed_rows(monkeypatch, page_size):
     from types import SimpleNamespace
 
-    import harness.backends.xformers as xf
+    import harness.backends.xformers.adapter as xf
 
     _xformers_bias()
     from xformers.ops import fmha
@@ -312,8 +312,8 @@ def test_xformers_prepare_passes_the_ragged_bias_and_returns_packed_rows(monkeyp
 
 
 def test_serving_layouts_refuse_what_their_translations_do_not_carry():
-    from harness.backends.flex import FlexBackend
-    from harness.backends.xformers import XformersBackend
+    from harness.backends.pytorch.flex import FlexBackend
+    from harness.backends.xformers.adapter import XformersBackend
 
     paged = serving_case(device="cuda", dtype="bf16", layout="paged", page_size=256, causal=True)
     for backend in (FlashAttn2Backend(), FlashAttn3Backend(), XformersBackend(), FlashinferBackend(), FlexBackend()):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.attention.reference import ragged_rows
-from harness.backends.naive import NaiveBackend
+from harness.backends.pytorch.naive import NaiveBackend
 from harness.execution.execute import CHECK_ONLY, PairRunner, Phases
 from harness.measure.timing import QUICK_BUDGET
 from harness.results.record import Status

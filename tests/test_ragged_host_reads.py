@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
 from harness.attention.numerics import check_ragged_forward
-from harness.backends import sdpa_ragged
+from harness.backends.pytorch import sdpa_ragged
 from harness.backends.ragged_views import requests
 from harness.backends.registry import load_registry
 from harness.execution.execute import build_step

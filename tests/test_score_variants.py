@@ -13,9 +13,8 @@ import torch
 from harness.attention import reference
 from harness.attention.numerics import weights_violations
 from harness.attention.variants import VARIANTS, alibi_slopes, variants_of
-from harness.backends.base import variant_refusal
-from harness.backends.flex import FlexBackend
-from harness.backends.naive import NaiveBackend
+from harness.backends.pytorch.flex import FlexBackend
+from harness.backends.pytorch.naive import NaiveBackend
 from harness.backends.registry import load_registry
 from harness.checks.correctness import check_pair
 from harness.errors import UserError
@@ -206,7 +205,7 @@ def test_backends_that_declare_a_variant_agree(name, changes, mode):
 
 
 def _sdpa(name: str):
-    from harness.backends import sdpa
+    from harness.backends.pytorch import sdpa
 
     return {"sdpa": sdpa.SdpaBackend, "sdpa-math": sdpa.SdpaMathBackend, "sdpa-flash": sdpa.SdpaFlashBackend}[name]()
 
@@ -250,9 +249,9 @@ def test_every_backend_refuses_the_variants_it_does_not_declare():
             if variant in backend.score_variants:
                 continue
             c = case(device="cuda" if "cuda" in backend.devices else "cpu", **changes)
-            reason = variant_refusal(backend, c)
-            assert reason.startswith(f"{backend.name} does not support {variant} (") and reason.endswith(")"), reason
-            assert backend.supports(c) is not None, (backend.name, variant)
+            reasons = [r for r in backend.refusals(c) if r.startswith(f"{backend.name} does not support {variant} (")]
+            assert len(reasons) == 1 and reasons[0].endswith(")"), backend.refusals(c)
+            assert reasons[0] in backend.supports(c), (backend.name, variant)
             refused += 1
     assert refused > 10
 
@@ -301,7 +300,7 @@ def test_flex_sinks_identity_on_flexs_own_log_sum_exp():
     # CPU inductor has no return_lse, but flex's eager path does: its lse is natural-log and the rescale is the definition.
     from torch.nn.attention.flex_attention import flex_attention
 
-    from harness.backends.flex_variants import with_sinks
+    from harness.backends.pytorch.flex import with_sinks
 
     c = case(sinks=True)
     inputs = make_inputs(c)

@@ -122,7 +122,7 @@ def test_mla_case_needs_one_kv_head_and_dv_within_dk(kw):
 @pytest.mark.parametrize("H, H_kv", [(8, 8), (8, 2), (8, 1)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_model_crossover_is_where_the_cases_own_flops_cross(H, H_kv, causal):
-    from harness.backends.projections import projection_flops
+    from harness.backends.pytorch.projections import projection_flops
 
     d = 64
     D = H * d

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.backends.flash_attn import flash_call
-from harness.backends.flex import mask_mod_for
+from harness.backends.flashattention.adapter import flash_call
+from harness.backends.pytorch.flex import mask_mod_for
 from harness.backends.layouts import cu_seqlens, from_bmghk, kv_to_bmghk, pack, to_bmghk, unpack, window_size
 from harness.suite.cases import Case
 from harness.suite.inputs import kv_lengths, make_inputs, visible_mask
@@ -136,7 +136,7 @@ def test_xformers_5d_layout_groups_heads_like_repeat_interleave_without_copying_
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_xformers_biases_and_layout_meet_the_reference(case):
-    from harness.backends.xformers import attention_bias, xformers_call
+    from harness.backends.xformers.adapter import attention_bias, xformers_call
     from tests.xformers_real import real_fmha
 
     fmha = real_fmha()

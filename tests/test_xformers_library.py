@@ -150,7 +150,7 @@ def fresh_import_of_xformers_ops():
 
 
 def test_flash_attn_4_alone_is_named_as_why_xformers_does_not_import(monkeypatch, tmp_path):
-    from harness.backends.xformers import XformersBackend
+    from harness.backends.xformers.adapter import XformersBackend
 
     (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
     (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
@@ -168,7 +168,7 @@ def test_flash_attn_4_alone_is_named_as_why_xformers_does_not_import(monkeypatch
 
 
 def test_xformers_that_is_missing_is_still_reported_as_not_installed(monkeypatch):
-    from harness.backends.xformers import XformersBackend
+    from harness.backends.xformers.adapter import XformersBackend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with fresh_import_of_xformers_ops():
@@ -207,7 +207,7 @@ def ragged_batches(paged):
 
 @pytest.mark.parametrize("inputs", ragged_batches(paged=False))
 def test_packed_biases_materialize_the_harness_request_masks(inputs):
-    from harness.backends.xformers import xformers_ragged_call
+    from harness.backends.xformers.adapter import xformers_ragged_call
 
     bias = xformers_ragged_call(inputs, real_fmha().attn_bias).attn_bias
     cu_kv = inputs.cu_seqlens_kv.tolist()
@@ -217,7 +217,7 @@ def test_packed_biases_materialize_the_harness_request_masks(inputs):
 
 @pytest.mark.parametrize("inputs", ragged_batches(paged=True))
 def test_paged_biases_materialize_the_harness_masks_at_the_pages_the_block_table_names(inputs):
-    from harness.backends.xformers import xformers_ragged_call
+    from harness.backends.xformers.adapter import xformers_ragged_call
 
     call = xformers_ragged_call(inputs, real_fmha().attn_bias)
     pool_rows = inputs.k_pages.shape[0] * inputs.page_size
@@ -231,7 +231,7 @@ def test_paged_biases_materialize_the_harness_masks_at_the_pages_the_block_table
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in DENSE if DENSE[n][0].mode == "fwd"])
 def test_dense_and_padded_biases_materialize_the_harness_visible_mask(name):
-    from harness.backends.xformers import attention_bias
+    from harness.backends.xformers.adapter import attention_bias
 
     case = DENSE[name][0]
     bias = attention_bias(case, real_fmha().attn_bias)

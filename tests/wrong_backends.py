@@ -312,7 +312,7 @@ class _WritesADescaleInPlace:
 
 def fp8_descale_writers() -> list[type]:
     """The wrong FP8 backends (built on the registry's eager-fp8, imported here only when asked for)."""
-    from harness.backends.eager_fp8 import EagerFp8Backend
+    from harness.backends.pytorch.eager_fp8 import EagerFp8Backend
 
     class DoublesKeyDescaleInPlace(_WritesADescaleInPlace, EagerFp8Backend):
         name = "wrong-double-k-descale"

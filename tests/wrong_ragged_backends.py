@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from harness.backends.base import Prepared
-from harness.backends.naive import NaiveBackend
+from harness.backends.pytorch.naive import NaiveBackend
 from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs
 

@@ -13,7 +13,7 @@ import torch
 
 from harness.attention.eager import naive_attention
 from harness.backends.base import Prepared
-from harness.backends.naive import NaiveBackend
+from harness.backends.pytorch.naive import NaiveBackend
 from harness.backends.ragged_views import padded, padded_prepared, per_request, request_masks, requests
 from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs

@@ -58,7 +58,7 @@ def stand_in_ops(fmha):
 @pytest.fixture
 def xf(monkeypatch):
     """The adapter module, xFormers' dispatcher choosing among the stand-ins, and a count of the dispatcher's runs."""
-    import harness.backends.xformers as adapter
+    import harness.backends.xformers.adapter as adapter
 
     fmha = real_fmha()
     fw, bw = stand_in_ops(fmha)

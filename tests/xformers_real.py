@@ -15,7 +15,7 @@ def real_fmha():
     the same beside any flash_attn (none bound as FlashAttention 2). Other xFormers tests import through it.
     """
     pytest.importorskip("xformers")
-    from harness.backends.xformers import import_xformers
+    from harness.backends.xformers.adapter import import_xformers
 
     with pytest.MonkeyPatch.context() as m:
         if "xformers.ops" not in sys.modules:

@@ -8,9 +8,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from harness.attention.variants import variants_of
-from harness.backends.determinism import determinism_refusal
 from harness.backends.capabilities import CAPABILITIES, CAPABILITY_DEFAULTS  # noqa: F401 - CAPABILITIES: its old home
+from harness.backends.features import feature_refusals, joined
 
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs
@@ -94,11 +93,13 @@ def prepare_pair(backend: "Backend", case: Case, inputs: AttentionInputs) -> Pre
 
 
 class Backend:
-    """Base class: subclasses set `name` and `family`, and override `prepare` (and usually `supports`).
+    """Base class: subclasses set `name` and `family`, declare what they serve, and override `prepare` (often `own_refusals`).
 
     `available()` says whether the backend can run at all on this machine (package installed,
     device present); `supports(case)` whether it can serve one case. Both return None for yes and
-    a one-line reason for no. Optional packages are imported inside these methods, never at import.
+    a one-line reason for no: `supports` joins every reason, the declared features' (devices, dtypes, layouts,
+    score_variants …: harness.backends.features) and the backend's `own_refusals`. Optional packages are imported
+    inside these methods, never at import.
     """
 
     name: ClassVar[str] = ""
@@ -124,28 +125,27 @@ class Backend:
     baseline: ClassVar[bool] = CAPABILITY_DEFAULTS["baseline"]
     #: True when `weights(case, inputs)` returns (output, attention weights) for `attnbench check`.
     returns_weights: ClassVar[bool] = CAPABILITY_DEFAULTS["returns_weights"]
+    # What the backend serves of each feature a case may ask for (harness.backends.features reads these declarations:
+    # a case asking for anything else is refused in the feature's words, every such feature listed).
     #: Whether the backward, under torch's deterministic algorithms, is bitwise repeatable (harness.backends.determinism):
     #: a claim the executor measures on every deterministic case, never trusts.
     deterministic_backward: ClassVar[bool] = False
-    #: Why there is no deterministic backward, in a user's words (the refusal of a deterministic case).
-    deterministic_reason: ClassVar[str] = ""
     #: The dtypes `prepare` computes in: FP8 ones only where the backend runs an FP8 kernel (harness.attention.fp8), never a
     #: dequantize-then-bf16 path called FP8. `kv_dtypes`: the FP8 KV-cache formats it reads beside fp16/bf16 queries.
     dtypes: ClassVar[frozenset[str]] = frozenset({"fp64", "fp32", "fp16", "bf16"})
     kv_dtypes: ClassVar[frozenset[str]] = frozenset()
-    #: Why a dtype (an FP8 one) is refused, where the library has such kernels but the adapter does not reach them.
-    dtype_reasons: ClassVar[dict[str, str]] = {}
     #: The batch layouts (harness.suite.ragged) `prepare` accepts: "dense" (today's rectangle), "padded"
     #: (a ragged batch padded to its longest sequence and masked), "packed" (tokens concatenated with
     #: cumulative offsets) and "paged" (the KV cache in scattered fixed-size pages behind a block table).
     layouts: ClassVar[frozenset[str]] = frozenset({"dense"})
     #: The score variants (harness.attention.variants: softcap, sinks, alibi, scale) `prepare` computes exactly;
-    #: a case using any other is refused (`variant_refusal`), never approximated.
+    #: a case using any other is refused, never approximated.
     score_variants: ClassVar[frozenset[str]] = frozenset()
-    #: Why the backend lacks a variant, in a few words, where it is the library's limit rather than the adapter's.
-    variant_reasons: ClassVar[dict[str, str]] = {}
     #: The ragged layouts whose backward `prepare` differentiates (packed and padded training batches); a paged cache has none.
     ragged_backward: ClassVar[frozenset[str]] = frozenset()
+    #: Why the backend lacks a feature, in a user's words, where it is the library's limit rather than the adapter's:
+    #: keyed by feature ("softcap", "deterministic") or feature and value ("dtype:fp8_e4m3").
+    feature_reasons: ClassVar[dict[str, str]] = {}
 
     def costs(self, case: Case) -> tuple[int, int] | None:
         """(FLOPs, bytes) of one call when they are not the attention's (theory.flops, min_bytes); None otherwise."""
@@ -160,12 +160,16 @@ class Backend:
         return None
 
     def supports(self, case: Case) -> str | None:
-        """None if this backend can serve `case`, else a one-line reason."""
-        if case.device not in self.devices:
-            return f"{self.name} has no {case.device.upper()} kernel (runs on: {', '.join(self.devices)})"
-        if case.mode != "fwd" and not self.supports_backward:
-            return f"{self.name} has no backward pass"
-        return layout_refusal(self, case)
+        """None if this backend can serve `case`, else every reason it cannot, in one line (`refusals`)."""
+        return joined(self.refusals(case))
+
+    def refusals(self, case: Case) -> list[str]:
+        """Every reason this backend cannot serve `case`: each declared feature it lacks (backends/features.py), then its own limits."""
+        return feature_refusals(self, case) + self.own_refusals(case)
+
+    def own_refusals(self, case: Case) -> list[str]:
+        """The library's or adapter's limits for `case` beyond the declared features (head dims, GPU, page size), each a reason."""
+        return []
 
     def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared | Callable[[], torch.Tensor]:
         """Lay out inputs and build the callable to time (plain, or in a Prepared); raise Unsupported if the case turns out unservable."""
@@ -181,61 +185,6 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<backend {self.name} ({self.family})>"
-
-
-#: How a refusal names each layout: "naive does not take paged batches".
-_LAYOUT_WORDS = {"dense": "dense (rectangular) batches", "padded": "padded batches", "packed": "packed (varlen) batches",
-                 "paged": "paged batches (a KV cache in pages behind a block table)"}
-
-
-def variant_refusal(backend: Backend, case: Case) -> str | None:
-    """Why `backend` cannot serve the case's score variants, or None: the first one it does not declare, with why."""
-    for variant in sorted(variants_of(case) - backend.score_variants):
-        why = backend.variant_reasons.get(variant, "its adapter does not pass it to the kernel")
-        return f"{backend.name} does not support {variant} ({why})"
-    return None
-
-
-def dtype_refusal(backend: Backend, case: Case) -> str | None:
-    """Why `backend` cannot compute in the case's dtype or read its FP8 KV cache, or None."""
-    if case.dtype not in backend.dtypes:
-        if case.dtype in backend.dtype_reasons:
-            return f"{backend.name} does not compute {case.dtype} here ({backend.dtype_reasons[case.dtype]})"
-        kind = "FP8 kernel" if case.dtype.startswith("fp8") else f"{case.dtype} kernel"
-        return f"{backend.name} has no {kind} (it computes in {', '.join(sorted(backend.dtypes))})"
-    if case.kv_dtype is not None and case.mode != "fwd":
-        return f"an FP8 KV cache ({case.kv_dtype}) is read by inference, never differentiated: it has no {case.mode} pass"
-    if case.kv_dtype is not None and case.kv_dtype not in backend.kv_dtypes:
-        return f"{backend.name}'s adapter does not read an FP8 KV cache ({case.kv_dtype}): it hands K and V over in the queries' dtype"
-    return None
-
-
-def layout_refusal(backend: Backend, case: Case) -> str | None:
-    """Why `backend` cannot serve the case's layout, or None: a layout it does not declare, or a ragged batch's backward pass.
-
-    The score variants it does not declare are refused first (`variant_refusal`): every backend's supports reaches here.
-    """
-    determinism = determinism_refusal(backend, case) or dtype_refusal(backend, case)
-    if determinism:
-        return determinism
-    variant = variant_refusal(backend, case)
-    if variant:
-        return variant
-    if case.layout not in backend.layouts:
-        takes = ", ".join(layout for layout in ("dense", "padded", "packed", "paged") if layout in backend.layouts)
-        return f"{backend.name} does not take {_LAYOUT_WORDS.get(case.layout, case.layout)} (it takes: {takes})"
-    if case.layout != "dense" and case.mode != "fwd":
-        return backward_refusal(backend, case)
-    return None
-
-
-def backward_refusal(backend: Backend, case: Case) -> str | None:
-    """Why `backend` cannot differentiate the case's ragged batch, or None: a paged cache has no backward, and a backend adapts its own."""
-    if case.layout == "paged":
-        return f"a paged KV cache serves decoding and has no {case.mode} pass: train on packed or padded batches"
-    if case.layout not in backend.ragged_backward:
-        return f"{backend.name}'s adapter does not differentiate {_LAYOUT_WORDS[case.layout]} (its {case.layout} batches are forward only)"
-    return None
 
 
 def expand_kv(t: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Deterministic backward as a case axis: which backends claim one, why the others refuse, and torch's switch.
 
 A backend class sets `deterministic_backward` (True: its backward, run under `deterministic_algorithms`, is
-bitwise repeatable) and `deterministic_reason` (why not, for a user). The claim is never trusted: the executor
+bitwise repeatable) and `feature_reasons["deterministic"]` (why not, for a user; harness.backends.features refuses). The claim is never trusted: the executor
 compares two consecutive calls bitwise (the record's `bitwise_repeatable`), and a deterministic case whose calls
 differ disagrees.
 
@@ -30,21 +30,6 @@ from harness.suite.cases import Case
 #: What cuBLAS needs for reproducible GEMMs under deterministic algorithms (torch raises on CUDA without it): either setting.
 CUBLAS_WORKSPACES = (":4096:8", ":16:8")
 CUBLAS_WORKSPACE = CUBLAS_WORKSPACES[0]
-#: The default `deterministic_reason` of a backend that does not say.
-NO_DETERMINISTIC_BACKWARD = "its adapter has no deterministic backward"
-
-
-def determinism_refusal(backend: Any, case: Case) -> str | None:
-    """Why `backend` cannot serve the case's deterministic backward, or None (not asked, or it has one).
-
-    `backend` is a harness.backends.base.Backend, not imported here: base imports this module.
-    """
-    if not case.deterministic or getattr(backend, "deterministic_backward", False):
-        return None
-    why = getattr(backend, "deterministic_reason", "") or NO_DETERMINISTIC_BACKWARD
-    return f"{backend.name} has no deterministic backward ({why})"
-
-
 @contextlib.contextmanager
 def deterministic_algorithms(case: Case) -> Iterator[None]:
     """Torch's deterministic algorithms on for a deterministic case (restored after); a plain case runs as it is.

@@ -14,7 +14,6 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 
-from harness.backends.base import layout_refusal as base_layout_refusal
 from harness.suite.cases import Case
 from harness.suite.ragged import RaggedInputs
 
@@ -26,14 +25,11 @@ def case_layout(case: Case) -> str:
     return getattr(case, "layout", "dense")
 
 
-def layout_refusal(backend: Any, case: Case) -> str | None:
-    """`base.layout_refusal`, then what these adapters' ragged translations do not carry (a sliding window, MLA's latent cache)."""
-    reason = base_layout_refusal(backend, case)
-    if reason is not None or case_layout(case) == "dense":
-        return reason
-    if case.window is not None or case.mla:
-        return f"{backend.name}'s {case.layout} translation has no {'sliding window' if case.window is not None else 'MLA latent cache'}"
-    return None
+def translation_refusals(backend: Any, case: Case) -> list[str]:
+    """What these adapters' ragged translations do not carry (a sliding window, MLA's latent cache), for a layout the backend takes."""
+    if case_layout(case) == "dense" or case.layout not in backend.layouts or (case.window is None and not case.mla):
+        return []
+    return [f"{backend.name}'s {case.layout} translation has no {'sliding window' if case.window is not None else 'MLA latent cache'}"]
 
 
 def is_paged(inputs: Any) -> bool:

@@ -18,10 +18,11 @@ ENV_VAR = "ATTNBENCH_BACKENDS"
 
 #: Modules that define the built-in backends; importing one registers its classes in BUILTINS.
 BUILTIN_MODULES = (
-    "harness.backends.naive", "harness.backends.sdpa", "harness.backends.projections",
-    "harness.backends.compiled", "harness.backends.flex", "harness.backends.xformers", "harness.backends.flash_attn",
-    "harness.backends.flashinfer", "harness.backends.mla", "harness.backends.eager_fp8", "harness.backends.flashmla", "harness.backends.flashinfer_mla",
-    "harness.backends.layer",
+    "harness.backends.pytorch.naive", "harness.backends.pytorch.sdpa", "harness.backends.pytorch.projections",
+    "harness.backends.pytorch.compiled", "harness.backends.pytorch.flex", "harness.backends.xformers.adapter",
+    "harness.backends.flashattention.adapter", "harness.backends.flashinfer.adapter", "harness.backends.pytorch.mla",
+    "harness.backends.pytorch.eager_fp8", "harness.backends.flashmla.adapter", "harness.backends.flashinfer.mla",
+    "harness.backends.pytorch.layer",
 )
 
 

@@ -63,14 +63,10 @@ PATHS = {
 
 
 def declared_refusal(backend, case: Case) -> str | None:
-    """Why `backend` declares it cannot serve `case` (device, backward, dtype, layout, variants: class attributes, no import), or None.
+    """Why `backend` declares it cannot serve `case` (every feature of harness.backends.features it lacks: no import), or None.
 
     Such a pair is answered unsupported in well under a second, so gpu-check's cost model counts only the others.
     """
-    from harness.backends.base import layout_refusal
+    from harness.backends.features import feature_refusals, joined
 
-    if case.device not in backend.devices:
-        return f"{backend.name} has no {case.device.upper()} kernel"
-    if case.mode != "fwd" and not backend.supports_backward:
-        return f"{backend.name} has no backward pass"
-    return layout_refusal(backend, case)
+    return joined(feature_refusals(backend, case))

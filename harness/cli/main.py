@@ -27,7 +27,14 @@ def cmd_backends(args: argparse.Namespace) -> int:
     """List every registered backend, available or not, and why."""
     from harness.backends.registry import load_registry
 
-    rows = load_registry().describe()
+    registry = load_registry()
+    if args.matrix:
+        from harness.backends.matrix import capability_matrix, render
+
+        matrix = capability_matrix(registry)
+        print(strict_json.dumps([row.to_dict() for row in matrix]) if args.json else render(matrix).rstrip("\n"))
+        return 0
+    rows = registry.describe()
     if args.json:
         print(strict_json.dumps([row.__dict__ for row in rows]))
         return 0
@@ -166,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("backends", help="list backends, available or not and why")
     p.add_argument("--json", action="store_true", help="print a JSON list of {name, family, available, reason, version}")
+    p.add_argument("--matrix", action="store_true",
+                   help="what each backend serves of each feature (score variants, layouts, backward, determinism, FP8 KV cache) "
+                        "per device and dtype, with every refusal's reason, from the declarations: no GPU needed "
+                        "(--json: per backend its cells {device, feature, value, dtype, status, reasons, case_id})")
     p.set_defaults(func=cmd_backends)
 
     p = sub.add_parser("env", help="print the environment fingerprint")

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from harness.backends.base import Backend, NotPrepared, Prepared, layout_refusal, prepare_pair
+from harness.backends.base import Backend, NotPrepared, Prepared, prepare_pair
+from harness.backends.features import refusal
 from harness.backends.determinism import NOT_REPEATABLE, bitwise_equal, deterministic_algorithms, detached
 from harness.errors import Unsupported
 from harness.telemetry import gpu_state
@@ -175,8 +176,9 @@ def run_pair(case: Case, backend: Backend, phases: Phases = Phases(), *, budget:
             return run_pair(case, backend, phases, budget=budget, references=references, loop_factory=loop_factory,
                             inputs=inputs, resources=own)
     try:
-        # The layout first: a backend whose `supports` does not ask its base class must never be handed a batch it cannot read.
-        reason = missing_device(case) or backend.available() or layout_refusal(backend, case) or backend.supports(case)
+        # Every reason, the declared features' included: a backend whose `supports` does not ask its base class is still
+        # refused a batch it cannot read (harness.backends.features.refusal).
+        reason = missing_device(case) or backend.available() or refusal(backend, case)
     except Exception as exc:  # noqa: BLE001 - a probe that crashes cannot vouch for the backend
         return PairOutcome(Status.ERROR, f"availability check failed: {one_line(exc)}")
     if reason:

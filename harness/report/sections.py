@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -280,6 +281,17 @@ _ENV_KEYS = ("harness_version", "harness_commit", "harness_dirty", "time_utc", "
              "python", "platform", "torch", "torch_cuda", "cudnn", "numpy", "pandas", "pytest_benchmark", "xformers", "flash_attn")
 
 
+def _capability_matrix(run_dir: Path | None) -> str:
+    """The run's capabilities.txt (what each of its backends serves, per feature and dtype, with every refusal's reason), folded."""
+    from harness.backends.matrix import MATRIX_FILE
+
+    path = run_dir / MATRIX_FILE if run_dir is not None else None
+    if path is None or path.is_symlink() or not path.is_file():  # a run from before the matrix, or a link: nothing read through it
+        return ""
+    return (f"<details><summary>What each backend serves (✓), refuses (✗n: reasons below its table) or has no case for (·), "
+            f"per feature and dtype, as this run's harness declares it ({esc(MATRIX_FILE)})</summary><pre>{esc(path.read_text())}</pre></details>")
+
+
 def _environment(data: analysis.RunData) -> Section:
     body = []
     for rid, env in data.env.items():
@@ -295,6 +307,7 @@ def _environment(data: analysis.RunData) -> Section:
         if manifest:
             body.append(f'<p class="muted">suite {esc(manifest.get("suite"))}, {esc(len(manifest.get("pairs", [])))} pairs, created {esc(manifest.get("created_utc"))}, '
                         f'backends {esc(", ".join(manifest.get("backends", [])))}</p>')
+        body.append(_capability_matrix(data.dirs.get(rid)))
     return Section("environment", "Environment", body, nav="Environment")
 
 

@@ -27,6 +27,7 @@ from harness.telemetry import peaks as device_peaks
 from harness.telemetry.peaks_reuse import reused_peaks
 from harness.measure.timing import Budget
 from harness.results.documents import ENV, HARNESS, MANIFEST, PEAKS, Environment, Manifest, read_document
+from harness.backends.matrix import MATRIX_FILE
 from harness.results.record import Record
 from harness.results.store import RECORDS, RECORDS_CSV, ReadResult, link_refusal, read_records, write_file
 from harness.run import manifest_pairs, protocol
@@ -37,9 +38,9 @@ from harness.suite.cases import Case
 
 SUITE_COPY = "suite.toml"
 #: Every name a run writes in its folder (patterns for the per-worker files); `--force` deletes nothing else.
-RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.REMEASURE, protocol.CLAIMS, "traces", batch_files.FROZEN,
+RUN_FILES = (MANIFEST, SUITE_COPY, RECORDS, RECORDS_CSV, ENV, PEAKS, MATRIX_FILE, protocol.PENDING, protocol.REMEASURE, protocol.CLAIMS, "traces", batch_files.FROZEN,
              protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK, f"worker-*{protocol.CURRENT_SUFFIX}", "worker-*.log",
-             "pytest-benchmark-*.json", f".{MANIFEST}.*.tmp", f".{ENV}.*.tmp")
+             "pytest-benchmark-*.json", f".{MANIFEST}.*.tmp", f".{ENV}.*.tmp", f".{MATRIX_FILE}.*.tmp")
 #: The files a run writes again on resume: none may be a symbolic link.
 _REWRITTEN = (MANIFEST, RECORDS, RECORDS_CSV, ENV, PEAKS, protocol.PENDING, protocol.REMEASURE, protocol.CLAIMS, "traces",
               protocol.SUPERVISOR_LOCK, protocol.WORKERS_LOCK)
@@ -256,6 +257,13 @@ class RunFolder:
     def write_env_before(self) -> None:
         """The environment's fingerprint and, on a GPU, its clocks and temperatures before any pair."""
         write_env(self.path, {"before": fingerprint(self.device), "telemetry_before": gpu_telemetry() if self.device == "cuda" else None})
+
+    def write_capabilities(self, registry: Any, names: Sequence[str]) -> None:
+        """capabilities.txt: what the run's backends serve of each feature, per dtype, as this harness declares it (harness.backends.matrix)."""
+        from harness.backends.matrix import capability_matrix, render
+
+        text = render(capability_matrix(registry, names=names, availability=False), availability=False)
+        protocol.atomic_write(self.path / MATRIX_FILE, text)
 
     def write_env_after(self) -> None:
         """The GPU's clocks and temperatures after the last pair, beside those from before."""

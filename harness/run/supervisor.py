@@ -187,6 +187,7 @@ class Supervisor:
         if config.options.traces:
             (folder.path / protocol.TRACES).mkdir(exist_ok=True)
         self._write_environment(folder, suite)
+        folder.write_capabilities(self.registry, names)
         return folder
 
     # -- running ------------------------------------------------------------------------------

@@ -58,13 +58,12 @@ class ProjectionsBackend(Backend):
     computes_attention = False
     attention_core = False
 
-    def supports(self, case: Case) -> str | None:
+    def own_refusals(self, case: Case) -> list[str]:
         """Not for MLA cases: their d_k is the latent width, and D = H·d_k would be a projection no model has."""
-        reason = super().supports(case)
-        if reason is None and case.mla:
-            return ("an MLA case's d_k is the shared latent (d_c + d_rope), so H·d_k is not the model width; "
-                    "MLA's down/up projections are a different layer")
-        return reason
+        if not case.mla:
+            return []
+        return ["an MLA case's d_k is the shared latent (d_c + d_rope), so H·d_k is not the model width; "
+                "MLA's down/up projections are a different layer"]
 
     def costs(self, case: Case) -> tuple[int, int]:
         """The projections' FLOPs and bytes, not the attention core's."""

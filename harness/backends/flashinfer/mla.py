@@ -1,6 +1,6 @@
 """FlashInfer's MLA kernels (`BatchMLAPagedAttentionWrapper`) over a paged latent cache; CUDA only, forward only.
 
-The absorbed MLA decode (harness.backends.mla) as FlashInfer serves it: every query head attends with a query of
+The absorbed MLA decode (harness.backends.pytorch.mla) as FlashInfer serves it: every query head attends with a query of
 width d_c + d_rope over one shared latent cache, whose first d_c columns are the values. The wrapper takes the
 query and the cache split at d_c, as FlashInfer's MLA API names them:
 
@@ -12,7 +12,7 @@ flashinfer-python 0.7.2.post1 (mla/_batch_mla/_wrapper.py) spells this in its pr
 head_dim_kpe=…, page_size=…, causal=…, sm_scale=…, q_data_type=…, kv_data_type=…, query_layout="split",
 kv_cache_layout="split")` and `run(query=(q_nope, q_pe), kv_cache=(ckv, kpe))`; the flat plan tensors and the
 q_nope=/ckv_cache= run keywords are its deprecated forms. The CSR page table is the one the paged wrappers read
-(harness.backends.flashinfer.page_table_csr), with each request's KV length in `kv_len_arr` instead of a last-page
+(harness.backends.flashinfer.adapter.page_table_csr), with each request's KV length in `kv_len_arr` instead of a last-page
 length. Its kernels are built for d_c = 512 and d_rope = 64 (the FA2 path's check, _backends/_fa_common.py), the
 DeepSeek-V3 and Kimi-K2 widths. Causal is bottom-right, as the harness's; a decode (one query per request) plans
 non-causal, which is the same function. `plan()` is untimed, twice: the first loads or JIT-compiles the kernel
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from harness.backends.base import Backend, Prepared
-from harness.backends.flashinfer import WORKSPACE_BYTES, flashinfer_unavailable, host_indptr, page_table_csr
-from harness.backends.mla import NOT_MLA
+from harness.backends.flashinfer.adapter import WORKSPACE_BYTES, flashinfer_unavailable, host_indptr, page_table_csr
+from harness.backends.pytorch.mla import NOT_MLA
 from harness.backends.ragged_args import lengths_int32, softmax_scale, timed_setup
 from harness.backends.registry import register
 from harness.suite.cases import Case
@@ -104,18 +104,15 @@ class FlashinferMlaBackend(Backend):
         """Installed (flashinfer-python), a CUDA device, kernels prebuilt or a compiler to build them, and importable."""
         return flashinfer_unavailable("flashinfer.mla", "its MLA wrapper has no CPU kernel")
 
-    def supports(self, case: Case) -> str | None:
-        """Paged MLA cases at FlashInfer's latent widths, fp16/bf16, forward only."""
+    def own_refusals(self, case: Case) -> list[str]:
+        """MLA cases at FlashInfer's latent widths (paged, fp16/bf16, forward only: declared)."""
         if not case.mla:
-            return f"{self.name} {NOT_MLA}"
-        reason = super().supports(case)
-        if reason:
-            return reason
+            return [f"{self.name} {NOT_MLA}"]  # the latent widths below presume one
         widths = (case.d_v, case.d_k - case.d_v)
         if widths != LATENT_WIDTHS:
-            return (f"flashinfer's MLA kernels are built for d_c={LATENT_WIDTHS[0]}, d_rope={LATENT_WIDTHS[1]} "
-                    f"(case: d_c={widths[0]}, d_rope={widths[1]})")
-        return None
+            return [f"flashinfer's MLA kernels are built for d_c={LATENT_WIDTHS[0]}, d_rope={LATENT_WIDTHS[1]} "
+                    f"(case: d_c={widths[0]}, d_rope={widths[1]})"]
+        return []
 
     def prepare(self, case: Case, inputs: RaggedInputs) -> Prepared:
         """Translate (untimed), plan twice (compile, then the per-step plan in plan_s), and time `run()`."""

@@ -21,6 +21,22 @@ second plan(); the first loads, on first use JIT-compiles, the kernel module: `c
 `flashinfer_call` is the translation, a plain function tested on the CPU (its calls bound to the
 installed library's signatures in tests/test_flashinfer_library.py); the kernels need a GPU and
 are unverified until `make gpu-check` runs on one.
+
+The score variants and head dims of FlashInfer's planned wrappers, as flashinfer-python 0.7.2.post1 defines them.
+
+- `sm_scale` and `logits_soft_cap` are plan() arguments of all three wrappers (the decode plan takes them through
+  **kwargs); include/flashinfer/attention/variants.cuh's DefaultAttention applies the cap as
+  cap·tanh(s/cap) on the scaled score s in its logits transform, before the mask: the harness's softcap.
+- ALiBi is plan(pos_encoding_mode="ALIBI"), with FlashInfer's own slopes (utils.get_alibi_slopes: Press et al.'s,
+  the harness's values): the same transform adds slope_h·(kv_idx − qo_idx) to the scaled score, a bias linear in the
+  distance. A row constant cancels in the softmax, so it is the harness's −slope·|pos(i) − j| exactly where every
+  visible key lies at or before its query's position (causal or windowed, or one query per sequence), and not otherwise.
+- Sinks: run(sinks=) reaches only the trtllm-gen and cuDNN paths; the fa2 paged_run drops it (prefill.py), the
+  CUDA-core decode run never passes it (decode.py), and the ragged run has no such argument. Its sink kernels are
+  a separate JIT wrapper (BatchAttentionWithAttentionSinkWrapper), not adapted here.
+- Head dims: no limit is stated here. The JIT-compiled batch modules take the head dim as a template constant;
+  the DISPATCH_HEAD_DIM list of include/flashinfer/utils.cuh (64, 128, 256, 512) is not what they dispatch on,
+  so a head dim a kernel lacks is its own error at plan() or run().
 """
 
 from __future__ import annotations
@@ -38,13 +54,37 @@ from typing import Any, Callable, Sequence
 import torch
 
 from harness.backends.base import Backend, Prepared
-from harness.backends.flashinfer_variants import SCORE_VARIANTS, VARIANT_REASONS, variant_plan_args, variant_refusal
-from harness.backends.ragged_args import is_paged, layout_refusal, lengths_int32, pages_used, softmax_scale, timed_setup
+from harness.backends.ragged_args import is_paged, lengths_int32, pages_used, softmax_scale, timed_setup, translation_refusals
 from harness.backends.registry import register
 from harness.errors import Unsupported
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs, torch_dtype
 from harness.suite.ragged import RaggedInputs
+
+SCORE_VARIANTS = frozenset({"softcap", "alibi", "scale"})
+VARIANT_REASONS = {
+    "sinks": ("the planned wrappers' fa2 kernels drop run(sinks=) (only its trtllm-gen and cuDNN paths take it); its sink "
+              "kernels are a separate JIT wrapper, BatchAttentionWithAttentionSinkWrapper, not adapted here"),
+}
+
+
+def alibi_refusal(case: Case) -> str | None:
+    """Why FlashInfer's ALiBi is not the case's (a non-causal case with several queries), or None."""
+    if case.alibi and not (case.causal or case.window is not None or case.S_q == 1):
+        return ("flashinfer's ALiBi adds slope·(j − i), linear in the distance: the harness's −slope·|pos(i) − j| only where no "
+                f"query sees a later key, so a non-causal case with S_q={case.S_q} > 1 is not served")
+    return None
+
+
+def variant_plan_args(case: Case) -> dict[str, Any]:
+    """plan()'s keyword arguments for the case's scale and score variants."""
+    args: dict[str, Any] = {"sm_scale": case.softmax_scale}
+    if case.softcap is not None:
+        args["logits_soft_cap"] = float(case.softcap)
+    if case.alibi:
+        args["pos_encoding_mode"] = "ALIBI"
+    return args
+
 
 #: FlashInfer's float workspace (its examples allocate 128 MB; split-KV partial results live there).
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -266,11 +306,12 @@ class FlashinferBackend(Backend):
     devices = ("cuda",)
     native_gqa = True
     supports_backward = False
-    deterministic_reason = "FlashInfer's wrappers are forward only: there is no backward to make deterministic"
     layouts = frozenset({"dense", "packed", "paged"})
-    score_variants, variant_reasons = SCORE_VARIANTS, VARIANT_REASONS
-    dtype_reasons = dict.fromkeys(("fp8_e4m3", "fp8_e5m2"), "FlashInfer has FP8 prefill (e4m3/e5m2 q data types with their scales at run()), "
-                                  "which this adapter does not pass yet; its FP8 KV-cache decode it does (kv_dtype)")
+    score_variants = SCORE_VARIANTS
+    feature_reasons = {**VARIANT_REASONS, "deterministic": "FlashInfer's wrappers are forward only: there is no backward to make deterministic",
+                       **dict.fromkeys(("dtype:fp8_e4m3", "dtype:fp8_e5m2"),
+                                       "FlashInfer has FP8 prefill (e4m3/e5m2 q data types with their scales at run()), "
+                                       "which this adapter does not pass yet; its FP8 KV-cache decode it does (kv_dtype)")}
     #: An FP8 KV cache beside fp16/bf16 queries, in the paged decode wrapper (kv_data_type at plan(), k_scale/v_scale at run()).
     kv_dtypes = frozenset({"fp8_e4m3", "fp8_e5m2"})
     dtypes = frozenset({"fp16", "bf16"})
@@ -287,16 +328,15 @@ class FlashinferBackend(Backend):
         """Installed (flashinfer-python), a CUDA device, its kernels prebuilt or a compiler to build them, and importable."""
         return flashinfer_unavailable("flashinfer", "it has no CPU kernel")
 
-    def supports(self, case: Case) -> str | None:
-        """fp16/bf16, forward only, a layout it serves; a dense case neither padded nor MLA's shared latent."""
-        reason = super().supports(case) or layout_refusal(self, case)
-        if reason:
-            return reason
+    def own_refusals(self, case: Case) -> list[str]:
+        """Its ragged translations; a dense case neither padded nor MLA's shared latent; ALiBi where its bias is the harness's."""
+        reasons = translation_refusals(self, case)
         if case.mla:
-            return "flashinfer's MLA kernels are the flashinfer-mla backend (BatchMLAPagedAttentionWrapper over a paged latent cache)"
+            reasons.append("flashinfer's MLA kernels are the flashinfer-mla backend (BatchMLAPagedAttentionWrapper over a paged latent cache)")
         if case.padding:
-            return "flashinfer serves a ragged batch unpadded (the packed layout); a padded dense case is not translated"
-        return variant_refusal(case)
+            reasons.append("flashinfer serves a ragged batch unpadded (the packed layout); a padded dense case is not translated")
+        alibi = alibi_refusal(case)
+        return reasons + ([alibi] if alibi else [])
 
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Translate (untimed), build the wrapper on a workspace, time `plan()` into plan_s, and time `run()`."""

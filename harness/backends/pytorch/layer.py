@@ -80,22 +80,24 @@ class MhaLayerBackend(Backend):
     attention_core = False
     description = "the whole layer: nn.MultiheadAttention(batch_first=True), [B,S,D] in and out, projections included"
 
-    def supports(self, case: Case) -> str | None:
-        """Self-attention with H heads of d_k = d_v (nn.MultiheadAttention has no grouped K/V heads)."""
+    def own_refusals(self, case: Case) -> list[str]:
+        """Self-attention with H heads of d_k = d_v (nn.MultiheadAttention has no grouped K/V heads), weights a CPU can check."""
+        reasons = []
         if case.S_q != case.S_kv:
-            return "mha-layer is self-attention over [B, S, D]: needs S_q = S_kv"
+            reasons.append("mha-layer is self-attention over [B, S, D]: needs S_q = S_kv")
         if case.H_kv != case.H:
-            return "nn.MultiheadAttention has no grouped or shared K/V heads (GQA/MQA)"
+            reasons.append("nn.MultiheadAttention has no grouped or shared K/V heads (GQA/MQA)")
         if case.d_v != case.d_k or case.mla:
-            return "nn.MultiheadAttention projects to D = H·d_k for Q, K and V alike (needs d_v = d_k)"
+            reasons.append("nn.MultiheadAttention projects to D = H·d_k for Q, K and V alike (needs d_v = d_k)")
         D = case.H * case.d_k
         if case.device == "cpu" and 4 * D * D * 8 > CPU_WEIGHT_LIMIT:
-            return f"on a CPU the layer's float64 reference needs {4 * D * D * 8 / 2**30:.1f} GiB of weights at D={D} (limit {CPU_WEIGHT_LIMIT / 2**30:.0f} GiB)"
-        return super().supports(case)
+            reasons.append(f"on a CPU the layer's float64 reference needs {4 * D * D * 8 / 2**30:.1f} GiB of weights at D={D} "
+                           f"(limit {CPU_WEIGHT_LIMIT / 2**30:.0f} GiB)")
+        return reasons
 
     def costs(self, case: Case) -> tuple[int, int]:
         """The layer's FLOPs and bytes: the four projections (8·B·S·D² forward) plus the core's."""
-        from harness.backends.projections import projection_bytes, projection_flops
+        from harness.backends.pytorch.projections import projection_bytes, projection_flops
 
         flops = projection_flops(case) * PROJECTION_MODE_FACTOR[case.mode] + theory.flops(case)
         return flops, projection_bytes(case) + theory.min_bytes(case)

@@ -25,7 +25,7 @@ from harness.errors import one_line
 from harness.private_api import refused_signature
 from harness.suite.inputs import AttentionInputs, visible_mask
 from harness.suite.ragged import RaggedInputs
-from harness.backends.sdpa_ragged import prepare_ragged
+from harness.backends.pytorch.sdpa_ragged import prepare_ragged
 
 #: enable_gqa arrived in torch 2.5; the builtin has no inspectable signature, so read its docstring.
 _HAS_ENABLE_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -149,15 +149,16 @@ class _SdpaBase(Backend):
     family = "sdpa"
     #: Every SDPA kernel takes `scale=`; ALiBi goes in as a float attn_mask where the kernel takes one.
     score_variants = frozenset({"scale", "alibi"})
-    variant_reasons = {"softcap": "SDPA has no softcap: scores cannot be transformed before the softmax",
-                       "sinks": "SDPA has no sink logits: its softmax denominator covers the keys alone"}
-    #: Padded with a mask, packed as nested jagged tensors or request by request, paged gathered first (harness.backends.sdpa_ragged).
+    feature_reasons = {"softcap": "SDPA has no softcap: scores cannot be transformed before the softmax",
+                       "sinks": "SDPA has no sink logits: its softmax denominator covers the keys alone",
+                       **dict.fromkeys(("dtype:fp8_e4m3", "dtype:fp8_e5m2"),
+                                       "scaled_dot_product_attention takes no descales, so FP8 inputs cannot carry "
+                                       "their scales through it (on the CPU torch raises NotImplementedError for Float8); cuDNN's FP8 "
+                                       "attention is not reached through it here")}
+    #: Padded with a mask, packed as nested jagged tensors or request by request, paged gathered first (harness.backends.pytorch.sdpa_ragged).
     layouts = frozenset({"dense", "padded", "packed", "paged"})
     #: Training batches: the padded rectangle's leaves, or the packed rows through nested jagged tensors or the request loop.
     ragged_backward = frozenset({"padded", "packed"})
-    dtype_reasons = dict.fromkeys(("fp8_e4m3", "fp8_e5m2"), "scaled_dot_product_attention takes no descales, so FP8 inputs cannot carry "
-                                  "their scales through it (on the CPU torch raises NotImplementedError for Float8); cuDNN's FP8 attention "
-                                  "is not reached through it here")
     #: The forced kernel (`torch.nn.attention.SDPBackend` member name), or None for torch's choice.
     kernel: str | None = None
     #: Whether torch may refuse the kernel for a case, so that `prepare` must probe it (one untimed call).
@@ -273,7 +274,7 @@ class SdpaFlashBackend(_SdpaBase):
     description = "SDPA forced to the FlashAttention kernel"
     native_gqa = _HAS_ENABLE_GQA
     score_variants = frozenset({"scale"})
-    variant_reasons = {**_SdpaBase.variant_reasons, "alibi": "SDPA's flash kernel takes no attn_mask, so no ALiBi bias"}
+    feature_reasons = {**_SdpaBase.feature_reasons, "alibi": "SDPA's flash kernel takes no attn_mask, so no ALiBi bias"}
     deterministic_backward = True  # torch hands FA2's backward deterministic=True under deterministic algorithms
 
 
@@ -301,9 +302,9 @@ class SdpaCudnnBackend(_SdpaBase):
     description = "SDPA forced to the cuDNN attention kernel"
     devices = ("cuda",)
     score_variants = frozenset({"scale"})
-    variant_reasons = {**_SdpaBase.variant_reasons, "alibi": "not verified that SDPA's cuDNN kernel takes a float attn_mask"}
-    deterministic_reason = ("torch does not choose cuDNN attention under use_deterministic_algorithms (cuDNN SDPA is not "
-                            "deterministic), so forcing it finds no kernel; run sdpa, which dispatches to flash or efficient")
+    feature_reasons = {**_SdpaBase.feature_reasons, "alibi": "not verified that SDPA's cuDNN kernel takes a float attn_mask",
+                       "deterministic": ("torch does not choose cuDNN attention under use_deterministic_algorithms (cuDNN SDPA is not "
+                                         "deterministic), so forcing it finds no kernel; run sdpa, which dispatches to flash or efficient")}
 
     def available(self) -> str | None:
         """Needs a CUDA device and torch ≥ 2.4."""

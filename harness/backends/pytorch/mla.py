@@ -12,7 +12,7 @@ K and V separately; this one reads the shared latent once. KV-cache bytes per to
 `(d_c + d_rope)·bytes` (1,152 in bf16), in the record's `kv_cache_bytes` and in its notes.
 
 A paged MLA case (layout "paged") holds that cache as latent pages `[num_pages, page_size, 1, d_c + d_rope]` behind a
-block table, as FlashMLA and FlashInfer's MLA wrapper read it (harness.backends.flashmla, .flashinfer_mla). This
+block table, as FlashMLA and FlashInfer's MLA wrapper read it (harness.backends.flashmla.adapter, .flashinfer_mla). This
 backend is their eager baseline: the timed call gathers each request's latent rows through the block table into one
 padded `[B, S_kv, d_c + d_rope]` batch (the gather a paged cache costs an eager kernel), then runs the same absorbed
 attention under each request's own mask.
@@ -102,14 +102,12 @@ class MlaBackend(Backend):
     supports_backward = False
     layouts = frozenset({"dense", "paged"})
     score_variants = frozenset({"scale"})
+    feature_reasons = {"backward": "mla is the absorbed decode (inference) form; training uses the decompressed form, plain MHA "
+                                   "with d_k=192, d_v=128"}
 
-    def supports(self, case: Case) -> str | None:
-        """Only MLA cases (mla=True: one latent cache, V inside K), dense or paged, forward only."""
-        if not case.mla:
-            return f"{self.name} {NOT_MLA}"
-        if case.mode != "fwd":
-            return "mla is the absorbed decode (inference) form; training uses the decompressed form, plain MHA with d_k=192, d_v=128"
-        return super().supports(case)
+    def own_refusals(self, case: Case) -> list[str]:
+        """Only MLA cases (mla=True: one latent cache, V inside K); dense or paged and forward only are declared."""
+        return [] if case.mla else [f"{self.name} {NOT_MLA}"]
 
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """The latent cache is K's one head (`[B, S_kv, d_c + d_rope]`, a view), or its pages; time the absorbed attention."""

@@ -1,6 +1,6 @@
 """FlashMLA (deepseek-ai/FlashMLA, module `flash_mla`): DeepSeek's own MLA decode kernel over a paged latent cache.
 
-The absorbed MLA decode (harness.backends.mla) as DeepSeek serves it: H query heads of width d_c + d_rope against
+The absorbed MLA decode (harness.backends.pytorch.mla) as DeepSeek serves it: H query heads of width d_c + d_rope against
 one latent cache, the values its first d_c columns. `flash_mla_with_kvcache` reads the cache exactly as a paged
 MLA case holds it (harness.suite.ragged):
 
@@ -29,7 +29,7 @@ from typing import Any, Callable
 import torch
 
 from harness.backends.base import Backend, Prepared
-from harness.backends.mla import NOT_MLA
+from harness.backends.pytorch.mla import NOT_MLA
 from harness.backends.ragged_args import kernel_block_table, lengths_int32, softmax_scale, timed_setup, uniform_length
 from harness.backends.registry import register
 from harness.errors import Unsupported
@@ -120,21 +120,19 @@ class FlashmlaBackend(Backend):
             return f"flash_mla failed to import: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         return None
 
-    def supports(self, case: Case) -> str | None:
-        """Paged MLA cases with 64-token pages, d_k 576 / d_v 512, bf16 or fp16, one query length per batch, forward only."""
+    def own_refusals(self, case: Case) -> list[str]:
+        """MLA cases, with 64-token pages, d_k 576 / d_v 512 and one query length per batch (paged, bf16/fp16, forward: declared)."""
         if not case.mla:
-            return f"{self.name} {NOT_MLA}"
-        reason = super().supports(case)
-        if reason:
-            return reason
-        if case.page_size != PAGE_SIZE:
-            return f"flash_mla's paged KV cache has {PAGE_SIZE}-token pages only (case: page_size={case.page_size})"
+            return [f"{self.name} {NOT_MLA}"]  # the latent cache's widths and pages below presume one
+        reasons = []
+        if case.layout == "paged" and case.page_size != PAGE_SIZE:
+            reasons.append(f"flash_mla's paged KV cache has {PAGE_SIZE}-token pages only (case: page_size={case.page_size})")
         if (case.d_k, case.d_v) != HEAD_DIMS:
-            return (f"flash_mla is built for d_k={HEAD_DIMS[0]}, d_v={HEAD_DIMS[1]} (d_c 512 + d_rope 64); "
-                    f"case: d_k={case.d_k}, d_v={case.d_v}")
-        if uniform_length(case.seq_lens_q) is None:
-            return "flash_mla takes one query length for the whole batch (q is [batch, s_q, heads, d]); this batch's differ"
-        return None
+            reasons.append(f"flash_mla is built for d_k={HEAD_DIMS[0]}, d_v={HEAD_DIMS[1]} (d_c 512 + d_rope 64); "
+                           f"case: d_k={case.d_k}, d_v={case.d_v}")
+        if case.ragged and uniform_length(case.seq_lens_q) is None:
+            reasons.append("flash_mla takes one query length for the whole batch (q is [batch, s_q, heads, d]); this batch's differ")
+        return reasons
 
     def prepare(self, case: Case, inputs: RaggedInputs) -> Prepared:
         """Scheduler metadata untimed (plan_s), one untimed first call (a lazy schedule is filled there), then time the kernel."""

@@ -109,13 +109,9 @@ class EagerFp8Backend(Backend):
             return f"torch {torch.__version__} has no torch._scaled_mm FP8 GEMM"
         return None
 
-    def supports(self, case: Case) -> str | None:
-        """FP8 Q, K and V (dtype fp8_e4m3 or fp8_e5m2; e5m2 not on CUDA), forward only, dense, no score variant."""
-        if case.dtype not in FP8_FORMATS:
-            return f"eager-fp8 computes FP8 cases only (dtype fp8_e4m3 or fp8_e5m2); this case is {case.dtype}"
-        if case.device == "cuda" and case.dtype == "fp8_e5m2":
-            return E5M2_REFUSAL
-        return super().supports(case)
+    def own_refusals(self, case: Case) -> list[str]:
+        """FP8 Q, K and V are declared (`dtypes`); CUDA's `_scaled_mm` multiplies no two e5m2 operands."""
+        return [E5M2_REFUSAL] if case.device == "cuda" and case.dtype == "fp8_e5m2" else []
 
     def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
         """The mask once and `_scaled_mm`'s layout (both untimed), one trial call (a refusal is unsupported here), then the FP8 attention."""

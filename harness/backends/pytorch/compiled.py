@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.backends.base import Backend, Prepared
-from harness.backends.flex import compile_timed, compiler_reason, fresh_compile
+from harness.backends.pytorch.flex import compile_timed, compiler_reason, fresh_compile
 from harness.attention.eager import naive_attention
 from harness.backends.registry import register
 from harness.suite.cases import Case
@@ -35,9 +35,10 @@ class NaiveCompiledBackend(Backend):
             return f"torch {torch.__version__} has no torch.compile"
         return compiler_reason("cpu") if not torch.cuda.is_available() else None
 
-    def supports(self, case: Case) -> str | None:
-        """Whatever naive serves, where inductor can generate code for the device."""
-        return super().supports(case) or compiler_reason(case.device)
+    def own_refusals(self, case: Case) -> list[str]:
+        """Inductor must be able to generate code for the device."""
+        reason = compiler_reason(case.device)
+        return [reason] if reason else []
 
     def prepare(self, case: Case, inputs: AttentionInputs) -> Prepared:
         """Build the mask, compile (timed apart, in compile_s), and return the compiled call."""

@@ -15,11 +15,16 @@ through `flash_attn_varlen_func` too: its autograd Function differentiates the p
 (BSHD layout, packed rows with cumulative sequence lengths, window sizes): plain functions of
 CPU-runnable torch code whose calls are bound to the libraries' real signatures on the CPU
 (tests/test_flash_attn_library.py). Head-dim, GPU and page-size limits are the libraries' own
-(harness.backends.flash_rules); every `prepare` makes one untimed call, so a limit no rule states
+(harness.backends.flashattention.rules); every `prepare` makes one untimed call, so a limit no rule states
 (a build compiled without some head dim) is `Unsupported` in the library's words. The kernels need a
 GPU and are unverified until `make gpu-check` runs on one. FlashAttention aligns causal masks
 bottom-right, per sequence in varlen mode: the harness's convention (harness.suite.inputs), so no
 case needs to be refused for alignment.
+
+FlashAttention's arguments for a ragged batch: packed rows with `cu_seqlens`, or the page pools behind a block table.
+
+Plain functions of CPU-runnable torch code (`prepare` below calls them), so the CPU tests
+bind their calls to the libraries' real signatures and check the translation against the layout contract.
 """
 
 from __future__ import annotations
@@ -31,17 +36,82 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from harness.backends.base import Backend, Prepared
-from harness.backends.flash_attn_variants import SCORE_VARIANTS, VARIANT_REASONS, arch_refusal, variant_kwargs
-from harness.backends.flash_rules import head_dim_refusal, is_refusal, paged_refusal
+from harness.backends.flashattention.rules import (
+    SCORE_VARIANTS,
+    VARIANT_REASONS,
+    arch_refusal,
+    head_dim_refusal,
+    is_refusal,
+    paged_refusal,
+    variant_kwargs,
+)
 from harness.backends.layouts import Varlen, from_bshd, is_causal, pack, to_bshd, unpack, varlen, window_size
-from harness.backends.flash_ragged import flash_ragged_call
-from harness.backends.ragged_args import case_layout, is_paged, layout_refusal
+from harness.backends.ragged_args import (
+    case_layout,
+    is_paged,
+    kernel_block_table,
+    lengths_int32,
+    softmax_scale,
+    translation_refusals,
+    uniform_length,
+)
 from harness.backends.registry import register
 from harness.errors import Unsupported
 from harness.suite.case_values import FP8_DTYPES
 from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs
 from harness.suite.ragged import RaggedInputs
+
+
+@dataclass
+class FlashRaggedCall:
+    """One FlashAttention call on a ragged batch: the function's name, its arguments, and how its output becomes `[T_q, H, d_v]`."""
+
+    function: str
+    args: tuple[torch.Tensor, ...]
+    kwargs: dict[str, Any]
+    to_packed: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def flash_ragged_call(inputs: RaggedInputs, generation: int) -> FlashRaggedCall:
+    """Translate a packed or paged batch into FlashAttention `generation`'s (2, 3 or 4) arguments (untimed).
+
+    Paged: k/v are the page pools `[num_pages, page_size, H_kv, d]` as they lie; unused block-table
+    entries point at page 0 (ragged_args.kernel_block_table), never read past a sequence's length.
+    """
+    q = inputs.q.detach()
+    device = q.device
+    lens_q = inputs.seq_lens_q
+    common: dict[str, Any] = {"softmax_scale": softmax_scale(inputs), "causal": inputs.causal}
+    ragged_q = {"cu_seqlens_q": inputs.cu_seqlens_q.to(torch.int32), "max_seqlen_q": max(lens_q)}
+    if not is_paged(inputs):
+        kwargs = {**ragged_q, "cu_seqlens_k": inputs.cu_seqlens_kv.to(torch.int32), "max_seqlen_k": max(inputs.seq_lens_kv), **common}
+        return FlashRaggedCall("flash_attn_varlen_func", (q, inputs.k.detach(), inputs.v.detach()), kwargs, _same)
+    pools = (q, inputs.k_pages.detach(), inputs.v_pages.detach())
+    table = kernel_block_table(inputs)
+    kv_lens = lengths_int32(inputs.seq_lens_kv, device)
+    if generation == 4:
+        kwargs = {**ragged_q, "seqused_k": kv_lens, "page_table": table, **common}
+        return FlashRaggedCall("flash_attn_varlen_func", pools, kwargs, _same)
+    table_name = "block_table" if generation == 2 else "page_table"
+    S_q = uniform_length(lens_q)
+    if S_q is not None:
+        # Every sequence has S_q queries, so the packed rows are already the documented [B, S_q, H, d].
+        H, d = q.shape[1:]
+        q_bshd = q.reshape(len(lens_q), S_q, H, d)
+        kwargs = {"cache_seqlens": kv_lens, table_name: table, **common}
+        return FlashRaggedCall("flash_attn_with_kvcache", (q_bshd, *pools[1:]), kwargs, lambda out: out.reshape(-1, H, out.shape[-1]))
+    if generation == 2:
+        kwargs = {**ragged_q, "cu_seqlens_k": inputs.cu_seqlens_kv.to(torch.int32), "max_seqlen_k": max(inputs.seq_lens_kv),
+                  "block_table": table, **common}
+        return FlashRaggedCall("flash_attn_varlen_func", pools, kwargs, _same)
+    kwargs = {**ragged_q, "cache_seqlens": kv_lens, "page_table": table, **common}
+    return FlashRaggedCall("flash_attn_with_kvcache", pools, kwargs, _same)
+
 
 @dataclass
 class FlashCall:
@@ -170,31 +240,28 @@ class _FlashBase(Backend):
             return f"{self.name} needs {self.arch_words}; this GPU is sm{cc[0]}{cc[1]}"
         return None
 
-    def supports(self, case: Case) -> str | None:
-        """fp16/bf16 only; the library's own head-dim, GPU and page-size rules (harness.backends.flash_rules)."""
-        reason = super().supports(case)
-        if reason:
-            return reason
+    def own_refusals(self, case: Case) -> list[str]:
+        """The library's own FP8, head-dim, GPU and page-size rules (harness.backends.flashattention.rules); dtypes, layouts: declared."""
+        reasons = []
         if case.dtype in FP8_DTYPES and (case.mode != "fwd" or case.padding):
-            return f"{self.name}'s FP8 path is the dense forward (flash_attn_func with q/k/v_descale): no {case.mode if case.mode != 'fwd' else 'varlen'} FP8"
+            reasons.append(f"{self.name}'s FP8 path is the dense forward (flash_attn_func with q/k/v_descale): "
+                           f"no {case.mode if case.mode != 'fwd' else 'varlen'} FP8")
         # The rules differ by GPU (FA3's d_v ≠ d_k, FA4's head dims): this machine's GPU when it has one.
         cc = cuda_capability()
         major = cc[0] if cc else None
         words = head_dim_refusal(self.generation, case.d_k, case.d_v, backward=case.mode != "fwd", major=major,
                                  fp8=case.dtype in FP8_DTYPES)
         if words:
-            return f"{self.name} {words}; case has d_k={case.d_k}, d_v={case.d_v}"
-        words = arch_refusal(self.generation, case, major)  # the variants the base let through, on this GPU
+            reasons.append(f"{self.name} {words}; case has d_k={case.d_k}, d_v={case.d_v}")
+        words = arch_refusal(self.generation, case, major)  # the declared variants, on this GPU
         if words:
-            return f"{self.name} {words}"
-        reason = layout_refusal(self, case)
-        if reason:
-            return reason
+            reasons.append(f"{self.name} {words}")
+        reasons += translation_refusals(self, case)
         page_size = getattr(case, "page_size", None)
         if case_layout(case) == "paged" and page_size:
             words = paged_refusal(self.generation, page_size, major)
-            return f"{self.name} {words}" if words else None
-        return None
+            reasons += [f"{self.name} {words}"] if words else []
+        return reasons
 
     def _trial(self, fn: Callable[[], Any], function: str) -> None:
         """One untimed call: a build or kernel that refuses the configuration says so only when called."""
@@ -275,7 +342,7 @@ class FlashAttn2Backend(_FlashBase):
     dist = "flash-attn"
     majors = (8, 9, 10, 11, 12)
     arch_words = "an Ampere or newer GPU (sm80+)"
-    score_variants, variant_reasons = SCORE_VARIANTS[2], VARIANT_REASONS[2]
+    score_variants, feature_reasons = SCORE_VARIANTS[2], VARIANT_REASONS[2]
 
     def available(self) -> str | None:
         """As the base, and the installed `flash_attn` must be a 2.x release."""
@@ -299,7 +366,7 @@ class FlashAttn3Backend(_FlashBase):
     majors = (8, 9)
     arch_words = "an Ampere or Hopper GPU (sm80, sm90)"
     generation = 3
-    score_variants, variant_reasons = SCORE_VARIANTS[3], VARIANT_REASONS[3]
+    score_variants, feature_reasons = SCORE_VARIANTS[3], VARIANT_REASONS[3]
     #: FP8 forward (e4m3 Q, K, V with q/k/v_descale; bf16 output): hopper/flash_attn_interface.py's flash_attn_func.
     dtypes = frozenset({"fp16", "bf16", "fp8_e4m3"})
     #: What an FP8 row's trace must show: its sm90 kernels are templated on cutlass::float_e4m3_t (unverified on a GPU).
@@ -319,7 +386,7 @@ class FlashAttn4Backend(_FlashBase):
     arch_words = "an Ampere, Hopper or Blackwell GPU (sm80-sm120)"
     none_window = None
     generation = 4
-    score_variants, variant_reasons = SCORE_VARIANTS[4], VARIANT_REASONS[4]
+    score_variants, feature_reasons = SCORE_VARIANTS[4], VARIANT_REASONS[4]
 
     def version(self) -> str:
         """The installed flash-attn-4 version."""

@@ -6,7 +6,7 @@ bottom-right aligned (per sequence with padding), the harness's convention. `xfo
 translation, a plain function tested on the CPU (its biases materialise on the CPU too); the
 kernels have no CPU implementation and are unverified until `make gpu-check` runs on a GPU.
 
-Serving layouts (`xformers_calls.xformers_ragged_call`): packed rows as one `[1, T, H, d]` sequence with a
+Serving layouts (`xformers_ragged_call`): packed rows as one `[1, T, H, d]` sequence with a
 block-diagonal bias (`BlockDiagonalMask`, causal `BlockDiagonalCausalFromBottomRightMask`); paged,
 the page pool viewed as `[1, num_pages·page_size, H_kv, d]` with `PagedBlockDiagonalPaddedKeysMask`
 (causal: `PagedBlockDiagonalCausalWithOffsetPaddedKeysMask`), which reads sequence b's logical page p
@@ -17,27 +17,118 @@ The operators are resolved once, untimed, as xFormers' own dispatcher picks them
 (`fmha.dispatch._dispatch_fw`, and `_dispatch_bw` for backward modes), recorded in notes and passed
 as `op=` to the timed call, so no dispatcher runs inside it; one untimed trial call in every mode turns
 a refusal the kernel makes only when called (FlashAttention 2's paged page-size check) into Unsupported.
+
+The score variants and head dims of xFormers' `memory_efficient_attention` (xformers 0.0.35, ops/fmha).
+
+It takes `scale` and nothing else of the variants: no softcap (ops/fmha/flash.py hands FlashAttention
+`softcap = 0.0`), no ALiBi (the same call passes `alibi_slopes=None`, and attn_bias has no ALiBi class: only a
+materialised tensor bias, which is not adapted here) and no sink argument. Its widest operator, cutlass,
+declares `SUPPORTED_MAX_K = 65536` (flash and flash3 256, triton_splitk 512): no head dim above is served.
+
+xFormers' call records: the arguments of one `memory_efficient_attention` call, and a ragged batch's translation into them.
+
+The serving and training layouts' translation is plain CPU-runnable torch (its biases are xFormers' real classes, which
+import on the CPU), so the CPU tests check it against the layout contract; `XformersBackend.prepare` makes the call.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from harness.backends.base import Backend, Prepared
 from harness.backends.layouts import from_bshd, kv_to_bmghk, pack, to_bshd, unpack, varlen
-from harness.backends.ragged_args import layout_refusal
+from harness.backends.ragged_args import is_paged, kernel_block_table, softmax_scale, translation_refusals
 from harness.backends.registry import register
-from harness.backends.xformers_calls import XformersCall, one_sequence, xformers_ragged_call
-from harness.backends.xformers_variants import SCORE_VARIANTS, VARIANT_REASONS, head_dim_refusal
-from harness.suite.cases import Case
-from harness.suite.ragged import RaggedInputs
 from harness.errors import Unsupported, one_line
 from harness.private_api import refused_signature
+from harness.suite.cases import Case
 from harness.suite.inputs import AttentionInputs
+from harness.suite.ragged import RaggedInputs
+
+SCORE_VARIANTS = frozenset({"scale"})
+VARIANT_REASONS = {
+    "softcap": "memory_efficient_attention has no softcap: its flash operator calls FlashAttention with softcap=0.0",
+    "alibi": ("memory_efficient_attention has no ALiBi: no attn_bias class for it, and its flash operator passes alibi_slopes=None "
+              "(a materialised tensor bias is not adapted here)"),
+    "sinks": "memory_efficient_attention has no attention-sink argument",
+}
+#: ops/fmha/cutlass.py FwOp.SUPPORTED_MAX_K, the largest of xFormers' CUDA operators.
+MAX_HEAD_DIM = 65536
+
+
+def head_dim_refusal(d_k: int, d_v: int) -> str | None:
+    """Why no xFormers operator takes these head dims, or None."""
+    if max(d_k, d_v) <= MAX_HEAD_DIM:
+        return None
+    return f"xformers' operators take head dims up to {MAX_HEAD_DIM} (cutlass FwOp.SUPPORTED_MAX_K); case has d_k={d_k}, d_v={d_v}"
+
+
+@dataclass
+class XformersCall:
+    """Arguments of one `memory_efficient_attention` call and the conversions back to `[B, H, S, d]`."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    attn_bias: Any
+    scale: float
+    #: Runs on the leaves inside the timed call: free views only (reshape of contiguous, stride-0 expand).
+    view: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    out_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    q_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    kv_to_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    grad_from_bhsd: Callable[[torch.Tensor], torch.Tensor]
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+
+def xformers_ragged_call(inputs: RaggedInputs, fmha_bias: Any) -> XformersCall:
+    """Translate a packed or paged batch into `memory_efficient_attention`'s arguments and bias (untimed).
+
+    q is the packed rows as one sequence `[1, T_q, H, d_k]`; k/v the packed rows `[1, T_kv, H_kv, d]`, or
+    for a paged batch the page pools flattened to `[1, num_pages·page_size, H_kv, d]` (a view, no copy).
+    """
+    q = inputs.q.detach().unsqueeze(0)
+    H, d_k = q.shape[2:]
+    H_kv = inputs.k.shape[1]
+    lens_q, lens_kv = list(inputs.seq_lens_q), list(inputs.seq_lens_kv)
+    if is_paged(inputs):
+        num_pages, page_size = inputs.k_pages.shape[:2]
+        k = inputs.k_pages.detach().reshape(1, num_pages * page_size, H_kv, d_k)
+        v = inputs.v_pages.detach().reshape(1, num_pages * page_size, H_kv, inputs.v_pages.shape[-1])
+        cls = fmha_bias.PagedBlockDiagonalCausalWithOffsetPaddedKeysMask if inputs.causal else fmha_bias.PagedBlockDiagonalPaddedKeysMask
+        bias = cls.from_seqlens(q_seqlen=lens_q, kv_seqlen=lens_kv, block_tables=kernel_block_table(inputs), page_size=page_size,
+                                device=inputs.q.device)
+    else:
+        k, v = inputs.k.detach().unsqueeze(0), inputs.v.detach().unsqueeze(0)
+        cls = fmha_bias.BlockDiagonalCausalFromBottomRightMask if inputs.causal else fmha_bias.BlockDiagonalMask
+        try:
+            bias = cls.from_seqlens(lens_q, lens_kv, device=inputs.q.device)
+        except ValueError as exc:  # a causal block with fewer keys than queries: xFormers leaves it undefined
+            raise Unsupported(f"xformers: {' '.join(str(exc).split())[:200]}") from None
+    g = H // H_kv
+
+    def view(ql: torch.Tensor, kl: torch.Tensor, vl_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if g == 1:
+            return ql, kl, vl_
+        return ql.view(1, ql.shape[1], H_kv, g, d_k), kv_to_bmghk(kl, g), kv_to_bmghk(vl_, g)
+
+    def to_packed(out: torch.Tensor) -> torch.Tensor:
+        return out.reshape(out.shape[1], H, out.shape[-1])
+
+    notes = {"layout": "paged" if is_paged(inputs) else "packed", "attn_bias": type(bias).__name__}
+    return XformersCall(q, k, v, bias, softmax_scale(inputs), view, out_to_bhsd=to_packed, q_to_bhsd=to_packed,
+                        kv_to_bhsd=to_packed, grad_from_bhsd=one_sequence, notes=notes)
+
+
+def one_sequence(t: torch.Tensor) -> torch.Tensor:
+    """Packed rows `[T, H, d]` as xFormers' one sequence `[1, T, H, d]` (a view: gradients reach the packed leaf)."""
+    return t.unsqueeze(0)
 
 
 def import_xformers() -> tuple[Any, str | None]:
@@ -218,19 +309,21 @@ class XformersBackend(Backend):
     devices = ("cuda",)
     native_gqa = True
     layouts = frozenset({"dense", "packed", "paged"})
-    deterministic_reason = ("memory_efficient_attention has no deterministic switch: its flash backward passes "
-                            "deterministic=False, and under use_deterministic_algorithms its dispatcher refuses such operators")
+    feature_reasons = {**VARIANT_REASONS,
+                       "deterministic": ("memory_efficient_attention has no deterministic switch: its flash backward passes "
+                                         "deterministic=False, and under use_deterministic_algorithms its dispatcher refuses such operators")}
     #: Packed documents under a block-diagonal bias, differentiated (cutlass's BwOp takes both block-diagonal biases).
     ragged_backward = frozenset({"packed"})
-    score_variants, variant_reasons = SCORE_VARIANTS, VARIANT_REASONS
+    score_variants = SCORE_VARIANTS
 
     def version(self) -> str:
         """The installed xFormers version."""
         return xformers_version()
 
-    def supports(self, case: Case) -> str | None:
-        """A CUDA case in a layout it serves (packed and paged forward, packed backward), head dims an operator takes."""
-        return super().supports(case) or layout_refusal(self, case) or head_dim_refusal(case.d_k, case.d_v)
+    def own_refusals(self, case: Case) -> list[str]:
+        """What its ragged translations carry, and head dims an operator takes (devices, layouts, variants: declared)."""
+        head_dims = head_dim_refusal(case.d_k, case.d_v)
+        return translation_refusals(self, case) + ([head_dims] if head_dims else [])
 
     def available(self) -> str | None:
         """A CUDA device (xFormers has no CPU kernel), xFormers installed, and its compiled extensions loaded."""

@@ -12,6 +12,14 @@ document, causal bottom-right within it. Paged keys are the page pool's slots in
 page table inverted per sequence (physical page → logical page, -1 for a page the sequence does not
 own) turns a slot into the sequence's own KV position, as a paged KV cache reads it. The BlockMask
 build is the batch's plan, timed into `Prepared.plan_s`.
+
+The score variants FlexAttention computes exactly: softcap and ALiBi as a `score_mod`, sinks through the returned log-sum-exp.
+
+flex_attention's `score_mod(score, b, h, q_idx, kv_idx)` sees each scaled score before the mask, so softcap
+(c·tanh(s/c)) and ALiBi (−slope_h·|pos(i) − j|) are exactly what a model writes. Sinks have no argument of
+their own, but `return_lse=True` gives each row's log-sum-exp L over its keys, and with one more logit σ in
+the denominator every weight is scaled by e^L / (e^L + e^σ) = sigmoid(L − σ): the output is the keys-only
+output times that factor, an identity rather than an approximation (a row that sees no key has L = −∞ and stays 0).
 """
 
 from __future__ import annotations
@@ -23,14 +31,84 @@ from typing import Any, Callable
 
 import torch
 
+from harness.attention.variants import alibi_slopes
 from harness.backends.base import Backend, Prepared
-from harness.backends.flex_variants import FLEX_VARIANTS, request_offsets, score_mod_for, with_sinks
-from harness.backends.ragged_args import is_paged, layout_refusal, pages_used, timed_setup
+from harness.backends.ragged_args import is_paged, pages_used, timed_setup, translation_refusals
 from harness.backends.registry import register
-from harness.suite.cases import Case
 from harness.errors import Unsupported
-from harness.suite.inputs import AttentionInputs, kv_lengths, q_lengths
+from harness.suite.cases import Case
+from harness.suite.inputs import AttentionInputs, kv_lengths, q_lengths, query_positions
 from harness.suite.ragged import RaggedInputs
+
+#: What flex_attention computes exactly (see the module's docstring); its `scale=` takes a model's own scale.
+FLEX_VARIANTS = frozenset({"softcap", "alibi", "sinks", "scale"})
+
+
+def request_offsets(inputs: RaggedInputs) -> tuple[Any, Any, Any, Any]:
+    """A packed batch's per-row request (`document`), each request's first packed row, its key lengths and its bottom-right shift."""
+    device = inputs.q.device
+    lens_q = torch.as_tensor(inputs.seq_lens_q, device=device)
+    lens_kv = torch.as_tensor(inputs.seq_lens_kv, device=device)
+    document = torch.repeat_interleave(torch.arange(inputs.batch_size, device=device), lens_q)
+    q_start = inputs.cu_seqlens_q[:-1].to(device=device, dtype=torch.int64)
+    return document, q_start, lens_kv, lens_kv - lens_q  # query j of a request sits at key position j + shift
+
+
+def _key_positions(inputs: RaggedInputs) -> tuple[Callable[[Any], Any], Callable[[Any, Any], Any]]:
+    """For a packed or paged batch: each packed query row's key position, and a key slot's position in its sequence."""
+    device = inputs.q.device
+    B = inputs.batch_size
+    document, q_start, lens_kv, shift = request_offsets(inputs)
+
+    def query(q_idx):
+        seq = document[q_idx]
+        return q_idx - q_start[seq] + shift[seq]
+
+    if not is_paged(inputs):
+        kv_start = inputs.cu_seqlens_kv[:-1].to(device=device, dtype=torch.int64)
+        return query, lambda q_idx, kv_idx: kv_idx - kv_start[document[q_idx]]
+    page_size = inputs.page_size
+    logical = torch.full((B, inputs.k_pages.shape[0]), -1, dtype=torch.int64, device=device)
+    for b, used in enumerate(pages_used(inputs)):
+        logical[b, inputs.block_table[b, :used].to(device=device, dtype=torch.int64)] = torch.arange(used, device=device)
+
+    def key(q_idx, kv_idx):
+        return logical[document[q_idx], kv_idx // page_size] * page_size + kv_idx % page_size
+
+    return query, key
+
+
+def score_mod_for(case: Case, inputs: Any) -> Callable[..., Any] | None:
+    """The case's softcap and ALiBi as a flex `score_mod(score, b, h, q_idx, kv_idx)`, or None when it has neither."""
+    if case.softcap is None and not case.alibi:
+        return None
+    cap = case.softcap
+    if cap is not None:
+        def softcap(score, b, h, q_idx, kv_idx):
+            return torch.tanh(score / cap) * cap
+
+        return softcap
+    device = inputs.q.device
+    slopes = alibi_slopes(case.H).to(device)
+    if isinstance(inputs, RaggedInputs):
+        query, key = _key_positions(inputs)
+
+        def ragged_alibi(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (query(q_idx) - key(q_idx, kv_idx)).abs()
+
+        return ragged_alibi
+    positions = torch.as_tensor(query_positions(case), device=device)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (positions[b, q_idx] - kv_idx).abs()
+
+    return alibi
+
+
+def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """flex's keys-only output `[B, H, S, d]` with each head's sink logit joined to its rows' denominators (the docstring's identity)."""
+    share = torch.sigmoid(lse.float() - sinks.to(lse.device, torch.float32)[None, :, None])
+    return (out.float() * share[..., None]).to(out.dtype)
 
 
 def mask_mod_for(case: Case, device: str | torch.device = "cpu") -> Callable[..., Any] | None:
@@ -121,6 +199,8 @@ def flex_ragged_layout(inputs: RaggedInputs) -> tuple[torch.Tensor, torch.Tensor
 def compiler_reason(device: str) -> str | None:
     """Why torch.compile cannot generate code for `device` here, or None."""
     if device == "cpu":
+        if shutil.which("g++") or shutil.which("clang++"):  # either serves whatever inductor names: its config (seconds to import) is not read
+            return None
         try:
             from torch._inductor import config
 
@@ -156,8 +236,11 @@ class FlexBackend(Backend):
     deterministic_backward = True
     #: Packed documents under the document mask: the `[1, H, T, d]` copies are the leaves (CUDA only: no CPU backward).
     ragged_backward = frozenset({"packed"})
-    dtype_reasons = dict.fromkeys(("fp8_e4m3", "fp8_e5m2"), "flex_attention takes FP8 Q, K, V on CUDA sm89-sm100 (it lays them out for "
-                                  "FP8 GEMMs) but no per-tensor descales, only one scale: not adapted")
+    dtypes = frozenset({"fp32", "fp16", "bf16"})
+    feature_reasons = {"dtype:fp64": "flex_attention has no fp64 kernel",
+                       **dict.fromkeys(("dtype:fp8_e4m3", "dtype:fp8_e5m2"),
+                                       "flex_attention takes FP8 Q, K, V on CUDA sm89-sm100 (it lays them out for "
+                                       "FP8 GEMMs) but no per-tensor descales, only one scale: not adapted")}
     score_variants = FLEX_VARIANTS
 
     def available(self) -> str | None:
@@ -168,21 +251,19 @@ class FlexBackend(Backend):
             return f"torch {torch.__version__} has no torch.nn.attention.flex_attention (needs ≥ 2.5)"
         return compiler_reason("cpu") if not torch.cuda.is_available() else None
 
-    def supports(self, case: Case) -> str | None:
-        """FlexAttention's own limits: fp16/bf16/fp32, and on CUDA head dims of at least 16."""
-        reason = super().supports(case)
-        if reason:
-            return reason
-        if case.dtype == "fp64":
-            return "flex_attention has no fp64 kernel"
+    def own_refusals(self, case: Case) -> list[str]:
+        """FlexAttention's own limits by device: no sinks or backward on CPU, head dims of at least 16 on CUDA; a compiler."""
+        reasons = []
         if case.device == "cpu" and case.sinks:
-            return (f"flex does not support sinks on CPU (torch {torch.__version__}'s CPU flex_attention has no return_lse, "
-                    "the log-sum-exp a sink's share is computed from)")
+            reasons.append(f"flex does not support sinks on CPU (torch {torch.__version__}'s CPU flex_attention has no return_lse, "
+                           "the log-sum-exp a sink's share is computed from)")
         if case.device == "cpu" and case.mode != "fwd":
-            return f"flex_attention has no backward on CPU in torch {torch.__version__} (torch raises NotImplementedError); backward runs on CUDA"
+            reasons.append(f"flex_attention has no backward on CPU in torch {torch.__version__} (torch raises NotImplementedError); "
+                           "backward runs on CUDA")
         if case.device == "cuda" and min(case.d_k, case.d_v) < 16:
-            return f"flex_attention's CUDA kernels need head dims ≥ 16 (case has d_k={case.d_k}, d_v={case.d_v})"
-        return layout_refusal(self, case) or compiler_reason(case.device)
+            reasons.append(f"flex_attention's CUDA kernels need head dims ≥ 16 (case has d_k={case.d_k}, d_v={case.d_v})")
+        compiler = compiler_reason(case.device)
+        return reasons + translation_refusals(self, case) + ([compiler] if compiler else [])
 
     def prepare(self, case: Case, inputs: AttentionInputs | RaggedInputs) -> Prepared:
         """Build the block mask (the plan, timed into plan_s) and compile (compile time kept apart), then time the compiled call."""

@@ -1,0 +1,1 @@
+"""DeepSeek's FlashMLA: absorbed MLA decode over a paged latent cache."""
