@@ -137,3 +137,69 @@ def test_policy_command_writes_strict_json_and_refuses_bad_input(tmp_path, capsy
     mine.write_text('{"my": "notes"}')
     assert_one_line_error(attnbench_in_process(["policy", run, "--out", mine], capsys), "not a policy attnbench wrote")
     assert mine.read_text() == '{"my": "notes"}'
+
+
+def test_validate_names_the_share_and_each_miss_on_another_run(tmp_path, capsys):
+    """Run B: naive fastest in one case (a miss by the rule), sdpa-math 0.5 % faster inside ±1 % (a hit within noise), and sdpa-math
+    faster where sdpa's row has no interval (a miss: noise unknown, never a hit by assumption). 10 of 12 judged."""
+    cases = {c.id: c for c in grid_cases()}
+    one, two, three = sorted(cases)[:3]
+    base = {cid: c.S_kv / 64 * 0.1 for cid, c in cases.items()}
+    ms = {(one, "naive"): base[one] * 0.5, (two, "sdpa-math"): base[two] * 0.995, (three, "sdpa-math"): base[three] * 0.9}
+    a = grid_run(tmp_path / "run-a")
+    b = grid_run(tmp_path / "run-b", ms=ms, no_interval=((three, "sdpa"),))
+    ran = attnbench_in_process(["policy", a, "--validate", b], capsys)
+    assert ran.code == 0, ran.err
+    assert ("validation (run-b against the policy of run-a): the policy chose the fastest trusted row or one within the rule's noise "
+            "of it in 10 of 12 judged cases (83.3 %): 9 the fastest, 1 within noise, 2 misses") in ran.out
+    misses = [line for line in ran.out.splitlines() if line.startswith("  miss: ")]
+    assert len(misses) == 2
+    assert any(line.startswith(f"  miss: {one}: chose sdpa") and "fastest naive" in line and "slower by the rule" in line for line in misses)
+    assert any(line.startswith(f"  miss: {three}: chose sdpa") and "noise unknown" in line for line in misses)
+
+
+@pytest.mark.slow  # several runs loaded, one command each (seconds in all)
+def test_leave_one_run_out_is_the_default_with_several_runs(tmp_path, capsys):
+    """Three runs, --validate without RUN_B: each run judged by the policy of the other two, all cases counted together."""
+    runs = [grid_run(tmp_path / f"run-{x}") for x in "abc"]
+    ran = attnbench_in_process(["policy", *runs, "--validate"], capsys)
+    assert ran.code == 0, ran.err
+    assert ("validation (run-a against the policy of run-b, run-c; run-b against the policy of run-a, run-c; run-c against the policy "
+            "of run-a, run-b): the policy chose the fastest trusted row or one within the rule's noise of it in 36 of 36 judged cases") in ran.out
+
+
+@pytest.mark.slow  # several runs loaded, one command each (seconds in all)
+def test_validate_refuses_another_device_a_run_it_was_built_from_and_a_lone_run(tmp_path, capsys):
+    """A run of another device, a run the policy was built from, leave-one-run-out of one run: one line each, exit 2."""
+    a = grid_run(tmp_path / "run-a")
+    other = grid_run(tmp_path / "run-h100", device="NVIDIA H100")
+    assert_one_line_error(attnbench_in_process(["policy", a, "--validate", other], capsys), "run-h100 ran on 'NVIDIA H100'",
+                          "'synthetic CPU'", "same device")
+    assert_one_line_error(attnbench_in_process(["policy", a, "--validate", a], capsys), "one the policy was built from")
+    assert_one_line_error(attnbench_in_process(["policy", a, "--validate"], capsys), "two runs or more")
+    assert_one_line_error(attnbench_in_process(["policy", a, "--validate", tmp_path / "nowhere"], capsys), "nowhere is not a run folder")
+
+
+@pytest.mark.slow  # several runs loaded, one command each (seconds in all)
+def test_a_policy_of_the_database_reads_its_current_runs(tmp_path, capsys):
+    """`policy --db`: built from the database's runs as they are now; a run added later (sdpa-math now fastest at S 512) changes it."""
+    from tests.history_runs import database_of
+
+    faster_math = {(c.id, "sdpa-math"): c.S_kv / 64 * 0.1 * 0.5 for c in grid_cases() if c.S_kv == 512}
+    first = grid_run(tmp_path / "run-a", created="2026-11-01T10:00:00+00:00")
+    later = grid_run(tmp_path / "run-b", ms=faster_math, created="2026-11-02T10:00:00+00:00")
+    db = database_of(tmp_path, capsys, first)
+    at_512 = dict(GQA_CAUSAL_128, S_q=512, S_kv=512)
+    out = tmp_path / "policy.json"
+    assert attnbench_in_process(["policy", "--db", db, "--out", out], capsys).code == 0
+    before = json.loads(out.read_text())
+    assert before["source"] == {"db": str(db), "runs": ["run-a"]} and reader.choose(before, **at_512) == "sdpa"
+    assert attnbench_in_process(["db", "add", later, "--db", db], capsys).code == 0
+    assert attnbench_in_process(["policy", "--db", db, "--out", out], capsys).code == 0
+    after = json.loads(out.read_text())
+    assert after["source"]["runs"] == ["run-a", "run-b"] and reader.choose(after, **at_512) == "sdpa-math"
+    assert bucket(after, **at_512)["evidence"]["run_ids"] == ["run-b"]
+    assert reader.choose(after, **GQA_CAUSAL_128) == "sdpa"
+    # A run named by id from the database, and one it does not hold.
+    assert attnbench_in_process(["policy", "run-a", "--db", db, "--validate", "run-b"], capsys).code == 0
+    assert_one_line_error(attnbench_in_process(["policy", "run-z", "--db", db, "--out", out], capsys), "holds no run 'run-z'")
