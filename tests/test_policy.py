@@ -203,3 +203,41 @@ def test_a_policy_of_the_database_reads_its_current_runs(tmp_path, capsys):
     # A run named by id from the database, and one it does not hold.
     assert attnbench_in_process(["policy", "run-a", "--db", db, "--validate", "run-b"], capsys).code == 0
     assert_one_line_error(attnbench_in_process(["policy", "run-z", "--db", db, "--out", out], capsys), "holds no run 'run-z'")
+
+
+def test_the_report_shows_the_policy_of_its_runs(tmp_path):
+    """The report's policy section: a table per device, each bucket with its choice, margin and evidence, and the gaps."""
+    from harness import analysis
+    from harness.report.policy import policy_section
+
+    section = policy_section(analysis.load([grid_run(tmp_path / "run-a")]))
+    assert section.anchor == "policy"
+    table = next(block for block in section.blocks if hasattr(block, "frame")).frame
+    row = table[table["bucket"] == reader.bucket_key(**GQA_CAUSAL_128)].iloc[0]
+    assert row["choice"] == "sdpa" and row["margin"].startswith("50.0 % over sdpa-math: real in all 1 cases")
+    assert row["evidence"] == "3 rows of 1 cases, runs run-a, commit abc1234" and row["SDPA kernel order"] == "MATH"
+    gap = table[table["bucket"] == reader.bucket_key(**dict(GQA_CAUSAL_128, S_q=256, S_kv=256))].iloc[0]
+    assert gap["choice"] == "no answer (gap)" and "never measured: measure this" in gap["evidence"]
+
+
+@pytest.mark.slow
+def test_the_site_shows_the_policy_of_the_database_runs_and_follows_new_runs(tmp_path, capsys):
+    """The site's device page holds the policy of the database's runs; after a run is added, the site built again shows the new choice."""
+    from tests.history_runs import database_of
+
+    at_512 = reader.bucket_key(**dict(GQA_CAUSAL_128, S_q=512, S_kv=512))
+    faster_math = {(c.id, "sdpa-math"): c.S_kv / 64 * 0.1 * 0.5 for c in grid_cases() if c.S_kv == 512}
+    db = database_of(tmp_path, capsys, grid_run(tmp_path / "run-a", created="2026-11-01T10:00:00+00:00"))
+
+    def policy_row() -> str:
+        ran = attnbench_in_process(["site", "--db", db, "--out", tmp_path / "site"], capsys)
+        assert ran.code == 0, ran.err
+        page = (tmp_path / "site" / "trends" / "synthetic-CPU.html").read_text()
+        assert '<section id="policy"><h2>Policy</h2>' in page
+        return page.split(f"<td>{at_512}</td>", 1)[1].split("</tr>", 1)[0]
+
+    assert policy_row().startswith("<td>sdpa</td>")
+    later = grid_run(tmp_path / "run-b", ms=faster_math, created="2026-11-02T10:00:00+00:00")
+    assert attnbench_in_process(["db", "add", later, "--db", db], capsys).code == 0
+    row = policy_row()
+    assert row.startswith("<td>sdpa-math</td>") and "runs run-b" in row

@@ -249,4 +249,23 @@ def summary_lines(policy: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["POLICY_KIND", "SDPA_KERNELS", "build_policy", "device_policy", "shape_of", "summary_lines", "with_buckets"]
+def table_rows(held: dict[str, Any]) -> list[dict[str, str]]:
+    """One device's buckets as a table shows them (report and site alike): bucket → choice, margin, evidence; then its gaps."""
+    rows = []
+    for key, entry in held["buckets"].items():
+        evidence = entry["evidence"]
+        margin = "" if entry.get("margin_pct") is None else f"{entry['margin_pct']:.1f} % over {entry['runner_up']}: "
+        choice = f"only candidate: {entry['choice']}" if entry.get("only_candidate") else str(entry["choice"])
+        rows.append({"bucket": key, "choice": choice + (" (interpolated)" if entry.get("interpolated") else ""),
+                     "margin": margin + str(entry["margin"]),
+                     "evidence": (f"{len(evidence['rows'])} rows of {evidence['cases']} cases, runs {', '.join(evidence['run_ids'])}"
+                                  + (f", commit {', '.join(c[:10] for c in evidence['commits'])}" if evidence["commits"] else "")
+                                  + (f"; {entry['left_out']['rows']} flagged rows left out" if entry.get("left_out", {}).get("rows") else ""))
+                                 if evidence["rows"] else "none: " + " and ".join(entry.get("interpolated_from", [])),
+                     "SDPA kernel order": " > ".join(entry.get("sdpa_kernel_order", []))})
+    for gap in held["gaps"]:
+        rows.append({"bucket": gap["bucket"], "choice": "no answer (gap)", "margin": "", "evidence": gap["why"], "SDPA kernel order": ""})
+    return rows
+
+
+__all__ = ["table_rows", "POLICY_KIND", "SDPA_KERNELS", "build_policy", "device_policy", "shape_of", "summary_lines", "with_buckets"]

@@ -54,12 +54,7 @@ def load_folders(paths: Sequence[Path | str]) -> list[LoadedRun]:
     """Each run folder as its own analysis frame (UserError, one line, for a folder that is not a run)."""
     from harness import analysis
 
-    runs = []
-    for path in paths:
-        data = analysis.load([Path(path)])
-        for run_id, sub in data.frame.groupby("run_id", sort=False):
-            runs.append(LoadedRun(str(run_id), sub, run_meta(str(run_id), data.env.get(run_id), data.manifests.get(run_id), sub)))
-    return runs
+    return [run for path in paths for run in runs_of(analysis.load([Path(path)]))]
 
 
 def _document(text: Any) -> dict:
@@ -69,7 +64,6 @@ def _document(text: Any) -> dict:
 
 def load_database(target: str | Path | None, run_ids: Sequence[str] = ()) -> tuple[list[LoadedRun], str]:
     """The runs of the results database (those named by run id or uuid prefix; none named: every run), oldest first, and its name."""
-    from harness.analysis.frame import by_device_model, declared_capabilities, derive_columns
     from harness.history.database import open_database
 
     with open_database(target, create=False) as db:
@@ -88,21 +82,34 @@ def load_database(target: str | Path | None, run_ids: Sequence[str] = ()) -> tup
         if chosen.empty:
             raise UserError(f"{name} holds no runs: add runs with attnbench db add RUN")
         rows = db.rows_frame(list(chosen["run_uuid"]))
+    return runs_from_stored(chosen, rows), name
+
+
+def runs_from_stored(stored: pd.DataFrame, rows: pd.DataFrame) -> list[LoadedRun]:
+    """Each stored run (a `runs_frame` row, with its env and manifest) and its stored rows (`rows_frame`) as an analysis frame."""
+    from harness.analysis.frame import by_device_model, declared_capabilities, derive_columns
+
     runs = []
-    for _, run in chosen.iterrows():
+    for _, run in stored.iterrows():
         own = rows[rows["run_uuid"] == run["run_uuid"]]
         if own.empty:
             continue
         records = pd.DataFrame([json.loads(text) for text in own["record_json"]])
         run_id = str(run["run_id"])
         records["run_id"] = run_id
-        env, manifest = _document(run["env_json"]), _document(run["manifest_json"])
+        env, manifest = _document(run.get("env_json")), _document(run.get("manifest_json"))
         frame = by_device_model(records, {run_id: env})
         frame = derive_columns(frame, declared_capabilities(sorted(set(frame["backend"])), [manifest]))
         meta = run_meta(run_id, env, manifest, frame)
-        meta["harness_commit"] = meta["harness_commit"] or run["harness_commit"]
+        meta["harness_commit"] = meta["harness_commit"] or run.get("harness_commit")
         runs.append(LoadedRun(run_id, frame, meta))
-    return runs, name
+    return runs
+
+
+def runs_of(data: Any) -> list[LoadedRun]:
+    """The runs of an `analysis.load` result (harness.analysis.frame.RunData), each as its own LoadedRun."""
+    return [LoadedRun(str(run_id), sub, run_meta(str(run_id), data.env.get(run_id), data.manifests.get(run_id), sub))
+            for run_id, sub in data.frame.groupby("run_id", sort=False)]
 
 
 def combined(runs: Sequence[LoadedRun]) -> pd.DataFrame:
