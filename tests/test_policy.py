@@ -241,3 +241,27 @@ def test_the_site_shows_the_policy_of_the_database_runs_and_follows_new_runs(tmp
     assert attnbench_in_process(["db", "add", later, "--db", db], capsys).code == 0
     row = policy_row()
     assert row.startswith("<td>sdpa-math</td>") and "runs run-b" in row
+
+
+def test_validate_allows_for_the_run_to_run_variation_it_is_given(tmp_path, capsys):
+    """sdpa-math 3 % faster than sdpa in run B, ±1 % intervals: a miss by the rule; with --variation (CV 2.5 %, intervals widened by
+    ±5 %) within noise, as compare --variation judges it. A variation of another device is refused."""
+    from harness.analysis.difference import Variation
+
+    case = "B1-Sq128-Skv128-H8-Hkv2-dk32-fp32-causal"
+    a = grid_run(tmp_path / "run-a")
+    b = grid_run(tmp_path / "run-b", ms={(case, "sdpa-math"): 0.2 * 0.97})
+    medians = (1.0, 1.03, 0.97, 1.02, 0.98)
+    variation = tmp_path / "stability.json"
+    document = Variation(0.0, "cpu", "synthetic CPU", case, "sdpa", medians).to_dict()
+    import statistics
+
+    document["cv"] = statistics.stdev(medians) / statistics.fmean(medians)
+    variation.write_text(json.dumps(document))
+    plain = attnbench_in_process(["policy", a, "--validate", b], capsys)
+    assert "11 of 12 judged cases" in plain.out and f"miss: {case}: chose sdpa" in plain.out
+    widened = attnbench_in_process(["policy", a, "--validate", b, "--variation", variation], capsys)
+    assert widened.code == 0, widened.err
+    assert "run-to-run variation 2.55 %" in widened.out and "12 of 12 judged cases (100.0 %): 11 the fastest, 1 within noise" in widened.out
+    variation.write_text(json.dumps(dict(document, device_name="another CPU")))
+    assert_one_line_error(attnbench_in_process(["policy", a, "--validate", b, "--variation", variation], capsys), "measure the variation on the same device")

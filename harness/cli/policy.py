@@ -38,6 +38,21 @@ def _load(names: list[str], db: str | None):
     return load_folders(names), {"runs": [str(n) for n in names]}
 
 
+def _variation_cv(path: str | None, runs) -> float:
+    """The CV of --variation (0 without it), refused when measured on another device than the runs'."""
+    if path is None:
+        return 0.0
+    from harness.analysis.difference import read_variation
+
+    variation = read_variation(path)
+    for run in runs:
+        if any(device != variation.device_name for device in run.devices):
+            raise UserError(f"--variation {path} was measured on {variation.device_name!r} but {run.run_id} ran on "
+                            f"{', '.join(map(repr, run.devices))}: measure the variation on the same device")
+    print(variation.describe())
+    return variation.cv
+
+
 def cmd_policy(args: argparse.Namespace) -> int:
     """Build the policy of the runs and write it (--out), and/or check it on another run (--validate RUN_B, or leave-one-run-out)."""
     from harness.cli.report import check_output_file
@@ -52,7 +67,8 @@ def cmd_policy(args: argparse.Namespace) -> int:
     runs, source = _load(list(args.runs), args.db)
     if not runs:
         raise UserError("the runs hold no rows: nothing to build a policy from")
-    policy = build_policy(runs, interpolate=args.interpolate, source=source)
+    cv = _variation_cv(args.variation, runs)
+    policy = build_policy(runs, interpolate=args.interpolate, source=source, cv=cv)
     for line in summary_lines(policy):
         print(line)
     if out is not None:
@@ -71,9 +87,9 @@ def cmd_policy(args: argparse.Namespace) -> int:
                                     "(or give no RUN_B to leave each run out in turn)")
                 check_same_device(policy, run)
                 result.folds.append((run.run_id, "the policy of " + ", ".join(sorted(built))))
-                judge(policy, run, result)
+                judge(policy, run, result, cv)
         else:
-            result = leave_one_run_out(runs, interpolate=args.interpolate)
+            result = leave_one_run_out(runs, interpolate=args.interpolate, cv=cv)
         for line in result.lines():
             print(line)
     return 0
@@ -90,4 +106,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--validate", nargs="?", const="", metavar="RUN_B",
                    help="check the policy on RUN_B, a run of the same device it was not built from: the share of cases where its choice "
                         "was the fastest trusted row or within the rule's noise of it, misses named; without RUN_B, leave one run out")
+    p.add_argument("--variation", metavar="FILE",
+                   help="widen every interval by the run-to-run variation `attnbench stability --out FILE` measured on the runs' device, "
+                        "as compare --variation does: margins and --validate's 'within noise' then allow for fresh processes' spread")
     p.set_defaults(func=cmd_policy, measures=False)
