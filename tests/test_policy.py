@@ -265,3 +265,25 @@ def test_validate_allows_for_the_run_to_run_variation_it_is_given(tmp_path, caps
     assert "run-to-run variation 2.55 %" in widened.out and "12 of 12 judged cases (100.0 %): 11 the fastest, 1 within noise" in widened.out
     variation.write_text(json.dumps(dict(document, device_name="another CPU")))
     assert_one_line_error(attnbench_in_process(["policy", a, "--validate", b, "--variation", variation], capsys), "measure the variation on the same device")
+
+
+def test_serving_batches_are_bucketed_by_their_kind_and_layout(tmp_path):
+    """A paged decode batch, a paged mixed batch and a packed prefill batch: three buckets, each named by layout and kind, and the
+    reader finds each from the batch's longest lengths and its kind."""
+    from harness.suite.batch_axes import ragged_case
+    from tests.synthetic_runs import synthetic_record, write_run
+
+    heads = {"H": 8, "H_kv": 2, "d_k": 16, "causal": True}
+    batches = {"paged:decode": ragged_case("8x1@512", "paged", page_size=16, **heads),
+               "paged:mixed": ragged_case("2x64 + 4x1@512", "paged", page_size=16, **heads),
+               "packed:prefill": ragged_case("4x64", "packed", **heads)}
+    records = [synthetic_record(case, backend, ms) for case in batches.values() for backend, ms in (("flex", 1.0), ("naive", 2.0))]
+    run = write_run(tmp_path / "serving", records, capabilities={"flex": {"attention_core": True}, "naive": {"attention_core": True}})
+    policy = policy_of(run)
+    held = policy["devices"]["synthetic CPU"]["buckets"]
+    assert sorted(e["bucket"]["batch"] for e in held.values()) == sorted(batches)
+    for kind, case in batches.items():
+        layout, batch_kind = kind.split(":")
+        shape = dict(dtype="fp32", mode="fwd", causal=True, H=8, H_kv=2, d_k=16, S_q=case.S_q, S_kv=case.S_kv, layout=layout)
+        assert reader.choose(policy, **shape, kind=batch_kind) == "flex", kind
+    assert reader.choose(policy, dtype="fp32", mode="fwd", causal=True, H=8, H_kv=2, d_k=16, S_q=1, S_kv=512) is None  # dense: not measured

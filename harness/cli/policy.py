@@ -65,6 +65,8 @@ def cmd_policy(args: argparse.Namespace) -> int:
         raise UserError("give --out FILE to write the policy, or --validate [RUN_B] to check it (or both)")
     out = check_output_file(Path(args.out), "a policy", "JSON", _is_policy) if args.out else None
     runs, source = _load(list(args.runs), args.db)
+    if args.validate == "" and len(runs) < 2:  # before any work: leave-one-run-out of one run has nothing to build from
+        raise UserError("--validate without RUN_B leaves one run out at a time: give two runs or more (or name the run to validate on)")
     if not runs:
         raise UserError("the runs hold no rows: nothing to build a policy from")
     cv = _variation_cv(args.variation, runs)
