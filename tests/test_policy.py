@@ -243,6 +243,7 @@ def test_the_site_shows_the_policy_of_the_database_runs_and_follows_new_runs(tmp
     assert row.startswith("<td>sdpa-math</td>") and "runs run-b" in row
 
 
+@pytest.mark.slow  # three commands, each loading two runs
 def test_validate_allows_for_the_run_to_run_variation_it_is_given(tmp_path, capsys):
     """sdpa-math 3 % faster than sdpa in run B, ±1 % intervals: a miss by the rule; with --variation (CV 2.5 %, intervals widened by
     ±5 %) within noise, as compare --variation judges it. A variation of another device is refused."""

@@ -53,13 +53,13 @@ class Validation:
         else:
             head = (f"validation ({folds}): the policy chose the fastest trusted row or one within the rule's noise of it in "
                     f"{self.exact + self.within_noise} of {self.judged} judged cases ({100 * self.share:.1f} %): "
-                    f"{self.exact} the fastest, {self.within_noise} within noise, {len(self.misses)} misses")
+                    f"{self.exact} the fastest, {self.within_noise} within noise, {_count(len(self.misses), 'miss', 'misses')}")
         out = [head]
         if self.no_answer:
-            out.append(f"{len(self.no_answer)} cases not judged: the policy has no evidence for their bucket "
+            out.append(f"{_count(len(self.no_answer), 'case', 'cases')} not judged: the policy has no evidence for their bucket "
                        f"({', '.join(self.no_answer[:5])}{', …' if len(self.no_answer) > 5 else ''})")
         if self.not_judged:
-            out.append(f"{len(self.not_judged)} cases not judged: {'; '.join(self.not_judged[:5])}{'; …' if len(self.not_judged) > 5 else ''}")
+            out.append(f"{_count(len(self.not_judged), 'case', 'cases')} not judged: {'; '.join(self.not_judged[:5])}{'; …' if len(self.not_judged) > 5 else ''}")
         out.extend(self.notes)
         for miss in self.misses[:misses_shown]:
             out.append(f"  miss: {miss}")
@@ -72,6 +72,10 @@ class Validation:
         return {"folds": [list(f) for f in self.folds], "judged": self.judged, "hits": self.exact + self.within_noise, "exact": self.exact,
                 "within_noise": self.within_noise, "share": self.share, "misses": self.misses, "no_answer": self.no_answer,
                 "not_judged": self.not_judged, "notes": self.notes}
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def check_same_device(policy: dict, run: LoadedRun) -> None:
