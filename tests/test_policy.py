@@ -214,7 +214,7 @@ def test_the_report_shows_the_policy_of_its_runs(tmp_path):
     assert section.anchor == "policy"
     table = next(block for block in section.blocks if hasattr(block, "frame")).frame
     row = table[table["bucket"] == reader.bucket_key(**GQA_CAUSAL_128)].iloc[0]
-    assert row["choice"] == "sdpa" and row["margin"].startswith("50.0 % over sdpa-math: real in all 1 cases")
+    assert row["choice"] == "sdpa" and row["margin"].startswith("50.0 % over sdpa-math: real in 1 of 1 cases")
     assert row["evidence"] == "3 rows of 1 cases, runs run-a, commit abc1234" and row["SDPA kernel order"] == "MATH"
     gap = table[table["bucket"] == reader.bucket_key(**dict(GQA_CAUSAL_128, S_q=256, S_kv=256))].iloc[0]
     assert gap["choice"] == "no answer (gap)" and "never measured: measure this" in gap["evidence"]

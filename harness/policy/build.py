@@ -108,7 +108,7 @@ def _margin(choice: dict, runner: dict, cv: float) -> dict[str, Any]:
     elif verdicts["unknown"]:
         noise, real = f"{UNKNOWN_NOISE}: {verdicts['unknown']} of {len(shared)} cases have a row without a 95 % interval of its median", None
     else:
-        noise, real = f"real in all {len(shared)} cases", True
+        noise, real = f"real in {len(shared)} of {len(shared)} cases", True
     return {"margin_pct": None if ratio is None else round(100.0 * (ratio - 1.0), 3), "margin_real": real, "margin": noise,
             "margin_cases": dict(verdicts)}
 
