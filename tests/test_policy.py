@@ -288,3 +288,20 @@ def test_serving_batches_are_bucketed_by_their_kind_and_layout(tmp_path):
         shape = dict(dtype="fp32", mode="fwd", causal=True, H=8, H_kv=2, d_k=16, S_q=case.S_q, S_kv=case.S_kv, layout=layout)
         assert reader.choose(policy, **shape, kind=batch_kind) == "flex", kind
     assert reader.choose(policy, dtype="fp32", mode="fwd", causal=True, H=8, H_kv=2, d_k=16, S_q=1, S_kv=512) is None  # dense: not measured
+
+
+def test_a_backend_left_alone_by_its_rivals_flags_is_no_answer(tmp_path):
+    """sdpa and naive flagged in a case, sdpa-math alone trusted: not an answer by elimination but a gap saying to re-measure;
+    a backend alone because the others are unsupported stays the answer, marked 'only candidate'."""
+    case = "B1-Sq128-Skv128-H8-Hkv2-dk32-fp32-causal"
+    policy = policy_of(grid_run(tmp_path / "run-a", flags={(case, "sdpa"): "contended", (case, "naive"): "suspect"}))
+    gap = next(g for g in policy["devices"]["synthetic CPU"]["gaps"] if g["bucket"] == reader.bucket_key(**GQA_CAUSAL_128))
+    assert "only sdpa-math has a trusted row; naive, sdpa ran and agreed but every row was flagged" in gap["why"]
+    assert reader.choose(policy, **GQA_CAUSAL_128) is None
+    from harness.suite.cases import Case
+    from tests.synthetic_runs import synthetic_record, write_run
+
+    lone = Case(B=1, S_q=128, S_kv=128, H=8, H_kv=2, d_k=32, d_v=32, causal=True, sinks=True)
+    run = write_run(tmp_path / "sinks", [synthetic_record(lone, "naive", 1.0), synthetic_record(lone, "sdpa", 0, status="unsupported")])
+    entry = bucket(policy_of(run), **GQA_CAUSAL_128, sinks=True)
+    assert entry["choice"] == "naive" and entry["only_candidate"] is True and entry["margin"].startswith("only candidate")

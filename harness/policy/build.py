@@ -132,6 +132,13 @@ def _entry(fields: dict, rows: pd.DataFrame, metas: dict[str, dict], cv: float) 
             slot["rows"][case] = r
             slot["ratios"].append(float(r["latency_ms_median"]) / best)
     ranked = sorted(per_backend.items(), key=lambda item: (-len(item[1]["rows"]), _geomean(item[1]["ratios"]), item[0]))
+    flagged = left_out(agreeing_rows(rows, flagged=True))
+    rivals = sorted({backend for _, backend in flagged.pairs if backend != ranked[0][0]})
+    if len(ranked) == 1 and rivals:
+        # Chosen only because its rivals' rows were flagged: that is no measurement of which is faster, so no answer.
+        why = (f"only {ranked[0][0]} has a trusted row; {', '.join(rivals)} ran and agreed but every row was flagged "
+               f"({', '.join(n for n, c in flagged.counts.items() if c)}): re-measure on a quiet machine")
+        return None, unanswered + [{"case": case, "why": why} for case in answered]
     ranking = [{"backend": name, "cases": len(slot["rows"]), "of_cases": len(answered), "geomean_vs_fastest": round(_geomean(slot["ratios"]), 4),
                 "fastest_in": sum(1 for r in slot["ratios"] if r == 1.0)} for name, slot in ranked]
     choice = ranked[0]
@@ -154,7 +161,6 @@ def _entry(fields: dict, rows: pd.DataFrame, metas: dict[str, dict], cv: float) 
         "commits": sorted({str(metas[r]["harness_commit"]) for r in run_ids if metas.get(r, {}).get("harness_commit")}),
         "libraries": _libraries([metas.get(r, {}) for r in run_ids]),
     }
-    flagged = left_out(agreeing_rows(rows, flagged=True))
     entry["left_out"] = flagged.to_dict()
     entry["cases_without_answer"] = unanswered
     return entry, unanswered
