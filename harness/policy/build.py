@@ -252,7 +252,7 @@ def summary_lines(policy: dict[str, Any]) -> list[str]:
         unknown = sum(1 for e in entries if str(e.get("margin", "")).startswith(UNKNOWN_NOISE))
         lines.append(f"{device}: {len(held['buckets'])} buckets answered ({real} by a margin the rule calls real"
                      + (f", {unknown} of unknown noise: rows without a 95 % interval" if unknown else "")
-                     + (f", {interpolated} interpolated" if interpolated else "") + f"), {len(held['gaps'])} gaps, from runs "
+                     + (f", {interpolated} interpolated" if interpolated else "") + f"), {len(held['gaps'])} gap{'' if len(held['gaps']) == 1 else 's'}, from runs "
                      + ", ".join(r["run_id"] for r in held["runs"]))
     return lines
 
