@@ -279,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.cli.models import add_command as add_models_command
 
     add_models_command(sub)
+    from harness.cli.policy import add_command as add_policy_command
+
+    add_policy_command(sub)
     from harness.cli.history import add_commands as add_history_commands
     from harness.cli.publish import add_export_command, add_site_command
 

@@ -114,6 +114,29 @@ def _winners(runs: pd.DataFrame, rows: pd.DataFrame) -> list[list[str]]:
     return out
 
 
+def _policy(model: str, runs: pd.DataFrame, rows: pd.DataFrame) -> str:
+    """The device's policy as `attnbench policy --db` builds it from these runs now: bucket → choice, margin, evidence; gaps."""
+    from harness.policy.build import build_policy, table_rows
+    from harness.policy.sources import runs_from_stored
+
+    loaded, unread = [], []
+    for _, run in runs.iterrows():
+        try:
+            loaded += runs_from_stored(run.to_frame().T, rows)
+        except Exception as exc:  # one run's stored documents are never worth the whole site: it is named, left out of the policy
+            unread.append(f"{run['run_id']} ({(str(exc).splitlines() or [type(exc).__name__])[0]})")
+    left = f"<p>Left out of the policy, unreadable: {esc('; '.join(unread))}.</p>" if unread else ""
+    held = build_policy(loaded)["devices"].get(model) if loaded else None
+    if not held:
+        return left + "<p>No attention-core row on this device: no policy.</p>"
+    lines = table_rows(held)
+    intro = left + (f"<p>{len(held['buckets'])} buckets answered, {len(held['gaps'])} gaps, from {len(loaded)} of the runs below (trusted rows only; "
+             "the margin is judged by compare's rule). The same policy as JSON: <code>attnbench policy --db DB --out policy.json</code> "
+             "(docs/policy.md); it changes as runs are added.</p>")
+    headers = ["bucket", "choice", "margin", "evidence", "SDPA kernel order"]
+    return intro + _table(headers, [[esc(line[h]) for h in headers] for line in lines])
+
+
 def _device_page(model: str, runs: pd.DataFrame, rows: pd.DataFrame, out: Path) -> str:
     """Write trends/<slug>.html for one device model; return its relative path."""
     colors = backend_colors(sorted(set(rows["backend"])))
@@ -126,10 +149,10 @@ def _device_page(model: str, runs: pd.DataFrame, rows: pd.DataFrame, out: Path) 
                     + "</tbody></table>") if marks else "<p>No change the rule calls real (contended/suspect rows never count).</p>"
     winners = _table(["case", "winner", "latency ms", "run"], _winners(runs, rows))
     body = [section("changes", "Changes", [change_table]), section("winners", "Latest winners", [winners]),
-            section("trends", "Trends", [left, *figures])]
+            section("policy", "Policy", [_policy(model, runs, rows)]), section("trends", "Trends", [left, *figures])]
     path = out / "trends" / f"{slug(model)}.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page(f"attnbench trends: {model}", [("changes", "Changes"), ("winners", "Winners"), ("trends", "Trends")], body,
+    path.write_text(page(f"attnbench trends: {model}", [("changes", "Changes"), ("winners", "Winners"), ("policy", "Policy"), ("trends", "Trends")], body,
                          heading=f"<h1>Trends on {esc(model)}</h1><p><a href=\"../index.html\">all runs</a></p>"))
     return path.relative_to(out).as_posix()
 

@@ -20,6 +20,7 @@ from harness.analysis.winners import no_winner_reason, unanswered_cases, wins_pe
 from harness.report import figures as figs
 from harness.report.flags import emulated_bf16_note, flag_summary, flags_section, trust_summary
 from harness.report.page import commands, esc, fmt
+from harness.report.policy import policy_section
 from harness.report.profiling import profiling_section
 from harness.report.repeats import repeats_section
 from harness.report.published import published_section
@@ -322,6 +323,7 @@ def sections(data: analysis.RunData, baseline: str, variation: Variation | None 
     return [
         _overview(data, ok, wins, baseline),
         _choose(frame, wins, speed, baseline, colors, variation),
+        policy_section(data, variation.cv if variation else 0.0),
         _latency(frame, ok, colors),
         *serving_sections(frame, colors, baseline),
         flags_section(frame, data.env),
