@@ -13,8 +13,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.telemetry import nvml
-
 
 # The oldest torch attnbench is tested with (the H200 box runs 2.11, CI 2.13); pyproject.toml says the same.
 OLDEST_TORCH = (2, 11)
@@ -129,18 +127,6 @@ def _package_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-
-
-def gpu_telemetry() -> list[dict[str, Any]] | dict[str, str]:
-    """Per-GPU clocks, temperature, power and throttle reasons from NVML (`nvidia-ml-py`), or why not."""
-    try:
-        session = nvml.NvmlSession.start()
-    except ImportError:
-        return {"unavailable": "nvidia-ml-py (pynvml) is not installed"}
-    except Exception as exc:  # no driver, no GPU
-        return {"unavailable": f"NVML did not start: {exc}"}
-    with session:  # a snapshot's own session: a worker's open one in this process stays open
-        return nvml.machine_gpus(session)
 
 
 def fingerprint(device: str = "cpu") -> dict[str, Any]:

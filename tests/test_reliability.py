@@ -24,7 +24,8 @@ from harness.cli.main import main
 from harness.errors import UserError
 from harness.results.store import read_records
 from harness.execution.execute import PairRunner, Phases, execute
-from harness.execution.failures import is_sticky_cuda_error, poisons_process
+from harness.run.worker import poisons_process
+from harness.errors import is_sticky_cuda_error
 from harness.suite.catalog import load_suite
 
 from tests.cli_runs import PLUGIN, ROOT, attnbench, attnbench_in_process, cli_env, executions, is_dead, keys, rows, write_suite

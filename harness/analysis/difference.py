@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from harness.errors import UserError
-from harness.results.documents import MAX_VARIATION_PROCESSES, parse_json, read_regular
+from harness.results.documents import MAX_VARIATION_PROCESSES
+from harness.files import parse_json, read_regular
 
 #: The interval's columns in a record.
 LOW, HIGH = "latency_ms_ci95_low", "latency_ms_ci95_high"

@@ -12,7 +12,7 @@ from harness.process.usage import UsageParser
 #: and process/children.py can check a job's name without importing the commands that start children.
 JOBS: dict[str, tuple[str, str]] = {
     "gpu-check": ("harness.checks.gpu", "backend_job"),              # one backend's check cases, for `attnbench gpu-check`
-    "profile-ncu": ("harness.profiling.session", "ncu_job"),         # one pair's steps under Nsight Compute, for `profile --ncu`
+    "profile-ncu": ("harness.run.profile_pair", "ncu_job"),         # one pair's steps under Nsight Compute, for `profile --ncu`
     "stability": ("harness.checks.stability", "measurement_job"),   # one fresh measurement, for `attnbench stability`
     "peaks": ("harness.telemetry.peaks", "main"),                   # the CUDA ceilings into peaks.json, for the run folder
     "load-backends": ("harness.run.plugin_probe", "load_backends_job"),  # the registry as a worker loads it, before `attnbench run`

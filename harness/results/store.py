@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from harness.suite.cases import CASE_FIELDS, OPTIONAL_FLOAT_FIELDS
 from harness.env import harness_identity
 from harness.errors import UserError
-from harness.results.documents import MAX_RECORD_BYTES, lines_of, open_regular
+from harness.files import MAX_RECORD_BYTES, lines_of, open_regular
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
 if TYPE_CHECKING:  # pandas is imported where frames are built, not by every writer of a record

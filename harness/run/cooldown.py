@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from harness.errors import UserError
-from harness.results.documents import MAX_DOCUMENT_BYTES, parse_json, read_regular
+from harness.files import MAX_DOCUMENT_BYTES, parse_json, read_regular
 from harness.results.run_options import AUTO_MAX_S, parse_cooldown  # noqa: F401 - the option's parsing lives with the option
 from harness.run.rundir import ENV
 

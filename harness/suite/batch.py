@@ -102,7 +102,7 @@ def read_lengths_file(path: str | os.PathLike) -> LengthsFile:
 
 @functools.lru_cache(maxsize=64)
 def _read_lengths_file(path: str, stamp: int) -> LengthsFile:
-    from harness.results.documents import read_regular
+    from harness.files import read_regular
 
     raw = read_regular(path, "lengths file", MAX_LENGTHS_FILE_BYTES)
     try:

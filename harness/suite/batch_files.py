@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from harness.errors import UserError
-from harness.results.documents import MANIFEST, Manifest, read_document, read_regular
+from harness.files import read_regular
 from harness.suite.batch import MAX_LENGTHS_FILE_BYTES, case_batch, parse_batch
 from harness.suite.cases import Case
-from harness.suite.frozen import lengths_folder
 
 #: The run folder's subfolder of frozen lengths files.
 FROZEN = "batches"
@@ -116,16 +115,3 @@ def check_cases(folder: Path, entries: list[Entry], cases: Iterable[Case], where
         if names and parse_batch(case.length_dist, files=paths).draw(case.seed, case.B) != (case.seq_lens_q, case.seq_lens_kv):
             raise UserError(f"{where}: case {case.id} holds lengths that its frozen lengths files do not draw from seed {case.seed}: "
                             "the manifest is damaged")
-
-
-def to_freeze(suite_arg: str | None, suite_file: str | None, cases: list[Case]) -> list[tuple[Entry, bytes]] | None:
-    """What a new run freezes of the lengths files its cases were drawn from (entry, bytes): from the suite file's lengths
-    folder, or from the run folder whose pairs it runs (a repro); None when neither says where they are."""
-    source = Path(suite_arg or "")
-    if suite_file is not None:
-        return freeze(cases, suite_sources(lengths_folder(Path(suite_file))))
-    if not (suite_arg and source.is_dir() and (source / MANIFEST).is_file()):
-        return None
-    entries = read_document(source / MANIFEST, Manifest).batches
-    # A run made before lengths files were frozen has none to pass on; its cases still carry their lengths.
-    return None if entries is None else freeze(cases, run_sources(source, entries, str(source / MANIFEST)))

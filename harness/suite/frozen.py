@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.errors import UserError
-from harness.results.documents import MAX_DOCUMENT_BYTES, parse_json, read_regular
+from harness.files import MAX_DOCUMENT_BYTES, parse_json, read_regular
 
 #: How many frozen copies `lengths_folder` follows back (a repro of a repro of ...) before it calls the chain a loop.
 MAX_SUITE_COPIES = 64

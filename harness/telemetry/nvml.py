@@ -2,7 +2,7 @@
 
 Everything the harness reads of NVML goes through here: the per-pair GPU state (harness.telemetry.gpu_state),
 the energy counter (harness.telemetry.energy, through gpu_state's reader) and the run's GPU snapshot in env.json
-(`machine_gpus`, for harness.env). NVML counts its initialisations, so a snapshot's own session opened and closed
+(`gpu_telemetry`, for the run folder). NVML counts its initialisations, so a snapshot's own session opened and closed
 beside a worker's long one leaves the worker's open.
 """
 
@@ -186,3 +186,15 @@ def machine_gpus(session: NvmlSession) -> list[dict[str, Any]]:
     for gpu in gpus:
         gpu["driver"] = driver
     return gpus
+
+
+def gpu_telemetry() -> list[dict[str, Any]] | dict[str, str]:
+    """Per-GPU clocks, temperature, power and throttle reasons from NVML (`nvidia-ml-py`), or why not."""
+    try:
+        session = NvmlSession.start()
+    except ImportError:
+        return {"unavailable": "nvidia-ml-py (pynvml) is not installed"}
+    except Exception as exc:  # no driver, no GPU
+        return {"unavailable": f"NVML did not start: {exc}"}
+    with session:  # a snapshot's own session: a worker's open one in this process stays open
+        return machine_gpus(session)
