@@ -35,7 +35,6 @@ from harness.process.children import child_command, run_child
 from harness.run.progress import RecordsTail
 from harness.suite import batch_files
 from harness.suite.cases import Case
-from harness.suite.frozen import lengths_folder
 
 SUITE_COPY = "suite.toml"
 #: Every name a run writes in its folder (patterns for the per-worker files); `--force` deletes nothing else.
@@ -368,7 +367,7 @@ def _lengths_to_freeze(suite_arg: str | None, suite_file: str | None, cases: lis
     folder, or from the run folder whose pairs it runs (a repro); None when neither says where they are."""
     source = Path(suite_arg or "")
     if suite_file is not None:
-        return batch_files.freeze(cases, batch_files.suite_sources(lengths_folder(Path(suite_file))))
+        return batch_files.freeze(cases, batch_files.suite_sources(batch_files.lengths_folder(Path(suite_file))))
     if not (suite_arg and source.is_dir() and (source / MANIFEST).is_file()):
         return None
     entries = read_document(source / MANIFEST, Manifest).batches

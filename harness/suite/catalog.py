@@ -25,7 +25,7 @@ from harness.suite.case_values import VALUE_CHECKS
 from harness.suite.cases import CASE_FIELDS, Case, grid
 from harness.errors import UserError
 from harness.suite.budget import CUDA_BUDGET, QUICK_BUDGET, Budget, budget_from_fields
-from harness.suite.frozen import lengths_folder
+from harness.suite.batch_files import lengths_folder
 from harness.files import read_regular
 from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases, tp_note
 
