@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from harness import analysis
+from harness.env import FINGERPRINT_KEYS
 from harness.analysis.difference import RULE_TEXT, Variation
 from harness.analysis.winners import no_winner_reason, unanswered_cases, wins_per_backend
 from harness.report import figures as figs
@@ -276,16 +277,12 @@ def _failures(frame) -> Section:
     ], nav="Failures")
 
 
-_ENV_KEYS = ("harness_version", "harness_commit", "harness_dirty", "time_utc", "host", "device_type", "device_name", "device_capability", "cpu_model", "cpu_count", "torch_threads",
-             "python", "platform", "torch", "torch_cuda", "cudnn", "numpy", "pandas", "pytest_benchmark", "xformers", "flash_attn")
-
-
 def _environment(data: analysis.RunData) -> Section:
     body = []
     for rid, env in data.env.items():
         # The fingerprint is taken once; what changes during a run (clocks, temperatures) is the telemetry below.
         before = env.get("before") or {}
-        keys = [k for k in _ENV_KEYS if k in before] + sorted(k for k in before if k not in _ENV_KEYS)
+        keys = [k for k in FINGERPRINT_KEYS if k in before] + sorted(k for k in before if k not in FINGERPRINT_KEYS)
         rows = pd.DataFrame([{"field": k, "value": json.dumps(before.get(k)) if isinstance(before.get(k), (dict, list)) else before.get(k)}
                              for k in keys])
         body.append(f"<h3>{esc(rid)}</h3>")

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, Callable, ClassVar, TypeVar
 
+from harness.env import DEVICE_KEYS, IDENTITY_KEYS, VERSION_KEYS
 from harness.errors import UserError
 from harness.files import MAX_DOCUMENT_BYTES, parse_json, read_regular
 # The field checks live apart, in harness.results.field_checks, so that the run options check theirs the same way.
@@ -39,8 +40,6 @@ class Document:
     #: The typed fields the file itself had (the others hold their defaults and are not written back).
     given: frozenset[str] = frozenset()
 
-    #: Each typed field's check; a field left out of the file keeps its default.
-    CHECKS: ClassVar[dict[str, Check]] = {}
     #: Fields a document of this kind always has.
     REQUIRED: ClassVar[tuple[str, ...]] = ()
 
@@ -53,17 +52,27 @@ class Document:
         missing = [name for name in cls.REQUIRED if name not in data]
         if missing:
             raise UserError(f"{where}: field {missing[0]!r} is missing")
-        values = {}
-        for name, value in data.items():
-            if name in cls.CHECKS:
-                values[name] = cls.CHECKS[name](value, where, name)
-        return cls(**values, extra={k: v for k, v in data.items() if k not in cls.CHECKS}, given=frozenset(values))
+        checks = cls.checks()
+        values = {name: checks[name](value, where, name) for name, value in data.items() if name in checks}
+        return cls(**values, extra={k: v for k, v in data.items() if k not in checks}, given=frozenset(values))
+
+    @classmethod
+    def checks(cls) -> dict[str, Check]:
+        """Each typed field's check, by the field's name (declared once, with `typed`); a field left out of the file keeps its default."""
+        return {f.name: f.metadata["check"] for f in fields(cls) if "check" in f.metadata}
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object as read: the typed fields the file had, then the rest."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name in self.given}
         out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
+
+
+def typed(check: Check, default: Any = None, *, factory: Callable[[], Any] | None = None) -> Any:
+    """A document field read from its JSON through `check`: its name is the attribute's, written once."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"check": check})
+    return field(default=default, metadata={"check": check})
 
 
 def _json_kind(value: Any) -> str:
@@ -82,48 +91,38 @@ MAX_VARIATION_PROCESSES = 1_000
 class Manifest(Document):
     """manifest.json: what the run is (suite, device, backends, pairs) and who wrote it."""
 
-    run_id: str = ""
-    suite: str | None = None
-    suite_arg: str | None = None
-    suite_copy: str | None = None
-    device: str | None = None
-    backends: list[str] = field(default_factory=list)
-    broken: dict[str, str] = field(default_factory=dict)
-    capabilities: dict[str, dict[str, bool]] = field(default_factory=dict)
-    pairs: list[str] = field(default_factory=list)
+    run_id: str = typed(_string, "")
+    suite: str | None = typed(optional(_string))
+    suite_arg: str | None = typed(optional(_string))
+    suite_copy: str | None = typed(optional(_plain_name))
+    device: str | None = typed(optional(_device))
+    backends: list[str] = typed(list_of(_string), factory=list)
+    broken: dict[str, str] = typed(object_of(_string), factory=dict)
+    capabilities: dict[str, dict[str, bool]] = typed(_CAPABILITIES, factory=dict)
+    pairs: list[str] = typed(list_of(_string), factory=list)
     #: What shapes the pairs' measurement (check, timer, energy, profile, traces, cool-down, order seed, budget), read
     #: from the keys RunOptions stores them under; those keys stay in `extra`, written back as they were.
     options: RunOptions = field(default_factory=RunOptions)
-    created_utc: str | None = None
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    created_utc: str | None = typed(optional(_string))
+    attempts: list[dict[str, Any]] = typed(list_of(_ATTEMPT), factory=list)
     #: `attnbench` in every manifest written since it was added, and a random id given at creation.
-    harness: str | None = None
-    run_uuid: str | None = None
+    harness: str | None = typed(optional(_string))
+    run_uuid: str | None = typed(optional(_string))
     #: Every pair as data, in the order of `pairs`: its case's fields (`Case.fields()`) and its backend. A folder
     #: made before they were recorded has none, and its pairs are rebuilt from its suite (harness.run.rundir).
-    pair_specs: list[dict[str, Any]] | None = None
+    pair_specs: list[dict[str, Any]] | None = typed(optional(list_of(fields_of(case=_object, backend=_string))))
     #: What measured them.
-    harness_version: str | None = None
-    harness_commit: str | None = None
-    harness_dirty: bool | None = None
+    harness_version: str | None = typed(optional(_string))
+    harness_commit: str | None = typed(optional(_string))
+    harness_dirty: bool | None = typed(optional(_boolean))
     #: The interpreter that ran the run.
-    python: str | None = None
+    python: str | None = typed(optional(_string))
     #: The lengths files its cases were drawn from, frozen in the folder: {file, source, sha256, copy} (harness.suite.batch_files).
-    batches: list[dict[str, Any]] | None = None
+    batches: list[dict[str, Any]] | None = typed(optional(list_of(fields_of(file=_string, source=_string, sha256=_string, copy=_plain_name))))
     #: How a CPU run given no `--threads` chose its thread count (harness.measure.threads.choose_threads): the count,
     #: torch's default, the cores and how many other work kept busy as the run started, and the rule. None: given, or CUDA.
-    threads_chosen: dict[str, Any] | None = None
+    threads_chosen: dict[str, Any] | None = typed(optional(_object))
 
-    CHECKS = {
-        "run_id": _string, "suite": optional(_string), "suite_arg": optional(_string), "suite_copy": optional(_plain_name),
-        "device": optional(_device), "backends": list_of(_string), "broken": object_of(_string), "capabilities": _CAPABILITIES,
-        "pairs": list_of(_string), "created_utc": optional(_string), "attempts": list_of(_ATTEMPT), "harness": optional(_string), "run_uuid": optional(_string),
-        "pair_specs": optional(list_of(fields_of(case=_object, backend=_string))),
-        "harness_version": optional(_string), "harness_commit": optional(_string), "harness_dirty": optional(_boolean),
-        "python": optional(_string),
-        "batches": optional(list_of(fields_of(file=_string, source=_string, sha256=_string, copy=_plain_name))),
-        "threads_chosen": optional(_object),
-    }
     REQUIRED = ("run_id",)
     #: What a run needs from its manifest to be resumed (or replaced by --force): every manifest a run ever wrote has them.
     RUN_FIELDS = ("suite_arg", "device", "backends", "pairs")
@@ -151,10 +150,9 @@ def _telemetry(value: Any, where: str, name: str) -> Any:
 
 
 _TELEMETRY = optional(_telemetry)
-_FINGERPRINT = fields_of(device_name=optional(_string), device_type=optional(_string),
-                         harness_version=optional(_string), harness_commit=optional(_string), harness_dirty=optional(_boolean),
-                         **{k: optional(_scalar) for k in ("torch", "torch_cuda", "cudnn", "python", "xformers", "flash_attn",
-                                                             "cpu_model", "torch_threads", "host")})
+# The fields the readers compare and show, typed (the names are harness.env's): strings, the identity's flag, scalars.
+_FINGERPRINT = fields_of(**{k: optional(_string) for k in DEVICE_KEYS + IDENTITY_KEYS[:2]}, harness_dirty=optional(_boolean),
+                         **{k: optional(_scalar) for k in VERSION_KEYS})
 
 
 @dataclass
@@ -165,14 +163,11 @@ class Environment(Document):
     the telemetry, read again after the last pair.
     """
 
-    before: dict[str, Any] = field(default_factory=dict)
-    telemetry_before: list[dict[str, Any]] | dict[str, Any] | None = None
-    telemetry_after: list[dict[str, Any]] | dict[str, Any] | None = None
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-
     # A null fingerprint reads as an empty one: every reader asks it for fields with .get().
-    CHECKS = {"before": lambda v, where, name: {} if v is None else _FINGERPRINT(v, where, name),
-              "telemetry_before": _TELEMETRY, "telemetry_after": _TELEMETRY, "nodes": object_of(_object)}
+    before: dict[str, Any] = typed(lambda v, where, name: {} if v is None else _FINGERPRINT(v, where, name), factory=dict)
+    telemetry_before: list[dict[str, Any]] | dict[str, Any] | None = typed(_TELEMETRY)
+    telemetry_after: list[dict[str, Any]] | dict[str, Any] | None = typed(_TELEMETRY)
+    nodes: dict[str, dict[str, Any]] = typed(object_of(_object), factory=dict)
 
 
 #: What a ceiling ran under, read by the analysis: a ceiling measured while contended is not called a bound, and a GPU
@@ -186,12 +181,10 @@ _COPY = fields_of(bytes=_count, gbps=optional(_positive), gbps_median=optional(_
 class Peaks(Document):
     """peaks.json: the device's measured matmul ceilings per dtype and its copy bandwidth, or why they are missing."""
 
-    device: str | None = None
-    matmul: dict[str, dict[str, Any]] = field(default_factory=dict)
-    copy: dict[str, Any] | None = None
-    errors: dict[str, str] = field(default_factory=dict)
-
-    CHECKS = {"device": optional(_string), "matmul": object_of(_MATMUL), "copy": optional(_COPY), "errors": object_of(_string)}
+    device: str | None = typed(optional(_string))
+    matmul: dict[str, dict[str, Any]] = typed(object_of(_MATMUL), factory=dict)
+    copy: dict[str, Any] | None = typed(optional(_COPY))
+    errors: dict[str, str] = typed(object_of(_string), factory=dict)
 
 
 def read_document(path: Path | str, kind: type[D]) -> D:
