@@ -1,7 +1,8 @@
 """The one NVML reader: NVML (nvidia-ml-py) opened for a session's length, the process's device found by UUID, calls by name.
 
 Everything the harness reads of NVML goes through here: the per-pair GPU state (harness.telemetry.gpu_state),
-the energy counter (harness.telemetry.energy, through gpu_state's reader) and the run's GPU snapshot in env.json
+the energy counter (harness.telemetry.energy, through gpu_state's reader), `run --cooldown`'s temperature
+(harness.run.cooldown) and the run's GPU snapshot in env.json
 (`gpu_telemetry`, for the run folder). NVML counts its initialisations, so a snapshot's own session opened and closed
 beside a worker's long one leaves the worker's open.
 """
@@ -138,6 +139,21 @@ class NvmlSession:
         index = torch.cuda.current_device()
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
         return nvml_handle(self.pynvml, str(uuid) if uuid is not None else None, index, visible_gpus(os.environ))
+
+
+def temperature_c(session: NvmlSession, index: int) -> float | None:
+    """The temperature (°C) of NVML device `index` (the machine's numbering, not CUDA's), or None where NVML cannot say."""
+    nv = session.pynvml
+    handle = call(nv, "nvmlDeviceGetHandleByIndex", index)
+    reading = None if handle is None else call(nv, "nvmlDeviceGetTemperature", handle, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+    return None if reading is None else float(reading)
+
+
+def index_of_uuid(session: NvmlSession, uuid: str) -> int | None:
+    """NVML's index of the GPU named by `uuid` (GPU-…), or None (a MIG id, an unknown name)."""
+    handle = call(session.pynvml, "nvmlDeviceGetHandleByUUID", uuid)
+    index = None if handle is None else call(session.pynvml, "nvmlDeviceGetIndex", handle)
+    return None if index is None else int(index)
 
 
 def application_clocks(read: Callable[..., Any]) -> dict[str, Any]:
