@@ -272,6 +272,14 @@ def order(a: Mapping[str, Any], b: Mapping[str, Any], cv: float = 0.0) -> int:
     return 0
 
 
+def smallest_difference(cv: float) -> float:
+    """The smallest relative difference the rule can call real between two medians known to a point, under variation `cv`:
+    below it their intervals, widened by ±CV_WIDTH·cv, overlap whatever the samples say (each row's own interval adds to it)."""
+    if not 0 <= cv < MAX_CV:
+        return math.inf
+    return (1.0 + CV_WIDTH * cv) / (1.0 - CV_WIDTH * cv) - 1.0
+
+
 def differ(a: Mapping[str, Any], b: Mapping[str, Any], cv: float = 0.0) -> bool:
     """Whether the rule tells the two rows' latencies apart."""
     return order(a, b, cv) != 0
