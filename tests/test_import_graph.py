@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from import_walk import PACKAGE, import_graph, module_name
+from tests.import_walk import PACKAGE, import_graph, module_name
 
 
 @pytest.mark.parametrize("name", sorted(n for n in import_graph() if not n.endswith("__main__")))  # __main__ runs the CLI

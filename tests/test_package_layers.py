@@ -2,7 +2,7 @@
 
 The table is the house plan (docs/DESIGN.md draws it): where a new helper goes is the lowest floor whose packages
 it needs. It lives here, not in harness/, because only this test reads it: nothing in attnbench decides anything by a
-package's floor. The walk reads every import statement (import_walk.py: function-level and TYPE_CHECKING ones too), and
+package's floor. The walk reads every import statement (tests/import_walk.py: function-level and TYPE_CHECKING ones too), and
 a backward one fails naming its file and line; packages sharing a floor may import each other, but not both ways round.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from import_walk import PACKAGE, ROOT, find_cycle, import_edges, import_graph, module_paths
+from tests.import_walk import PACKAGE, ROOT, find_cycle, import_edges, import_graph, module_paths
 
 #: The floors, lowest first: (name, what its packages do, the packages and top-level modules on it).
 FLOORS: tuple[tuple[str, str, tuple[str, ...]], ...] = (

@@ -141,15 +141,6 @@ class Database:
         with self.transaction(write=True) as conn:
             prepare(conn, self.name, foreign_tables=self.sqlite_path is not None)
 
-    def content_of(self, run_uuid: str) -> str | None:
-        """The content digest stored for a run, or None when the run is not in the database."""
-        from sqlalchemy import select
-
-        from harness.history.schema import RUNS
-
-        with self.transaction() as conn:
-            return conn.execute(select(RUNS.c.content_sha256).where(RUNS.c.run_uuid == run_uuid)).scalar()
-
     def add_run(self, ingested: IngestedRun, *, replace: bool = False) -> bool:
         """Add a run and its rows in one transaction; False when it is there with the same content, True when added or replaced.
 

@@ -282,17 +282,3 @@ def measure(
     stopped_by = own.stopped_by if own is not None and own.stopped_by else p.stop
     return Measurement(stats=stats, plan=p, clock_resolution_s=tick, too_short=too_short(samples, p.iterations, tick), launch_leaked=leaked,
                        loop_s=loop_s, stopped_by=stopped_by, drift=drift(samples), **contention(cpu_before, cpu_after, probe.threads()))
-
-
-class FakeClock:
-    """A clock that moves only when told to: for tests that need exact statistics."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock forward."""
-        self.now += seconds

@@ -296,11 +296,6 @@ def parse_batch(text: str, base: Path | None = None, *, read: bool = True, files
     return batch
 
 
-def canonical_batch(text: str, base: Path | None = None) -> str:
-    """The one way a batch description is written: `2x2048 + 32x1@1024`, `uniform(64,512)`."""
-    return parse_batch(text, base).text
-
-
 def lengths_digest(seq_lens_q: tuple[int, ...], seq_lens_kv: tuple[int, ...]) -> str:
     """Eight hex digits of SHA-256 over a batch's lengths: what a case id drawn from a user's file carries instead of them."""
     text = ",".join(map(str, seq_lens_q)) + ";" + ",".join(map(str, seq_lens_kv))

@@ -179,11 +179,6 @@ class Case:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    @classmethod
-    def from_id(cls, case_id: str, device: str = "cpu") -> "Case":
-        """The Case whose `.id` is `case_id` (the id leaves the device out, so give it)."""
-        return parse_case_id(case_id, device)
-
 
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
 #: The Case's fields by their annotations (text, under `from __future__ import annotations`), so that a new field is
