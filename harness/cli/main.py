@@ -56,7 +56,7 @@ def cmd_stability(args: argparse.Namespace) -> int:
     from harness.cli.stability import case_from_args, check_variation_out, write_variation
     from harness.env import resolve_device
     from harness.results.run_options import check_threads
-    from harness.measure.timing import MAX_BUDGET_S
+    from harness.suite.budget import MAX_BUDGET_S
 
     if not 0 < args.measure_s <= MAX_BUDGET_S:  # named here: a child given 1e308 s would be blamed on the backend
         raise UserError(f"--measure-s must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got {args.measure_s}")
