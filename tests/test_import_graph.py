@@ -90,3 +90,11 @@ def test_process_wide_state_is_set_only_at_process_entry_points():
     assert sorted(k for k in placed if k not in _PROCESS_ENTRY_POINTS) == []
     planted = ast.parse("import gc, os\ndef helper():\n    gc.freeze()\n    os.environ['X'] = '1'\n")
     assert _process_wide_calls(planted) == [("helper", 3), ("helper", 4)]
+
+
+def test_only_the_one_nvml_reader_imports_nvml():
+    """telemetry/nvml.py is where NVML starts and stops; run/cooldown.py once opened it on its own beside it."""
+    importing = sorted(module_name(p) for p in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                       if isinstance(node, ast.Import) and any(a.name == "pynvml" for a in node.names)
+                       or isinstance(node, ast.ImportFrom) and node.module == "pynvml")
+    assert importing == ["harness.telemetry.nvml"]
