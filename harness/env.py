@@ -182,7 +182,8 @@ def fingerprint(device: str = "cpu") -> dict[str, Any]:
         })
     else:
         info["device_name"] = cpu_model()
-    return {**{key: info[key] for key in FINGERPRINT_KEYS if key in info}, **info}  # a field not in FINGERPRINT_KEYS is kept (a test names it)
+    # In FINGERPRINT_KEYS' order; a field missing from it is still kept (and tests/test_identity.py names it).
+    return {**{key: info[key] for key in FINGERPRINT_KEYS if key in info}, **info}
 
 
 def detect_device() -> str:

@@ -75,9 +75,11 @@ class StabilityResult:
         else:
             # The band is the difference rule's own (harness.analysis.difference), the one compare, recommend and report apply.
             band = smallest_difference(self.cv)
-            lines.append(f"a difference below {band * 100:.1f} % is within this box's run-to-run noise: compare, recommend and report "
-                         f"never call it real with this variation (intervals widened by ±{CV_WIDTH:g}·CV overlap)" if math.isfinite(band) else
-                         f"a CV of {self.cv * 100:.0f} % or more is no noise band: the difference rule could call nothing different with it")
+            if math.isfinite(band):
+                lines.append(f"a difference below {band * 100:.1f} % is within this box's run-to-run noise: compare, recommend and "
+                             f"report never call it real with this variation (intervals widened by ±{CV_WIDTH:g}·CV overlap)")
+            else:
+                lines.append(f"a CV of {self.cv * 100:.0f} % or more is no noise band: the difference rule could call nothing different")
         return "\n".join(lines)
 
     def refuse_if_contended(self) -> None:

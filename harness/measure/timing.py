@@ -23,7 +23,8 @@ from harness.measure.stopping import (STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STO
                                       STOP_PRECISION, StoppingLoop)
 
 from harness.measure.stopping import Clock, Loop  # noqa: F401 - re-exported: the clock's types, where callers have read them
-from harness.suite.budget import CUDA_BUDGET, MAX_BUDGET_S, QUICK_BUDGET, Budget  # noqa: F401 - re-exported: where suite files (suites/*.py) take a budget from
+# Re-exported: where suite files (suites/*.py) take a budget from.
+from harness.suite.budget import CUDA_BUDGET, MAX_BUDGET_S, QUICK_BUDGET, Budget  # noqa: F401
 from harness.results.vocabulary import MIN_SAMPLE_TICKS  # noqa: F401 - re-exported
 
 

@@ -118,7 +118,8 @@ class Manifest(Document):
     #: The interpreter that ran the run.
     python: str | None = typed(optional(_string))
     #: The lengths files its cases were drawn from, frozen in the folder: {file, source, sha256, copy} (harness.suite.batch_files).
-    batches: list[dict[str, Any]] | None = typed(optional(list_of(fields_of(file=_string, source=_string, sha256=_string, copy=_plain_name))))
+    batches: list[dict[str, Any]] | None = typed(optional(list_of(fields_of(file=_string, source=_string, sha256=_string,
+                                                                             copy=_plain_name))))
     #: How a CPU run given no `--threads` chose its thread count (harness.measure.threads.choose_threads): the count,
     #: torch's default, the cores and how many other work kept busy as the run started, and the rule. None: given, or CUDA.
     threads_chosen: dict[str, Any] | None = typed(optional(_object))

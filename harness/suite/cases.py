@@ -18,7 +18,8 @@ from harness.suite.case_layout import RAGGED_FIELDS, check_layout, layout_from_r
 from harness.suite.case_values import DEVICES, FP8_DTYPES, MAX_INT, MODES, boolean, canonical_dtype, canonical_mode, integer, positive_float
 
 #: MODES and canonical_dtype live in harness.suite.case_values; many callers take them from here, beside the Case.
-__all__ = ["Case", "CASE_FIELDS", "CASE_FIELDS_ADDED", "MAX_PADDED_B", "MODES", "canonical_dtype", "case_from_fields", "grid", "parse_case_id"]
+__all__ = ["Case", "CASE_FIELDS", "CASE_FIELDS_ADDED",
+           "MAX_PADDED_B", "MODES", "canonical_dtype", "case_from_fields", "grid", "parse_case_id"]
 
 #: The most sequences a padded case may have: it draws one length per sequence (inputs.kv_lengths), which every
 #: input, mask and FLOP count then walks through; 2³¹ − 1 of them already take a minute to draw and count.
