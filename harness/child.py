@@ -11,22 +11,12 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from harness.errors import UserError
-from harness.process.jobs import JOBS, job_function
-from harness.process.usage import exit_status
+from harness.process.jobs import run_job
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job named by argv[0] with the rest of argv; exit 2 with one line on a usage error."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-
-    def run_job() -> int:
-        if not argv or argv[0] not in JOBS:
-            named = f"unknown job {argv[0]!r}" if argv else "no job named"
-            raise UserError(f"{named}: python -m harness.child JOB [args], JOB one of {', '.join(JOBS)}")
-        return job_function(argv[0])(argv[1:])
-
-    return exit_status(run_job, prog="attnbench child")
+    return run_job(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.telemetry import nvml
-
 
 # The oldest torch attnbench is tested with (the H200 box runs 2.11, CI 2.13); pyproject.toml says the same.
 OLDEST_TORCH = (2, 11)
@@ -131,20 +129,24 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def gpu_telemetry() -> list[dict[str, Any]] | dict[str, str]:
-    """Per-GPU clocks, temperature, power and throttle reasons from NVML (`nvidia-ml-py`), or why not."""
-    try:
-        session = nvml.NvmlSession.start()
-    except ImportError:
-        return {"unavailable": "nvidia-ml-py (pynvml) is not installed"}
-    except Exception as exc:  # no driver, no GPU
-        return {"unavailable": f"NVML did not start: {exc}"}
-    with session:  # a snapshot's own session: a worker's open one in this process stays open
-        return nvml.machine_gpus(session)
+#: The fingerprint's fields, each named once here: `fingerprint` writes them, env.json's reader types them
+#: (harness.results.documents), compare judges them (harness.analysis.compare) and the report lists them in this order.
+#: Fields whose difference makes two runs measure different things (compare refuses without --force).
+DEVICE_KEYS = ("device_type", "device_name")
+#: Fields whose difference is worth a warning (a version upgrade is often the point of comparing).
+VERSION_KEYS = ("torch", "torch_cuda", "cudnn", "python", "xformers", "flash_attn", "cpu_model", "torch_threads", "host")
+#: What measured a run (`harness_identity`'s fields).
+IDENTITY_KEYS = ("harness_version", "harness_commit", "harness_dirty")
+#: The fields only a CUDA machine's fingerprint has (torch's device properties).
+CUDA_KEYS = ("device_capability", "device_memory_bytes", "device_sm_count", "device_l2_bytes", "device_count")
+#: Every field `fingerprint` writes, in the order a reader is shown them.
+FINGERPRINT_KEYS = (*IDENTITY_KEYS, "time_utc", "host", "device_type", "device_name", *CUDA_KEYS, "cpu_model", "cpu_count",
+                    "torch_threads", "cpu_capability", "cpu_bf16_native", "cuda_available", "python", "platform", "torch",
+                    "torch_cuda", "cudnn", "numpy", "pandas", "pytest_benchmark", "xformers", "flash_attn")
 
 
 def fingerprint(device: str = "cpu") -> dict[str, Any]:
-    """Versions, device and host facts that decide whether two runs are comparable."""
+    """Versions, device and host facts that decide whether two runs are comparable (FINGERPRINT_KEYS, in that order)."""
     import torch
 
     info: dict[str, Any] = {
@@ -180,7 +182,8 @@ def fingerprint(device: str = "cpu") -> dict[str, Any]:
         })
     else:
         info["device_name"] = cpu_model()
-    return info
+    # In FINGERPRINT_KEYS' order; a field missing from it is still kept (and tests/test_identity.py names it).
+    return {**{key: info[key] for key in FINGERPRINT_KEYS if key in info}, **info}
 
 
 def detect_device() -> str:

@@ -6,7 +6,7 @@ pytest-xdist worker, and `make test` runs in those.
 
 import pytest
 
-from harness.measure.timing import FakeClock
+from tests.fake_clock import FakeClock
 from harness.run.pytest_plugin import PairClock, pedantic_loop
 
 TIMER = PairClock()

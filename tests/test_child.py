@@ -128,7 +128,8 @@ def test_stability_starts_each_measurement_as_the_stability_job(monkeypatch):
 
 def test_profile_runs_the_profile_ncu_job_under_ncu(monkeypatch):
     from harness.process import children
-    from harness.profiling import ncu, session
+    from harness.profiling import ncu
+    from harness.run import profile_pair
     from harness.suite.cases import parse_case_id
 
     started = []
@@ -141,7 +142,7 @@ def test_profile_runs_the_profile_ncu_job_under_ncu(monkeypatch):
     monkeypatch.setattr(ncu, "current_capability", lambda: (9, 0))
     monkeypatch.setattr(children, "run_child", capture)
     case = parse_case_id(CASE_ID, "cpu").replace(device="cuda", mode="bwd")
-    assert session.ncu_kernels(case, "sdpa").why_not == "failed (exit 1: captured)"
+    assert profile_pair.ncu_kernels(case, "sdpa").why_not == "failed (exit 1: captured)"
     (command,) = started
     assert command[0] == "ncu" and "--profile-from-start" in command
     expected = child_command("profile-ncu", case.id, "--backend", "sdpa")

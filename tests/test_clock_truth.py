@@ -9,7 +9,8 @@ every sample that still holds launch time.
 import pytest
 
 from harness.measure.cuda_clock import SPIN_MAX_S, CudaEventClock
-from harness.measure.timing import Budget, FakeClock, clock_resolution, measure, sample_grid, tick_bound, too_short
+from harness.measure.timing import Budget, clock_resolution, measure, sample_grid, tick_bound, too_short
+from tests.fake_clock import FakeClock
 from tests.gpu_timeline import Timeline
 from tests.h200_data import h200_records, needs_h200
 

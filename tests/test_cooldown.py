@@ -92,3 +92,29 @@ def test_the_worker_waits_before_each_pair_and_records_the_wait(tmp_path):
         if isinstance(event, Finished):
             seen[-1] += (event.record.case.S_q, event.record.cooldown_s)
     assert seen == [("Started", 3.0), ("Finished", 3.0, 8, 3.0), ("Started", 3.0), ("Finished", 3.0, 16, 0.0)]
+
+
+def test_the_cooldown_reads_temperatures_through_one_nvml_session_of_the_one_nvml_reader(monkeypatch):
+    """run/cooldown.py once called nvmlInit on every reading (and never nvmlShutdown) beside telemetry/nvml.py's sessions."""
+    import sys
+    import types
+
+    from harness.run.cooldown import GpuTemperature
+
+    fake = types.ModuleType("pynvml")
+    fake.inits = 0
+    fake.NVML_TEMPERATURE_GPU = 0
+    fake.nvmlInit = lambda: setattr(fake, "inits", fake.inits + 1)
+    fake.nvmlShutdown = lambda: None
+    fake.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
+    fake.nvmlDeviceGetTemperature = lambda handle, sensor: {0: 41, 3: 67}[handle[1]]
+    fake.nvmlDeviceGetHandleByUUID = lambda uuid: ("gpu", 3) if uuid == "GPU-abc" else None
+    fake.nvmlDeviceGetIndex = lambda handle: handle[1]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    temperatures = GpuTemperature()
+    assert nvml_index({"CUDA_VISIBLE_DEVICES": "GPU-abc,GPU-def"}, temperatures) == 3
+    assert [temperatures(3), temperatures(0), temperatures(3)] == [67.0, 41.0, 67.0]
+    assert fake.inits == 1  # one session for the worker's readings
+    assert nvml_index({"CUDA_VISIBLE_DEVICES": "MIG-xyz"}, temperatures) is None
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed: every reading says it cannot say
+    assert GpuTemperature()(0) is None

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from harness.attention import theory
-from harness.attention.fp8 import FP8_FORMATS, dequantized, quantize
+from harness.attention.fp8 import dequantized
+from harness.suite.inputs import FP8_FORMATS, quantize
 from harness.backends.pytorch.eager_fp8 import EagerFp8Backend
 from harness.backends.flashattention.adapter import FlashAttn3Backend, flash_call
 from harness.backends.registry import load_registry

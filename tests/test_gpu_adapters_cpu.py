@@ -121,7 +121,7 @@ def _fake_pynvml(**functions):
 def test_gpu_telemetry_reads_either_name_and_survives_missing_functions(monkeypatch, reasons_name):
     import sys
 
-    from harness.env import gpu_telemetry
+    from harness.telemetry.nvml import gpu_telemetry
 
     def power(h):
         raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")

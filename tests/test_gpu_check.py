@@ -13,6 +13,7 @@ from harness.cli.main import main
 from harness.checks.gpu_plan import MIN_CHILD_S, estimate_s, plan_schedule
 from harness.measure.cuda_clock import CudaEventClock, FixedOverhead, measure_fixed_overhead
 from harness.results.record import Status
+from harness.suite.cases import parse_case_id
 from tests.gpu_timeline import Timeline
 
 US = 1e-3  # one microsecond in milliseconds, the rows' unit
@@ -215,7 +216,7 @@ def test_the_grid_reaches_fp8_paged_mla_the_score_variants_and_the_packed_determ
     assert len({c.id for c in cases}) == len(cases)
     for name, (index, backends) in gc.PATHS.items():
         case = cases[index]
-        assert gc.Case.from_id(case.id, "cuda") == case or case.ragged  # a dense case's id rebuilds it exactly
+        assert parse_case_id(case.id, "cuda") == case or case.ragged  # a dense case's id rebuilds it exactly
         for backend in backends:
             assert backend in registry.names(), (name, backend)
             assert registry.get(backend).supports(case) is None, (name, backend, registry.get(backend).supports(case))

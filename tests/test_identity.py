@@ -97,3 +97,20 @@ def test_every_record_a_run_writes_and_its_env_json_name_what_measured_them(tmp_
     before = read_document(tmp_path / ENV, Environment).before
     assert {k: before[k] for k in identity} == identity
     assert "after" not in json.loads((tmp_path / ENV).read_text())  # nothing reads a fingerprint after: it is not written
+
+
+def test_the_fingerprint_writes_the_fields_harness_env_names_and_env_json_types_them_by_those_names():
+    """One home for the fingerprint's field names (harness.env): what `fingerprint` writes, what env.json's reader types,
+    what compare judges and what the report lists all come from it."""
+    from harness.analysis import compare
+    from harness.env import CUDA_KEYS, DEVICE_KEYS, FINGERPRINT_KEYS, IDENTITY_KEYS, VERSION_KEYS, fingerprint
+    from harness.errors import UserError
+
+    written = fingerprint("cpu")
+    assert list(written) == [k for k in FINGERPRINT_KEYS if k not in CUDA_KEYS]  # every field named, in the shown order
+    for key in DEVICE_KEYS + VERSION_KEYS + IDENTITY_KEYS:
+        with pytest.raises(UserError, match=key):
+            Environment.from_dict({"before": {key: [1]}}, where="env.json")
+    base, new = {"before": dict(written)}, {"before": {**written, "torch": "0.0", "device_name": "other"}}
+    assert compare.environment_differences(base, new) == [f"device_name: {written['device_name']} → other",
+                                                          f"torch: {written['torch']} → 0.0"]

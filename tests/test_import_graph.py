@@ -1,11 +1,5 @@
-"""The harness's modules import one another without a circle.
-
-Built from the source's syntax, not by importing: an edge is any `import` or `from … import` of a
-harness module anywhere in a module: its top level, class bodies, `if`/`try` blocks, `if TYPE_CHECKING:`
-and function bodies alike. A function-level import only defers a circle to the first call; a reader
-must still untangle it, so it counts. (Deferred imports of optional extras such as Ray name no harness
-module and are no edges.)
-"""
+"""What the harness's modules are: each imports, none is past the size of one job, the executors know their place, and
+process-wide state is set only where a process starts. (Which package may import which: test_package_layers.py.)"""
 
 from __future__ import annotations
 
@@ -15,123 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "harness"
-
-
-def module_name(path: Path) -> str:
-    """`harness.run.worker` for harness/run/worker.py, `harness.run` for harness/run/__init__.py."""
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def every_import(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement of a module, wherever it stands (function bodies included)."""
-    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
-
-
-def imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
-    """The harness modules `name` imports anywhere (`from pkg import mod` counts as importing `pkg.mod`)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    targets: set[str] = set()
-    for node in every_import(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            candidates = [alias.name for alias in node.names]
-        else:
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            # `from pkg import mod` imports the module pkg.mod; `from pkg import name` takes a name of pkg itself.
-            candidates = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-        for candidate in candidates:
-            while candidate and candidate not in modules:
-                candidate = candidate.rpartition(".")[0]
-            # A module's own packages are always imported before it, whoever asks: not an edge of this module's making.
-            if candidate and candidate != name and not name.startswith(candidate + "."):
-                targets.add(candidate)
-    return targets
-
-
-def import_graph() -> dict[str, set[str]]:
-    """Every harness module and the harness modules it imports, function-level imports included."""
-    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    modules = set(paths)
-    return {name: imported_modules(name, path, modules) for name, path in sorted(paths.items())}
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One circle of the graph as the list of its modules (first repeated at the end), or None."""
-    state: dict[str, str] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = "open"
-        stack.append(node)
-        for target in sorted(graph.get(node, ())):
-            if state.get(target) == "open":
-                return stack[stack.index(target):] + [target]
-            if target not in state:
-                found = visit(target)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = "done"
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
-
-
-def test_the_cycle_finder_sees_a_circle_and_a_clean_graph():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
-
-
-def test_imports_inside_functions_and_classes_are_edges_too(tmp_path, monkeypatch):
-    """A circle through a function-level import is still a circle: the walk reads every import statement."""
-    package = tmp_path / "harness"
-    (package / "sub").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "sub" / "__init__.py").write_text("")
-    (package / "a.py").write_text("class K:\n    from harness.sub import b\n")
-    (package / "sub" / "b.py").write_text("def f():\n    import harness.a\n")
-    paths = {module_name_under(tmp_path, p): p for p in package.rglob("*.py")}
-    graph = {name: imported_modules(name, path, set(paths)) for name, path in paths.items()}
-    assert graph["harness.a"] == {"harness.sub.b"} and graph["harness.sub.b"] == {"harness.a"}
-    assert find_cycle(graph) == ["harness.a", "harness.sub.b", "harness.a"]
-
-
-def module_name_under(root: Path, path: Path) -> str:
-    """`module_name` for a package under another root (a test's own tree)."""
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-#: What reads rows never learns a column's meaning from what measures them: their words live with the record schema.
-_READERS = ("harness.analysis", "harness.report")
-_MEASURING = ("harness.measure", "harness.execution", "harness.telemetry", "harness.profiling")
-
-
-def test_the_readers_of_records_import_nothing_from_the_code_that_measures():
-    graph = import_graph()
-    reaching = sorted(f"{name} -> {target}" for name, targets in graph.items() if name.startswith(_READERS)
-                      for target in targets if target.startswith(_MEASURING))
-    assert any(name.startswith("harness.report") for name in graph)  # the graph is read, not empty
-    assert reaching == []
-
-
-def test_no_harness_module_imports_itself_back_through_others():
-    graph = import_graph()
-    assert "harness.run.supervisor" in graph["harness.run.ray_executor"]  # the graph is read, not empty
-    cycle = find_cycle(graph)
-    assert cycle is None, "import circle: " + " -> ".join(cycle)
+from tests.import_walk import PACKAGE, import_graph, module_name
 
 
 @pytest.mark.parametrize("name", sorted(n for n in import_graph() if not n.endswith("__main__")))  # __main__ runs the CLI
@@ -168,7 +46,7 @@ def test_test_modules_share_helpers_through_helper_modules_only():
 MAX_MODULE_LINES = 500
 
 
-def test_every_harness_module_is_at_most_350_lines():
+def test_every_harness_module_is_at_most_500_lines():
     sizes = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert len(sizes) > 50  # the package is read, not empty
     assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
@@ -180,6 +58,8 @@ _PROCESS_ENTRY_POINTS = {
     ("harness.cli.check", "run_cli"), ("harness.run.worker", "main"), ("harness.run.pytest_plugin", "pytest_collection_finish"),
     ("harness.run.ray_tasks", "_freeze_once"), ("harness.run.ray_tasks", "_gc_freeze"), ("harness.run.ray_tasks", "_task_environment"),
     ("harness.run.ray_executor", "become_driver"),
+    # A template process after its imports, and each child it forks as it becomes its job (its environment, as asked).
+    ("harness.process.forkserver", "template_job"), ("harness.process.forkserver", "_become_child"),
 }
 
 
@@ -212,3 +92,11 @@ def test_process_wide_state_is_set_only_at_process_entry_points():
     assert sorted(k for k in placed if k not in _PROCESS_ENTRY_POINTS) == []
     planted = ast.parse("import gc, os\ndef helper():\n    gc.freeze()\n    os.environ['X'] = '1'\n")
     assert _process_wide_calls(planted) == [("helper", 3), ("helper", 4)]
+
+
+def test_only_the_one_nvml_reader_imports_nvml():
+    """telemetry/nvml.py is where NVML starts and stops; run/cooldown.py once opened it on its own beside it."""
+    importing = sorted(module_name(p) for p in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                       if isinstance(node, ast.Import) and any(a.name == "pynvml" for a in node.names)
+                       or isinstance(node, ast.ImportFrom) and node.module == "pynvml")
+    assert importing == ["harness.telemetry.nvml"]

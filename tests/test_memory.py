@@ -5,9 +5,9 @@ import pytest
 from harness.backends.registry import load_registry
 from harness.suite.cases import Case
 from harness.suite.inputs import make_inputs
-from harness.measure.memory import cpu_peak, cpu_peak_supported
+from harness.measure.memory import cpu_peak, cpu_peak_problem, load_libc
 
-pytestmark = pytest.mark.skipif(cpu_peak_supported() is not None, reason=f"{cpu_peak_supported()}")
+pytestmark = pytest.mark.skipif(cpu_peak_problem(load_libc()) is not None, reason=f"{cpu_peak_problem(load_libc())}")
 
 
 @pytest.mark.slow

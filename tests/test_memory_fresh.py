@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.measure.memory import cpu_peak_supported
+from harness.measure.memory import cpu_peak_problem, load_libc
 
-pytestmark = pytest.mark.skipif(cpu_peak_supported() is not None, reason=f"{cpu_peak_supported()}")
+pytestmark = pytest.mark.skipif(cpu_peak_problem(load_libc()) is not None, reason=f"{cpu_peak_problem(load_libc())}")
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -117,7 +117,7 @@ def test_the_gap_splits_into_clock_flags_and_the_rest_and_the_parts_add_up():
 def test_a_row_without_a_known_clock_leaves_the_clock_share_unknown_not_zero():
     figure = _by_id("cudnn-h200-fa4-bf16-bwd-s8192")
     gap = pub.gap_of(figure, figure.time_ms * 2, {"gpu_sm_clock_mhz_median": None}, 1980.0)
-    assert gap.clock_pp is None and gap.left_pp == pytest.approx(50.0) and gap.parts_pp == pytest.approx(gap.gap_pp)
+    assert gap.clock_pp is None and gap.left_pp == pytest.approx(50.0) and (gap.clock_pp or 0.0) + gap.flags_pp + gap.left_pp == pytest.approx(gap.gap_pp)
 
 
 def test_the_section_renders_sets_rows_beside_figures_and_says_which_figures_have_no_gpu_row(tmp_path):

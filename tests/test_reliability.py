@@ -24,7 +24,8 @@ from harness.cli.main import main
 from harness.errors import UserError
 from harness.results.store import read_records
 from harness.execution.execute import PairRunner, Phases, execute
-from harness.execution.failures import is_sticky_cuda_error, poisons_process
+from harness.run.worker import poisons_process
+from harness.errors import is_sticky_cuda_error
 from harness.suite.catalog import load_suite
 
 from tests.cli_runs import PLUGIN, ROOT, attnbench, attnbench_in_process, cli_env, executions, is_dead, keys, rows, write_suite
@@ -341,7 +342,7 @@ def test_case_ids_round_trip():
                  causal=[False, True], mode=["fwd", "bwd", "fwd_bwd"], window=[None, 16], padding=[False, True], seed=3)
     cases.append(Case(B=1, S_q=1, S_kv=64, H=16, H_kv=1, d_k=96, d_v=64, mla=True))
     for case in cases:
-        assert Case.from_id(case.id) == case
+        assert parse_case_id(case.id, "cpu") == case
         assert parse_case_id(case.id, device="cuda") == case.replace(device="cuda")
 
 

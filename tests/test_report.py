@@ -22,7 +22,7 @@ from tests.h200_data import H200, needs_h200
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 EVIL = "<script>alert(1)</script>"
-SECTIONS = ("overview", "choose", "latency", "flags", "state", "roofline", "crossover", "scaling", "memory", "profiling", "agreement", "failures", "runtime", "environment", "files")
+SECTIONS = ("overview", "choose", "policy", "latency", "flags", "state", "roofline", "crossover", "scaling", "memory", "profiling", "agreement", "failures", "runtime", "environment", "files")
 
 
 def _records() -> list[dict]:

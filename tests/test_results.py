@@ -118,3 +118,22 @@ def test_newer_schema_is_refused(tmp_path):
     (tmp_path / RECORDS).write_text(json.dumps({"case_id": "a", "schema_version": SCHEMA_VERSION + 1}) + "\n")
     with pytest.raises(UserError, match="newer than this attnbench"):
         read_records(tmp_path)
+
+
+def test_a_record_may_lack_only_the_case_fields_the_case_declares_added_later():
+    """Which case fields an older record may lack is declared on the Case's fields (`added_later`), not kept in a hand list
+    beside the store: each such field reads with its default, and any other missing field is refused naming it."""
+    import dataclasses as dc
+
+    from harness.results.store import record_problem
+    from harness.suite.cases import CASE_FIELDS_ADDED
+    from tests.synthetic_runs import synthetic_record
+
+    later = {f.name for f in dc.fields(Case) if f.metadata.get("added_later")}
+    assert set(CASE_FIELDS_ADDED) == later and {"softcap", "kv_dtype"} <= later
+    full = synthetic_record(Case(B=1, S_q=8, S_kv=8, H=2, H_kv=2, d_k=8, d_v=8), "naive", 1.0).to_dict()
+    older = {k: v for k, v in full.items() if k not in later}
+    assert record_problem(older) is None
+    assert Record.from_dict(older, where="older").case == Record.from_dict(full, where="full").case
+    for name in ("dtype", "causal", "S_q"):
+        assert f"no field {name!r}" in record_problem({k: v for k, v in full.items() if k != name})

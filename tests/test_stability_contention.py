@@ -138,3 +138,21 @@ def test_the_stability_job_times_with_the_threads_it_was_given():
     record = Record.from_dict(done.objects[-1])
     assert record.threads == 1 and record.status is Status.OK
     assert stability.evidence_of(record).threads == 1 and stability.evidence_of(record).median_ms == record.latency_ms_median
+
+
+def test_the_noise_band_stability_prints_is_the_difference_rules_own(children, capsys, tmp_path):
+    """stability once printed a band of its own (2·√2·CV) beside the rule compare, recommend and report apply (±2·CV
+    intervals that must not overlap): the printed band is now where that rule starts to call two medians different."""
+    import re
+
+    from harness.analysis.difference import differ
+
+    answers, _ = children
+    answers += [_record(m) for m in (7.0, 7.3, 6.8, 7.2, 7.05)]
+    ran, out = _stability(capsys, tmp_path)
+    assert ran.code == 0, ran.err
+    cv = read_variation(out).cv
+    band = float(re.search(r"a difference below ([\d.]+) % is within this box's run-to-run noise", ran.out)[1]) / 100
+    point = lambda ms: {"latency_ms_ci95_low": ms, "latency_ms_ci95_high": ms}  # noqa: E731 - a median known to a point
+    assert not differ(point(10.0), point(10.0 * (1 + band - 0.002)), cv)
+    assert differ(point(10.0), point(10.0 * (1 + band + 0.002)), cv)

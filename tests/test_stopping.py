@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from harness.measure.stats import Stats, drift
-from harness.measure.timing import CUDA_BUDGET, FIRST_CALL_ONLY_FACTOR, QUICK_BUDGET, Budget, FakeClock, measure, plan
+from harness.measure.timing import CUDA_BUDGET, FIRST_CALL_ONLY_FACTOR, QUICK_BUDGET, Budget, measure, plan
+from tests.fake_clock import FakeClock
 from tests.h200_data import h200_records, needs_h200
 
 

@@ -86,7 +86,7 @@ def test_the_rapl_counter_is_one_per_session_until_it_is_closed():
 
 
 def test_the_env_snapshot_holds_its_own_nvml_session_for_its_length_only(monkeypatch):
-    from harness.env import gpu_telemetry
+    from harness.telemetry.nvml import gpu_telemetry
 
     pynvml = _counting_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", pynvml)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UserError
-from harness.measure.threads import MAX_THREADS, apply_threads
-from harness.results.run_options import RunOptions
+from harness.measure.threads import apply_threads
+from harness.results.run_options import MAX_THREADS, RunOptions
 from harness.results.store import read_records
 from harness.run.repro import repro_command
 from tests.cli_runs import ROOT, attnbench, cli_env, refused, write_suite

@@ -10,7 +10,8 @@ import pytest
 
 from harness.measure.contention import CpuProbe, run_queue_wait_s
 from harness.measure.stats import Stats
-from harness.measure.timing import Budget, FakeClock, direct_loop, measure, plan
+from harness.measure.timing import Budget, direct_loop, measure, plan
+from tests.fake_clock import FakeClock
 
 
 def test_stats_from_known_samples_are_exact():

@@ -25,14 +25,11 @@ import pandas as pd
 from harness.analysis.difference import HIGH, LOW, RULE_TEXT, Variation, check_variation_device, order
 from harness.analysis.gate import DEFAULT_MIN_JUDGED, MinJudged, parse_min_judged  # noqa: F401 - re-exported for the CLI
 from harness.analysis.trust import UNTRUSTED_FLAGS, is_set
+from harness.env import DEVICE_KEYS, IDENTITY_KEYS, VERSION_KEYS
 from harness.errors import UserError
 
-#: Environment fields whose difference makes two runs measure different things (compare refuses without --force).
-DEVICE_KEYS = ("device_type", "device_name")
-#: Fields whose difference is worth a warning (a version upgrade is often the point of comparing).
-VERSION_KEYS = ("torch", "torch_cuda", "cudnn", "python", "xformers", "flash_attn", "cpu_model", "torch_threads", "host")
 #: Row columns naming what measured a row (harness.env.harness_identity): the measurement rules change between versions.
-IDENTITY_KEYS = ("harness_version", "harness_commit")
+ROW_IDENTITY_KEYS = IDENTITY_KEYS[:2]
 EXIT_REGRESSION = 1
 #: compare --fail-above's exit when no pair could be judged: a gate on a contended machine neither passes nor fails.
 EXIT_UNDECIDED = 3
@@ -58,7 +55,7 @@ def environment_differences(base: Mapping[str, Any], new: Mapping[str, Any], key
 def identity_differences(base: pd.DataFrame, new: pd.DataFrame) -> list[str]:
     """`field: BASE values → NEW values` for each identity column whose known values differ between two runs' rows."""
     out = []
-    for key in IDENTITY_KEYS:
+    for key in ROW_IDENTITY_KEYS:
         # Unknown (null: a row written before the columns, or outside a git checkout) says nothing either way.
         b, n = (sorted({v for v in frame[key] if isinstance(v, str)}) if key in frame.columns else [] for frame in (base, new))
         if b and n and b != n:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from harness.errors import UserError
-from harness.results.documents import MAX_VARIATION_PROCESSES, parse_json, read_regular
+from harness.results.documents import MAX_VARIATION_PROCESSES
+from harness.files import parse_json, read_regular
 
 #: The interval's columns in a record.
 LOW, HIGH = "latency_ms_ci95_low", "latency_ms_ci95_high"
@@ -269,6 +270,14 @@ def order(a: Mapping[str, Any], b: Mapping[str, Any], cv: float = 0.0) -> int:
     if ia[0] > ib[1]:
         return 1
     return 0
+
+
+def smallest_difference(cv: float) -> float:
+    """The smallest relative difference the rule can call real between two medians known to a point, under variation `cv`:
+    below it their intervals, widened by ±CV_WIDTH·cv, overlap whatever the samples say (each row's own interval adds to it)."""
+    if not 0 <= cv < MAX_CV:
+        return math.inf
+    return (1.0 + CV_WIDTH * cv) / (1.0 - CV_WIDTH * cv) - 1.0
 
 
 def differ(a: Mapping[str, Any], b: Mapping[str, Any], cv: float = 0.0) -> bool:

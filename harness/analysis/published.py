@@ -176,11 +176,6 @@ class Gap:
     flags: tuple[str, ...]
     clock_ratio: float | None
 
-    @property
-    def parts_pp(self) -> float:
-        """The split's sum (clock unknown counts as 0): equal to the gap."""
-        return (self.clock_pp or 0.0) + self.flags_pp + self.left_pp
-
 
 def gap_of(figure: Figure, row_ms: float, row: Mapping[str, Any], max_sm_clock_mhz: float | None) -> Gap:
     """How far a row of `figure`'s case (median `row_ms`) is from it, and what explains the gap (see the module's docstring)."""

@@ -1,4 +1,5 @@
-"""FP8 attention's numbers: per-tensor quantization of the seeded inputs, their dequantized values, and the FP8 eager model.
+"""FP8 attention's numbers: the seeded inputs' dequantized values and the FP8 eager model (the inputs are quantized
+where they are drawn, harness.suite.inputs).
 
 An FP8 case hands every backend Q, K and V (or, with `kv_dtype`, K and V alone) in an FP8 format, each with one
 float32 descale: `x ≈ x_fp8 · descale`. The inputs are drawn as every case's are (seeded, standard normal, in
@@ -21,23 +22,10 @@ from __future__ import annotations
 
 import torch
 
-#: The FP8 formats, by the short names cases use, and their torch dtypes (OCP FP8: e4m3 has no infinities, e5m2 does).
-FP8_FORMATS = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+from harness.suite.inputs import FP8_FORMATS
+
 #: What an FP8 attention returns: its output is bf16 (FlashAttention 3's FP8 forward, cuDNN's, FlashInfer's).
 FP8_OUTPUT_DTYPE = torch.bfloat16
-
-
-def is_fp8(name: str | None) -> bool:
-    """Whether a dtype name is one of the FP8 formats."""
-    return name in FP8_FORMATS
-
-
-def quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x` in the FP8 format `fmt` with one per-tensor float32 descale (`x ≈ q · descale`); the largest |x| maps to the format's max."""
-    dtype = FP8_FORMATS[fmt]
-    amax = float(x.detach().abs().max()) if x.numel() else 0.0
-    descale = torch.tensor(amax / torch.finfo(dtype).max if amax > 0 else 1.0, dtype=torch.float32, device=x.device)
-    return (x.detach().float() / descale).to(dtype), descale
 
 
 def dequantized(t: torch.Tensor, descale: torch.Tensor | None) -> torch.Tensor:

@@ -29,7 +29,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from harness.attention.fp8 import FP8_FORMATS, fp8_eager_kernel
+from harness.attention.fp8 import fp8_eager_kernel
+from harness.suite.inputs import FP8_FORMATS
 from harness.attention.reference import (
     Kernel, ReferenceCache, cached, default_scale, eager_kernel, forward, gradient_slices, gradients, query_rows,
     ragged_forward, ragged_rows, reference_device, reference_kernel,

@@ -222,11 +222,6 @@ def arithmetic_intensity(case: Case) -> float:
     return flops(case) / min_bytes(case)
 
 
-def layer_flops(B: int, S: int, D: int) -> dict[str, int]:
-    """FLOPs of a multi-head self-attention layer: projections `8·B·S·D²`, core `4·B·S²·D` (d_v = d_k, no mask)."""
-    return {"projections": 8 * B * S * D * D, "core": 4 * B * S * S * D}
-
-
 def model_crossover(D: int, H: int, H_kv: int, causal: bool) -> float:
     """The S at which the core's FLOPs equal the projections': S* = D·(1 + H_kv/H), twice that when causal.
 

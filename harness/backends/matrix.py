@@ -17,6 +17,7 @@ from harness.backends import features as feature_table
 from harness.backends.features import Feature
 from harness.errors import UserError
 from harness.suite.batch_axes import ragged_case
+from harness.results.documents import CAPABILITIES
 from harness.suite.case_values import DTYPES
 from harness.suite.cases import Case
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # this module imports no torch: the report renders a run's ma
     from harness.backends.base import Backend
 
 #: The matrix of a run's backends, as text, in its run folder (the report's environment section shows it).
-MATRIX_FILE = "capabilities.txt"
+MATRIX_FILE = CAPABILITIES
 #: The matrix's columns: every dtype a case may have.
 DTYPE_COLUMNS = tuple(DTYPES)
 #: The shapes a cell's case is tried in: plain attention heads, and MLA's latent cache (H_kv 1, d_c 512 + d_rope 64).

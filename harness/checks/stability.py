@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence, TextIO
 
-from harness.analysis.difference import ProcessEvidence, Variation
+from harness.analysis.difference import CV_WIDTH, ProcessEvidence, Variation, smallest_difference
 from harness.errors import UserError
 from harness.process.children import child_command, emit, run_child
 from harness.process.jobs import job_parser
@@ -73,9 +73,13 @@ class StabilityResult:
         if self.untrusted:
             lines.append(f"not this box's run-to-run noise: {len(self.untrusted)} of {len(self.medians)} processes were timed beside other work")
         else:
-            # Two independent runs differ with a spread of about √2·CV; twice that is a ~95 % band.
-            band = 2 * math.sqrt(2) * self.cv
-            lines.append(f"a difference between two runs below about {band * 100:.1f} % (2·√2·CV) is within this box's run-to-run noise")
+            # The band is the difference rule's own (harness.analysis.difference), the one compare, recommend and report apply.
+            band = smallest_difference(self.cv)
+            if math.isfinite(band):
+                lines.append(f"a difference below {band * 100:.1f} % is within this box's run-to-run noise: compare, recommend and "
+                             f"report never call it real with this variation (intervals widened by ±{CV_WIDTH:g}·CV overlap)")
+            else:
+                lines.append(f"a CV of {self.cv * 100:.0f} % or more is no noise band: the difference rule could call nothing different")
         return "\n".join(lines)
 
     def refuse_if_contended(self) -> None:

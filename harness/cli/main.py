@@ -48,7 +48,8 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 def cmd_env(args: argparse.Namespace) -> int:
     """Print the environment fingerprint a run would record."""
-    from harness.env import detect_device, fingerprint, gpu_telemetry
+    from harness.env import detect_device, fingerprint
+    from harness.telemetry.nvml import gpu_telemetry
 
     device = detect_device()
     info = {"fingerprint": fingerprint(device), "gpu_telemetry": gpu_telemetry() if device == "cuda" else None}
@@ -61,8 +62,8 @@ def cmd_stability(args: argparse.Namespace) -> int:
     from harness.checks.stability import run_stability
     from harness.cli.stability import case_from_args, check_variation_out, write_variation
     from harness.env import resolve_device
-    from harness.measure.threads import check_threads
-    from harness.measure.timing import MAX_BUDGET_S
+    from harness.results.run_options import check_threads
+    from harness.suite.budget import MAX_BUDGET_S
 
     if not 0 < args.measure_s <= MAX_BUDGET_S:  # named here: a child given 1e308 s would be blamed on the backend
         raise UserError(f"--measure-s must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got {args.measure_s}")

@@ -28,10 +28,11 @@ def _is_policy(path: Path) -> bool:
 
 def _load(names: list[str], db: str | None):
     """The named runs (folders, or run ids in --db), and what the policy's `source` records."""
-    from harness.policy.sources import load_database, load_folders
+    from harness.history.database import policy_runs
+    from harness.policy.sources import load_folders
 
     if db is not None:
-        runs, name = load_database(db, names)
+        runs, name = policy_runs(db, names)
         return runs, {"db": name, "runs": [run.run_id for run in runs]}
     if not names:
         raise UserError("give at least one run folder (or --db FILE|URL)")

@@ -1,4 +1,4 @@
-"""`attnbench profile CASE --backend NAME`: its options, and the printing of what harness/profiling/session.py found.
+"""`attnbench profile CASE --backend NAME`: its options, and the printing of what harness/run/profile_pair.py found.
 
 The table lists each operator (CPU) or kernel (CUDA) per step; the sum is set against the median,
 the rest being launch overhead and gaps; the Chrome trace's path follows, then ncu's metrics (or why not).
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from harness.suite.cases import MODES
 
 if TYPE_CHECKING:
-    from harness.profiling.session import NcuResult, ProfileResult
+    from harness.run.profile_pair import NcuResult, ProfileResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,8 +64,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from harness.cli.stability import case_from_args
     from harness.env import resolve_device
-    from harness.measure.threads import apply_threads, check_threads
-    from harness.profiling.session import run_profile
+    from harness.measure.threads import apply_threads
+    from harness.results.run_options import check_threads
+    from harness.run.profile_pair import run_profile
 
     check_threads(args.threads)  # run --threads' rule, before a case is built or a folder made
     case = case_from_args(args, resolve_device(args.device))

@@ -17,7 +17,7 @@ def check_variation_out(path: Path) -> Path:
     """Refuse (UserError) a variation path inside a run folder or over a file that is not a variation; return it resolved."""
     from harness.analysis.difference import MAX_VARIATION_BYTES, VARIATION_KIND
     from harness.cli.report import check_output_file
-    from harness.results.documents import parse_json, read_regular
+    from harness.files import parse_json, read_regular
 
     def is_variation(target: Path) -> bool:
         # The document reader, not read_text(): a huge file is not read whole, nesting past the parser's depth is no traceback.

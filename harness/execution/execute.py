@@ -31,7 +31,7 @@ from harness.execution.outcome import PairOutcome, to_record
 from harness.execution.resources import PairResources
 from harness.attention.reference import ReferenceCache
 from harness.errors import one_line
-from harness.execution.failures import STICKY_PREFIX, described, is_oom, is_sticky_cuda_error
+from harness.errors import STICKY_PREFIX, described, is_oom, is_sticky_cuda_error
 from harness.execution.kernel_proof import prove_kernels
 from harness.execution.shared_inputs import InputsCache, modified_inputs
 from harness.results.vocabulary import STOP_FIRST_CALL

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from harness.backends.base import Backend
 from harness.backends.kernel_claims import claimed_kernels, matches, mismatch
-from harness.execution.failures import described, is_sticky_cuda_error
+from harness.errors import described, is_sticky_cuda_error
 from harness.execution.outcome import PairOutcome
 from harness.profiling.kernel_trace import trace_kernels
 from harness.suite.cases import Case

@@ -16,10 +16,13 @@ import os
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from harness.errors import UserError
 from harness.history.ingest import ROW_COLUMNS, RUN_COLUMNS, IngestedRun, content_digest
+
+if TYPE_CHECKING:
+    from harness.policy.sources import LoadedRun
 
 #: Where `--db` points when it is not given (relative to the working folder).
 DEFAULT_PATH = Path("results") / "attnbench.sqlite"
@@ -140,15 +143,6 @@ class Database:
 
         with self.transaction(write=True) as conn:
             prepare(conn, self.name, foreign_tables=self.sqlite_path is not None)
-
-    def content_of(self, run_uuid: str) -> str | None:
-        """The content digest stored for a run, or None when the run is not in the database."""
-        from sqlalchemy import select
-
-        from harness.history.schema import RUNS
-
-        with self.transaction() as conn:
-            return conn.execute(select(RUNS.c.content_sha256).where(RUNS.c.run_uuid == run_uuid)).scalar()
 
     def add_run(self, ingested: IngestedRun, *, replace: bool = False) -> bool:
         """Add a run and its rows in one transaction; False when it is there with the same content, True when added or replaced.
@@ -356,3 +350,28 @@ def with_every_flag(frame, records: Sequence[dict] | None = None):
             else:
                 frame[name] = [json.loads(text).get(name) if isinstance(text, str) else None for text in frame["record_json"]]
     return frame
+
+
+def policy_runs(target: str | Path | None, run_ids: Sequence[str] = ()) -> tuple[list[LoadedRun], str]:
+    """For `attnbench policy --db`: the runs of the results database (those named by run id or uuid prefix; none named: every run), oldest first, and its name."""
+    import pandas as pd
+
+    from harness.policy.sources import runs_from_stored
+
+    with open_database(target, create=False) as db:
+        stored = db.runs_frame()
+        name = db.name
+        chosen = stored
+        if run_ids:
+            picked = []
+            for wanted in run_ids:
+                match = stored[(stored["run_id"] == wanted) | stored["run_uuid"].str.startswith(wanted)]
+                if match.empty:
+                    held = ", ".join(stored["run_id"].astype(str)) or "none"
+                    raise UserError(f"{name} holds no run {wanted!r} (it holds: {held})")
+                picked.append(match)
+            chosen = pd.concat(picked).drop_duplicates("run_uuid")
+        if chosen.empty:
+            raise UserError(f"{name} holds no runs: add runs with attnbench db add RUN")
+        rows = db.rows_frame(list(chosen["run_uuid"]))
+    return runs_from_stored(chosen, rows), name

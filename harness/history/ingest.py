@@ -72,7 +72,8 @@ def _json_or_none(value: Any) -> str | None:
 
 def _document(path: Path) -> dict[str, Any] | None:
     """A run folder's JSON document as plain data (checked as the run's readers check it), or None when absent."""
-    from harness.results.documents import Environment, Manifest, Peaks, parse_json, read_document, read_regular
+    from harness.results.documents import Environment, Manifest, Peaks, read_document
+    from harness.files import parse_json, read_regular
 
     kind = {"manifest.json": Manifest, "env.json": Environment, "peaks.json": Peaks}[path.name]
     if not os.path.lexists(path):

@@ -45,11 +45,6 @@ def load_libc() -> ctypes.CDLL | None:
         return None
 
 
-def cpu_peak_supported() -> str | None:
-    """None if the process' peak RSS can be reset and read here, and free heap pages handed back first, else why not."""
-    return cpu_peak_problem(load_libc())
-
-
 def cpu_peak_problem(libc: ctypes.CDLL | None) -> str | None:
     """Why peak RSS cannot be measured with the glibc handle `libc` (None: there is none), or None when it can."""
     if not os.path.exists(_CLEAR_REFS):

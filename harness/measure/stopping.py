@@ -10,17 +10,31 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
 from harness.measure.stats import DRIFT_MIN_SAMPLES, drift, inside, median_interval, within
 
 if TYPE_CHECKING:
-    from harness.measure.budget import Budget, Clock, Loop
+    from harness.suite.budget import Budget
 
 from harness.results.vocabulary import (STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL, STOP_MAX_ROUNDS,  # noqa: F401 - re-exported
                                          STOP_MIN_ROUNDS, STOP_PRECISION)
+
+#: A clock returns seconds as a float; only differences between two readings matter.
+Clock = Callable[[], float]
+
+class Loop(Protocol):
+    """Runs `rounds` samples of `iterations` calls each and returns per-call seconds, one per round.
+
+    Each round reads the clock once before its calls and once after them (the direct loop and
+    pytest-benchmark's pedantic mode both do), which is how a clock's per-reading notes are matched
+    to samples.
+    """
+
+    def __call__(self, fn: Callable[[], object], *, setup: Callable[[], object] | None, rounds: int, iterations: int) -> list[float]: ...
+
 
 #: How much the samples grow between two looks at them: each look is a chance to stop on a lucky
 #: stretch, so the looks are spaced by a quarter of what is known rather than taken after every sample.

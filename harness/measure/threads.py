@@ -14,19 +14,7 @@ import os
 import time
 from typing import Callable, Iterable
 
-from harness.errors import UserError
-
-#: More threads than any machine this harness runs on has cores; a larger number is a typo.
-MAX_THREADS = 1024
-
-
-def check_threads(n: int | None) -> int | None:
-    """`n` if it is a sane thread count (or None), else a UserError naming it."""
-    if n is None:
-        return None
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
-        raise UserError(f"--threads must be a whole number from 1 to {MAX_THREADS}, not {n!r}")
-    return n
+from harness.results.run_options import check_threads
 
 
 def apply_threads(n: int | None) -> int:

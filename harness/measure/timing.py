@@ -22,19 +22,11 @@ from harness.measure.stats import Drift, Stats, drift
 from harness.measure.stopping import (STOP_BUDGET, STOP_CALL_EXCEEDS_BUDGET, STOP_FIRST_CALL, STOP_MAX_ROUNDS, STOP_MIN_ROUNDS,  # noqa: F401 - re-exported
                                       STOP_PRECISION, StoppingLoop)
 
-from harness.measure.budget import Budget, Clock, Loop  # noqa: F401 - re-exported: the budget's and the clock's types, where callers have read them
+from harness.measure.stopping import Clock, Loop  # noqa: F401 - re-exported: the clock's types, where callers have read them
+# Re-exported: where suite files (suites/*.py) take a budget from.
+from harness.suite.budget import CUDA_BUDGET, MAX_BUDGET_S, QUICK_BUDGET, Budget  # noqa: F401
 from harness.results.vocabulary import MIN_SAMPLE_TICKS  # noqa: F401 - re-exported
 
-#: The most seconds any one budget field (warm-up, samples, one sample) may ask for: an hour. A pair's whole
-#: budget must also fit inside `run --timeout` (600 s by default); a larger value is a typo, never a plan,
-#: and would end every pair as an error or a timeout.
-MAX_BUDGET_S = 3600.0
-
-#: The CPU's budget: 60 ms a pair. `quick` has 480 measured pairs on a CPU, and on one without native bf16 (AVX2) its
-#: bf16 naive and projections calls last 0.1-2 s each: those take one sample (`call_exceeds_budget`, `first_call`;
-#: no interval under 6 samples, and the row says why), and the budget of the rest is what keeps the sweep in minutes.
-QUICK_BUDGET = Budget(warmup_s=0.01, measure_s=0.05, min_rounds=6, max_rounds=200, precision=0.01, fewest_rounds=1)
-CUDA_BUDGET = Budget(warmup_s=0.025, measure_s=0.1, min_sample_s=0.0, min_rounds=10, max_rounds=1000, fewest_rounds=3)
 
 
 @dataclass(frozen=True)
@@ -291,17 +283,3 @@ def measure(
     stopped_by = own.stopped_by if own is not None and own.stopped_by else p.stop
     return Measurement(stats=stats, plan=p, clock_resolution_s=tick, too_short=too_short(samples, p.iterations, tick), launch_leaked=leaked,
                        loop_s=loop_s, stopped_by=stopped_by, drift=drift(samples), **contention(cpu_before, cpu_after, probe.threads()))
-
-
-class FakeClock:
-    """A clock that moves only when told to: for tests that need exact statistics."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock forward."""
-        self.now += seconds

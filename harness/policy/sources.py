@@ -62,29 +62,6 @@ def _document(text: Any) -> dict:
     return json.loads(text) if isinstance(text, str) and text else {}
 
 
-def load_database(target: str | Path | None, run_ids: Sequence[str] = ()) -> tuple[list[LoadedRun], str]:
-    """The runs of the results database (those named by run id or uuid prefix; none named: every run), oldest first, and its name."""
-    from harness.history.database import open_database
-
-    with open_database(target, create=False) as db:
-        stored = db.runs_frame()
-        name = db.name
-        chosen = stored
-        if run_ids:
-            picked = []
-            for wanted in run_ids:
-                match = stored[(stored["run_id"] == wanted) | stored["run_uuid"].str.startswith(wanted)]
-                if match.empty:
-                    held = ", ".join(stored["run_id"].astype(str)) or "none"
-                    raise UserError(f"{name} holds no run {wanted!r} (it holds: {held})")
-                picked.append(match)
-            chosen = pd.concat(picked).drop_duplicates("run_uuid")
-        if chosen.empty:
-            raise UserError(f"{name} holds no runs: add runs with attnbench db add RUN")
-        rows = db.rows_frame(list(chosen["run_uuid"]))
-    return runs_from_stored(chosen, rows), name
-
-
 def runs_from_stored(stored: pd.DataFrame, rows: pd.DataFrame) -> list[LoadedRun]:
     """Each stored run (a `runs_frame` row, with its env and manifest) and its stored rows (`rows_frame`) as an analysis frame."""
     from harness.analysis.frame import by_device_model, declared_capabilities, derive_columns

@@ -12,18 +12,22 @@ through `PYTHONPATH=.` or the folder `python -m harness` ran in is found there t
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
 from harness.process.jobs import JOBS
-from harness.run.protocol import die_with_parent
 
+#: A child exits with this code when the parent that started it has gone (a worker: its supervisor).
+EXIT_ORPHANED = 71
 #: The checkout's root: children start there.
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,3 +132,30 @@ def run_child(command: Sequence[str], timeout_s: float | None = None, env: dict[
 def emit(obj: dict[str, Any]) -> None:
     """In a child: print one JSON object on its own line for `run_child` to collect."""
     print(json.dumps(obj, default=str), flush=True)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a freshly forked child: ask Linux to SIGKILL it when the parent dies (no-op where prctl is missing)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(EXIT_ORPHANED)
+
+
+def watch_parent(parent_pid: int, interval_s: float = 1.0) -> threading.Thread:
+    """Exit this process when `parent_pid` is no longer its parent (portable back-up to die_with_parent)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:
+                sys.stderr.write(f"attnbench worker: supervisor {parent_pid} is gone; exiting\n")
+                sys.stderr.flush()
+                os._exit(EXIT_ORPHANED)
+
+    thread = threading.Thread(target=watch, name="attnbench-parent-watch", daemon=True)
+    thread.start()
+    return thread

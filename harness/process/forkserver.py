@@ -196,9 +196,9 @@ def template_job(argv: list[str]) -> int:
     request = _serve(control)
     if request is None:
         return 0
-    from harness.child import main as child_main
+    from harness.process.jobs import run_job
 
-    return child_main(request)
+    return run_job(request)
 
 
 def _serve(control: socket.socket) -> list[str] | None:
@@ -257,7 +257,7 @@ def _reap(statuses: dict[int, int]) -> None:
 
 def _become_child(request: dict[str, Any], stdout: int, inherited: list[int]) -> None:
     """In a fresh fork: drop the template's descriptors, take the request's output, environment and a session of its own."""
-    from harness.run.protocol import die_with_parent
+    from harness.process.children import die_with_parent
 
     template = os.getppid()
     os.setsid()

@@ -12,7 +12,7 @@ from harness.process.usage import UsageParser
 #: and process/children.py can check a job's name without importing the commands that start children.
 JOBS: dict[str, tuple[str, str]] = {
     "gpu-check": ("harness.checks.gpu", "backend_job"),              # one backend's check cases, for `attnbench gpu-check`
-    "profile-ncu": ("harness.profiling.session", "ncu_job"),         # one pair's steps under Nsight Compute, for `profile --ncu`
+    "profile-ncu": ("harness.run.profile_pair", "ncu_job"),         # one pair's steps under Nsight Compute, for `profile --ncu`
     "stability": ("harness.checks.stability", "measurement_job"),   # one fresh measurement, for `attnbench stability`
     "peaks": ("harness.telemetry.peaks", "main"),                   # the CUDA ceilings into peaks.json, for the run folder
     "load-backends": ("harness.run.plugin_probe", "load_backends_job"),  # the registry as a worker loads it, before `attnbench run`
@@ -25,6 +25,23 @@ def job_function(job: str) -> Callable[[Sequence[str]], int]:
     """The function that runs `job`; KeyError for a name that is not in JOBS."""
     module, name = JOBS[job]
     return getattr(importlib.import_module(module), name)
+
+
+def run_job(argv: Sequence[str]) -> int:
+    """Run the job named by argv[0] with the rest of argv, as `python -m harness.child` does: its exit status, 2 with one
+    line on a usage error (a forked worker runs its job through here too, harness.process.forkserver)."""
+    from harness.errors import UserError
+    from harness.process.usage import exit_status
+
+    argv = list(argv)
+
+    def job() -> int:
+        if not argv or argv[0] not in JOBS:
+            named = f"unknown job {argv[0]!r}" if argv else "no job named"
+            raise UserError(f"{named}: python -m harness.child JOB [args], JOB one of {', '.join(JOBS)}")
+        return job_function(argv[0])(argv[1:])
+
+    return exit_status(job, prog="attnbench child")
 
 
 def job_parser(job: str, description: str) -> argparse.ArgumentParser:

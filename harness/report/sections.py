@@ -15,8 +15,10 @@ from typing import Any
 import pandas as pd
 
 from harness import analysis
+from harness.env import FINGERPRINT_KEYS
 from harness.analysis.difference import RULE_TEXT, Variation
 from harness.analysis.winners import no_winner_reason, unanswered_cases, wins_per_backend
+from harness.results.documents import CAPABILITIES
 from harness.report import figures as figs
 from harness.report.flags import emulated_bf16_note, flag_summary, flags_section, trust_summary
 from harness.report.page import commands, esc, fmt
@@ -278,19 +280,13 @@ def _failures(frame) -> Section:
     ], nav="Failures")
 
 
-_ENV_KEYS = ("harness_version", "harness_commit", "harness_dirty", "time_utc", "host", "device_type", "device_name", "device_capability", "cpu_model", "cpu_count", "torch_threads",
-             "python", "platform", "torch", "torch_cuda", "cudnn", "numpy", "pandas", "pytest_benchmark", "xformers", "flash_attn")
-
-
 def _capability_matrix(run_dir: Path | None) -> str:
     """The run's capabilities.txt (what each of its backends serves, per feature and dtype, with every refusal's reason), folded."""
-    from harness.backends.matrix import MATRIX_FILE
-
-    path = run_dir / MATRIX_FILE if run_dir is not None else None
+    path = run_dir / CAPABILITIES if run_dir is not None else None
     if path is None or path.is_symlink() or not path.is_file():  # a run from before the matrix, or a link: nothing read through it
         return ""
     return (f"<details><summary>What each backend serves (✓), refuses (✗n: reasons below its table) or has no case for (·), "
-            f"per feature and dtype, as this run's harness declares it ({esc(MATRIX_FILE)})</summary><pre>{esc(path.read_text())}</pre></details>")
+            f"per feature and dtype, as this run's harness declares it ({esc(CAPABILITIES)})</summary><pre>{esc(path.read_text())}</pre></details>")
 
 
 def _environment(data: analysis.RunData) -> Section:
@@ -298,7 +294,7 @@ def _environment(data: analysis.RunData) -> Section:
     for rid, env in data.env.items():
         # The fingerprint is taken once; what changes during a run (clocks, temperatures) is the telemetry below.
         before = env.get("before") or {}
-        keys = [k for k in _ENV_KEYS if k in before] + sorted(k for k in before if k not in _ENV_KEYS)
+        keys = [k for k in FINGERPRINT_KEYS if k in before] + sorted(k for k in before if k not in FINGERPRINT_KEYS)
         rows = pd.DataFrame([{"field": k, "value": json.dumps(before.get(k)) if isinstance(before.get(k), (dict, list)) else before.get(k)}
                              for k in keys])
         body.append(f"<h3>{esc(rid)}</h3>")

@@ -9,15 +9,14 @@ writer's or the Ray executor's additions pass through to `to_dict()` untouched.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, Iterator, TypeVar
+from typing import Any, Callable, ClassVar, TypeVar
 
+from harness.env import DEVICE_KEYS, IDENTITY_KEYS, VERSION_KEYS
 from harness.errors import UserError
+from harness.files import MAX_DOCUMENT_BYTES, parse_json, read_regular
 # The field checks live apart, in harness.results.field_checks, so that the run options check theirs the same way.
 from harness.results.field_checks import (Check, _boolean, _count, _device, _number, _object, _plain_name, _positive, _scalar,
                                     _string, fields_of, list_of, object_of, optional)
@@ -26,108 +25,10 @@ from harness.results.run_options import TIMERS, RunOptions  # noqa: F401 - TIMER
 MANIFEST = "manifest.json"
 ENV = "env.json"
 PEAKS = "peaks.json"
+#: What each of a run's backends serves, per feature and dtype, with every refusal's reason (harness.backends.matrix writes it).
+CAPABILITIES = "capabilities.txt"
 #: What a manifest written by attnbench says in its `harness` field (runs written before it existed have none).
 HARNESS = "attnbench"
-#: A run folder's documents are kilobytes (a Ray cluster's env.json a few hundred); more is not one of them.
-MAX_DOCUMENT_BYTES = 64 * 2**20
-
-_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket",
-          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
-
-
-def read_regular(path: Path | str, what: str = "regular file", limit: int | None = None) -> bytes:
-    """The bytes of a regular file (symbolic links followed); UserError naming it for anything else or a failed read.
-
-    The file is opened non-blocking and checked on its descriptor, so a FIFO is refused rather than
-    waited on, and nothing can swap the file between the check and the read.
-    """
-    with open_regular(path, what, limit) as f:
-        try:
-            return f.read()
-        except OSError as exc:
-            raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
-@contextlib.contextmanager
-def open_regular(path: Path | str, what: str = "regular file", limit: int | None = None) -> Iterator[BinaryIO]:
-    """A regular file open for reading in binary, checked as `read_regular` checks it: for a reader that streams it instead."""
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist") from None
-    except OSError as exc:
-        kind = _kind_of(path)  # a socket cannot be opened at all (ENXIO): say what it is, not just the errno
-        raise UserError(f"{path} is {kind}, not a {what}" if kind else f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UserError(f"{path} is {_KINDS.get(stat.S_IFMT(info.st_mode), 'not a regular file')}, not a {what}")
-        if limit is not None and info.st_size > limit:
-            raise UserError(f"{path} is {info.st_size} bytes, more than the {limit} bytes such a file can be")
-        f = os.fdopen(os.dup(fd), "rb")
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    with f:
-        yield f
-
-
-#: The longest line a records file may hold: a record with a million raw samples is a few tens of MB. A longer one is no record
-#: (a crash can leave gigabytes of NUL bytes in a preallocated file), and is never held in memory whole.
-MAX_RECORD_BYTES = 64 * 2**20
-#: How much of a streamed file is read at a time.
-_CHUNK_BYTES = 2**20
-
-
-def lines_of(f: BinaryIO, limit: int) -> Iterator[tuple[bytes | str, int, bool]]:
-    """Each line of the binary file `f` without its newline, its length in bytes with it, and whether it ended with a newline
-    (only the last may not). A line that can be no record (longer than `limit`, or holding a NUL byte, which JSON never does)
-    comes as the reason, in words, read through but never held whole."""
-    pending, size, junk = bytearray(), 0, ""
-    while chunk := f.read(_CHUNK_BYTES):
-        start = 0
-        while start <= len(chunk):
-            end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end]
-            size += len(piece) + (end >= 0)
-            if not junk:
-                if b"\0" in piece:
-                    junk = "it holds NUL bytes, as a crash can leave a preallocated file"
-                elif len(pending) + len(piece) > limit:
-                    junk = f"a line of more than {limit} bytes"
-            if junk:
-                pending = bytearray()
-            else:
-                pending += piece
-            if end < 0:
-                break
-            yield (junk or bytes(pending)), size, True
-            pending, size, junk, start = bytearray(), 0, "", end + 1
-    if size:
-        yield (junk or bytes(pending)), size, False
-
-
-def _kind_of(path: Path) -> str | None:
-    """What `path` is when it is not a regular file (a socket, a FIFO, …), or None."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return None
-    return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-
-
-def parse_json(raw: bytes, where: Path | str) -> Any:
-    """One JSON document; UserError naming `where` when it is not UTF-8 JSON or is nested deeper than the parser goes."""
-    try:
-        return json.loads(raw)
-    except ValueError as exc:  # UnicodeDecodeError included
-        raise UserError(f"{where}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise UserError(f"{where}: not valid JSON (nested too deep)") from None
-
-
 # -- the documents ----------------------------------------------------------------------------------------------------
 
 D = TypeVar("D", bound="Document")
@@ -141,8 +42,6 @@ class Document:
     #: The typed fields the file itself had (the others hold their defaults and are not written back).
     given: frozenset[str] = frozenset()
 
-    #: Each typed field's check; a field left out of the file keeps its default.
-    CHECKS: ClassVar[dict[str, Check]] = {}
     #: Fields a document of this kind always has.
     REQUIRED: ClassVar[tuple[str, ...]] = ()
 
@@ -155,17 +54,27 @@ class Document:
         missing = [name for name in cls.REQUIRED if name not in data]
         if missing:
             raise UserError(f"{where}: field {missing[0]!r} is missing")
-        values = {}
-        for name, value in data.items():
-            if name in cls.CHECKS:
-                values[name] = cls.CHECKS[name](value, where, name)
-        return cls(**values, extra={k: v for k, v in data.items() if k not in cls.CHECKS}, given=frozenset(values))
+        checks = cls.checks()
+        values = {name: checks[name](value, where, name) for name, value in data.items() if name in checks}
+        return cls(**values, extra={k: v for k, v in data.items() if k not in checks}, given=frozenset(values))
+
+    @classmethod
+    def checks(cls) -> dict[str, Check]:
+        """Each typed field's check, by the field's name (declared once, with `typed`); a field left out of the file keeps its default."""
+        return {f.name: f.metadata["check"] for f in fields(cls) if "check" in f.metadata}
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object as read: the typed fields the file had, then the rest."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name in self.given}
         out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
+
+
+def typed(check: Check, default: Any = None, *, factory: Callable[[], Any] | None = None) -> Any:
+    """A document field read from its JSON through `check`: its name is the attribute's, written once."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"check": check})
+    return field(default=default, metadata={"check": check})
 
 
 def _json_kind(value: Any) -> str:
@@ -184,48 +93,39 @@ MAX_VARIATION_PROCESSES = 1_000
 class Manifest(Document):
     """manifest.json: what the run is (suite, device, backends, pairs) and who wrote it."""
 
-    run_id: str = ""
-    suite: str | None = None
-    suite_arg: str | None = None
-    suite_copy: str | None = None
-    device: str | None = None
-    backends: list[str] = field(default_factory=list)
-    broken: dict[str, str] = field(default_factory=dict)
-    capabilities: dict[str, dict[str, bool]] = field(default_factory=dict)
-    pairs: list[str] = field(default_factory=list)
+    run_id: str = typed(_string, "")
+    suite: str | None = typed(optional(_string))
+    suite_arg: str | None = typed(optional(_string))
+    suite_copy: str | None = typed(optional(_plain_name))
+    device: str | None = typed(optional(_device))
+    backends: list[str] = typed(list_of(_string), factory=list)
+    broken: dict[str, str] = typed(object_of(_string), factory=dict)
+    capabilities: dict[str, dict[str, bool]] = typed(_CAPABILITIES, factory=dict)
+    pairs: list[str] = typed(list_of(_string), factory=list)
     #: What shapes the pairs' measurement (check, timer, energy, profile, traces, cool-down, order seed, budget), read
     #: from the keys RunOptions stores them under; those keys stay in `extra`, written back as they were.
     options: RunOptions = field(default_factory=RunOptions)
-    created_utc: str | None = None
-    attempts: list[dict[str, Any]] = field(default_factory=list)
+    created_utc: str | None = typed(optional(_string))
+    attempts: list[dict[str, Any]] = typed(list_of(_ATTEMPT), factory=list)
     #: `attnbench` in every manifest written since it was added, and a random id given at creation.
-    harness: str | None = None
-    run_uuid: str | None = None
+    harness: str | None = typed(optional(_string))
+    run_uuid: str | None = typed(optional(_string))
     #: Every pair as data, in the order of `pairs`: its case's fields (`Case.fields()`) and its backend. A folder
     #: made before they were recorded has none, and its pairs are rebuilt from its suite (harness.run.rundir).
-    pair_specs: list[dict[str, Any]] | None = None
+    pair_specs: list[dict[str, Any]] | None = typed(optional(list_of(fields_of(case=_object, backend=_string))))
     #: What measured them.
-    harness_version: str | None = None
-    harness_commit: str | None = None
-    harness_dirty: bool | None = None
+    harness_version: str | None = typed(optional(_string))
+    harness_commit: str | None = typed(optional(_string))
+    harness_dirty: bool | None = typed(optional(_boolean))
     #: The interpreter that ran the run.
-    python: str | None = None
+    python: str | None = typed(optional(_string))
     #: The lengths files its cases were drawn from, frozen in the folder: {file, source, sha256, copy} (harness.suite.batch_files).
-    batches: list[dict[str, Any]] | None = None
+    batches: list[dict[str, Any]] | None = typed(optional(list_of(fields_of(file=_string, source=_string, sha256=_string,
+                                                                             copy=_plain_name))))
     #: How a CPU run given no `--threads` chose its thread count (harness.measure.threads.choose_threads): the count,
     #: torch's default, the cores and how many other work kept busy as the run started, and the rule. None: given, or CUDA.
-    threads_chosen: dict[str, Any] | None = None
+    threads_chosen: dict[str, Any] | None = typed(optional(_object))
 
-    CHECKS = {
-        "run_id": _string, "suite": optional(_string), "suite_arg": optional(_string), "suite_copy": optional(_plain_name),
-        "device": optional(_device), "backends": list_of(_string), "broken": object_of(_string), "capabilities": _CAPABILITIES,
-        "pairs": list_of(_string), "created_utc": optional(_string), "attempts": list_of(_ATTEMPT), "harness": optional(_string), "run_uuid": optional(_string),
-        "pair_specs": optional(list_of(fields_of(case=_object, backend=_string))),
-        "harness_version": optional(_string), "harness_commit": optional(_string), "harness_dirty": optional(_boolean),
-        "python": optional(_string),
-        "batches": optional(list_of(fields_of(file=_string, source=_string, sha256=_string, copy=_plain_name))),
-        "threads_chosen": optional(_object),
-    }
     REQUIRED = ("run_id",)
     #: What a run needs from its manifest to be resumed (or replaced by --force): every manifest a run ever wrote has them.
     RUN_FIELDS = ("suite_arg", "device", "backends", "pairs")
@@ -253,10 +153,9 @@ def _telemetry(value: Any, where: str, name: str) -> Any:
 
 
 _TELEMETRY = optional(_telemetry)
-_FINGERPRINT = fields_of(device_name=optional(_string), device_type=optional(_string),
-                         harness_version=optional(_string), harness_commit=optional(_string), harness_dirty=optional(_boolean),
-                         **{k: optional(_scalar) for k in ("torch", "torch_cuda", "cudnn", "python", "xformers", "flash_attn",
-                                                             "cpu_model", "torch_threads", "host")})
+# The fields the readers compare and show, typed (the names are harness.env's): strings, the identity's flag, scalars.
+_FINGERPRINT = fields_of(**{k: optional(_string) for k in DEVICE_KEYS + IDENTITY_KEYS[:2]}, harness_dirty=optional(_boolean),
+                         **{k: optional(_scalar) for k in VERSION_KEYS})
 
 
 @dataclass
@@ -267,14 +166,11 @@ class Environment(Document):
     the telemetry, read again after the last pair.
     """
 
-    before: dict[str, Any] = field(default_factory=dict)
-    telemetry_before: list[dict[str, Any]] | dict[str, Any] | None = None
-    telemetry_after: list[dict[str, Any]] | dict[str, Any] | None = None
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-
     # A null fingerprint reads as an empty one: every reader asks it for fields with .get().
-    CHECKS = {"before": lambda v, where, name: {} if v is None else _FINGERPRINT(v, where, name),
-              "telemetry_before": _TELEMETRY, "telemetry_after": _TELEMETRY, "nodes": object_of(_object)}
+    before: dict[str, Any] = typed(lambda v, where, name: {} if v is None else _FINGERPRINT(v, where, name), factory=dict)
+    telemetry_before: list[dict[str, Any]] | dict[str, Any] | None = typed(_TELEMETRY)
+    telemetry_after: list[dict[str, Any]] | dict[str, Any] | None = typed(_TELEMETRY)
+    nodes: dict[str, dict[str, Any]] = typed(object_of(_object), factory=dict)
 
 
 #: What a ceiling ran under, read by the analysis: a ceiling measured while contended is not called a bound, and a GPU
@@ -288,12 +184,10 @@ _COPY = fields_of(bytes=_count, gbps=optional(_positive), gbps_median=optional(_
 class Peaks(Document):
     """peaks.json: the device's measured matmul ceilings per dtype and its copy bandwidth, or why they are missing."""
 
-    device: str | None = None
-    matmul: dict[str, dict[str, Any]] = field(default_factory=dict)
-    copy: dict[str, Any] | None = None
-    errors: dict[str, str] = field(default_factory=dict)
-
-    CHECKS = {"device": optional(_string), "matmul": object_of(_MATMUL), "copy": optional(_COPY), "errors": object_of(_string)}
+    device: str | None = typed(optional(_string))
+    matmul: dict[str, dict[str, Any]] = typed(object_of(_MATMUL), factory=dict)
+    copy: dict[str, Any] | None = typed(optional(_COPY))
+    errors: dict[str, str] = typed(object_of(_string), factory=dict)
 
 
 def read_document(path: Path | str, kind: type[D]) -> D:

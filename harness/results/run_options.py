@@ -19,10 +19,21 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from harness.errors import UserError
-from harness.measure.budget import Budget
-from harness.measure.threads import MAX_THREADS, check_threads
 from harness.results.field_checks import Check, _accepting, _boolean, _count, _object, _positive, optional
-from harness.suite.budget_fields import budget_from_fields
+from harness.suite.budget import Budget, budget_from_fields
+
+#: More threads than any machine this harness runs on has cores; a larger number is a typo.
+MAX_THREADS = 1024
+
+
+def check_threads(n: int | None) -> int | None:
+    """`n` if it is a sane thread count (or None), else a UserError naming it."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+        raise UserError(f"--threads must be a whole number from 1 to {MAX_THREADS}, not {n!r}")
+    return n
+
 
 #: `run --timer`'s choices, defined here (torch-free) for the manifest's check and harness.measure.timers alike.
 TIMERS = ("events", "kernels", "graph")

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from harness.suite.cases import CASE_FIELDS, OPTIONAL_FLOAT_FIELDS
+from harness.suite.cases import CASE_FIELDS, CASE_FIELDS_ADDED, OPTIONAL_FLOAT_FIELDS
 from harness.env import harness_identity
 from harness.errors import UserError
-from harness.results.documents import MAX_RECORD_BYTES, lines_of, open_regular
+from harness.files import MAX_RECORD_BYTES, lines_of, open_regular
 from harness.results.record import COLUMNS, RAW_COLUMNS, SCHEMA_VERSION, Record
 
 if TYPE_CHECKING:  # pandas is imported where frames are built, not by every writer of a record
@@ -167,9 +167,6 @@ class ReadResult:
         return f"{self.path or RECORDS}: dropped a truncated last line (a run stopped mid-write); resume the run to redo that pair"
 
 
-#: Case fields added after records were first written: a record without them is read with their defaults (no softcap, no
-#: sinks, no ALiBi, the default scale), which is what every case measured before they existed computed.
-CASE_FIELDS_ADDED = ("softcap", "sinks", "alibi", "scale", "deterministic", "kv_dtype")
 #: Record fields that, when present (always, in a record attnbench writes), are strings: what compare and report join and print on.
 KEY_FIELDS = ("case_id", "backend", "status")
 

@@ -6,22 +6,23 @@ recorded before the sweep; the wait ends when the GPU is within `tolerance_c` of
 most `max_s` seconds, and the row says how long it waited (`cooldown_s`) and whether it cooled.
 A CPU run has no temperature reading here, so `--cooldown` is refused there rather than faked.
 
-The temperature is read through `gpu_temperature_c(index)` (NVML, imported lazily), a seam tests
-replace with a fake sequence.
+The temperature is read through the one NVML reader (harness.telemetry.nvml) by `GpuTemperature`, a seam
+tests replace with a fake sequence.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from harness.errors import UserError
-from harness.results.documents import MAX_DOCUMENT_BYTES, parse_json, read_regular
+from harness.files import MAX_DOCUMENT_BYTES, parse_json, read_regular
 from harness.results.run_options import AUTO_MAX_S, parse_cooldown  # noqa: F401 - the option's parsing lives with the option
 from harness.run.rundir import ENV
+from harness.telemetry import nvml
 
 #: Cool enough: at most this many °C above the idle temperature.
 TOLERANCE_C = 3.0
@@ -29,19 +30,34 @@ TOLERANCE_C = 3.0
 POLL_S = 1.0
 
 
-def gpu_temperature_c(index: int) -> float | None:
-    """The temperature (°C) of NVML device `index`, or None where NVML cannot say."""
-    try:
-        import pynvml
+class GpuTemperature:
+    """GPU temperatures through one NVML session (harness.telemetry.nvml, the one NVML reader), started at the first
+    reading and held for the worker's life; every reading None where NVML cannot start (no nvidia-ml-py, no driver)."""
 
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
-    except Exception:  # noqa: BLE001 - no pynvml, no driver, a lost device: all "cannot say"
-        return None
+    def __init__(self) -> None:
+        self.session: nvml.NvmlSession | None = None
+        self.unavailable = False
+
+    def _session(self) -> nvml.NvmlSession | None:
+        if self.session is None and not self.unavailable:
+            try:
+                self.session = nvml.NvmlSession.start()
+            except Exception:  # noqa: BLE001 - no pynvml, no driver: "cannot say", which the cool-down reports
+                self.unavailable = True
+        return self.session
+
+    def __call__(self, index: int) -> float | None:
+        """The temperature (°C) of NVML device `index`, or None where NVML cannot say."""
+        session = self._session()
+        return None if session is None else nvml.temperature_c(session, index)
+
+    def index_of_uuid(self, uuid: str) -> int | None:
+        """NVML's index of the GPU named by `uuid`, or None."""
+        session = self._session()
+        return None if session is None else nvml.index_of_uuid(session, uuid)
 
 
-def nvml_index(environ: Mapping[str, str]) -> int | None:
+def nvml_index(environ: Mapping[str, str], temperatures: GpuTemperature | None = None) -> int | None:
     """The NVML index of the GPU this process computes on: the first of CUDA_VISIBLE_DEVICES (an index or a UUID), else 0."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None or not visible.strip():
@@ -49,13 +65,8 @@ def nvml_index(environ: Mapping[str, str]) -> int | None:
     first = visible.split(",")[0].strip()
     if first.isdigit():
         return int(first)
-    try:  # a UUID (GPU-…); a MIG id has no temperature of its own and ends up None
-        import pynvml
-
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(first)))
-    except Exception:  # noqa: BLE001
-        return None
+    # A UUID (GPU-…); a MIG id has no temperature of its own and ends up None.
+    return (temperatures or GpuTemperature()).index_of_uuid(first)
 
 
 def idle_temperature_c(env_json: Path, index: int | None) -> float | None:
@@ -90,7 +101,7 @@ class Cooldown:
     idle_c: float | None
     tolerance_c: float = TOLERANCE_C
     poll_s: float = POLL_S
-    read: Callable[[int], float | None] = gpu_temperature_c
+    read: Callable[[int], float | None] = field(default_factory=GpuTemperature)
     sleep: Callable[[float], Any] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -117,5 +128,6 @@ class Cooldown:
 
 def worker_cooldown(max_s: float, run_dir: Path) -> Cooldown:
     """The cool-down of a worker of run `run_dir`: its GPU (from CUDA_VISIBLE_DEVICES) and that GPU's idle temperature."""
-    index = nvml_index(os.environ)
-    return Cooldown(max_s=max_s, index=index, idle_c=idle_temperature_c(Path(run_dir) / ENV, index))
+    temperatures = GpuTemperature()
+    index = nvml_index(os.environ, temperatures)
+    return Cooldown(max_s=max_s, index=index, idle_c=idle_temperature_c(Path(run_dir) / ENV, index), read=temperatures)

@@ -6,15 +6,11 @@ the run folder: the same workers can run under a cluster scheduler on a shared f
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import re
 import resource
-import signal
 import socket
-import sys
-import threading
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -37,8 +33,7 @@ CURRENT_SUFFIX = ".current"
 
 #: A worker exits with this code on purpose after a pair that left the process unusable (sticky CUDA error).
 EXIT_STICKY = 70
-#: A worker exits with this code when the supervisor that started it has gone.
-EXIT_ORPHANED = 71
+#: A worker exits with harness.process.children.EXIT_ORPHANED (71) when the supervisor that started it has gone.
 #: A worker exits with this code when it cannot append a row (disk full, file size limit): nothing after it could be kept.
 EXIT_CANNOT_WRITE = 74
 
@@ -107,33 +102,6 @@ class FolderLock:
     def _open(self) -> None:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """In a freshly forked child: ask Linux to SIGKILL it when the parent dies (no-op where prctl is missing)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(EXIT_ORPHANED)
-
-
-def watch_parent(parent_pid: int, interval_s: float = 1.0) -> threading.Thread:
-    """Exit this process when `parent_pid` is no longer its parent (portable back-up to die_with_parent)."""
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval_s)
-            if os.getppid() != parent_pid:
-                sys.stderr.write(f"attnbench worker: supervisor {parent_pid} is gone; exiting\n")
-                sys.stderr.flush()
-                os._exit(EXIT_ORPHANED)
-
-    thread = threading.Thread(target=watch, name="attnbench-parent-watch", daemon=True)
-    thread.start()
-    return thread
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*$", re.IGNORECASE)

@@ -159,10 +159,9 @@ class RaySupervisor(Supervisor):
             raise UserError("--device cuda asked for, but the Ray cluster has no GPU (`ray status` lists its resources)")
 
     def _write_environment(self, folder: RunFolder, suite: Suite) -> None:
-        from harness.env import fingerprint
+        from harness.env import IDENTITY_KEYS, fingerprint
 
-        driver = {k: v for k, v in fingerprint("cpu").items() if k in ("time_utc", "host", "python", "platform", "torch",
-                                                                       "harness_version", "harness_commit", "harness_dirty")}
+        driver = {k: v for k, v in fingerprint("cpu").items() if k in ("time_utc", "host", "python", "platform", "torch", *IDENTITY_KEYS)}
         driver["ray"] = self.ray.__version__
         write_env(folder.path, {"executor": "ray", "driver": driver, "nodes": {}})
         # The nodes describe themselves (and measure their peaks) in _execute, where a resumed run does it too.

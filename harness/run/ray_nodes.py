@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
-from harness.results.documents import MAX_DOCUMENT_BYTES, parse_json, read_regular
+from harness.files import MAX_DOCUMENT_BYTES, parse_json, read_regular
 from harness.run import protocol
 from harness.run.ray_tasks import no_peaks
 

@@ -109,7 +109,8 @@ def describe_node(device: str, dtypes: list[str], peaks: bool, env: dict[str, st
     with _task_environment(env):
         import ray
 
-        from harness.env import fingerprint, gpu_telemetry
+        from harness.env import fingerprint
+        from harness.telemetry.nvml import gpu_telemetry
         from harness.telemetry import peaks as device_peaks
 
         _use_assigned_cpus(device)
@@ -134,7 +135,7 @@ def no_peaks(device: str, why: str) -> dict[str, Any]:
 
 def node_telemetry(device: str) -> Any:
     """A Ray task pinned to one node: its GPUs' clocks, temperatures and throttle reasons now (None on a CPU run)."""
-    from harness.env import gpu_telemetry
+    from harness.telemetry.nvml import gpu_telemetry
 
     return gpu_telemetry() if device == "cuda" else None
 

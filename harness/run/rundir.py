@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.env import fingerprint, gpu_telemetry
+from harness.env import fingerprint
+from harness.telemetry.nvml import gpu_telemetry
 from harness.errors import UserError
 from harness.telemetry import peaks as device_peaks
 from harness.telemetry.peaks_reuse import reused_peaks
@@ -97,7 +98,7 @@ class RunFolder:
         if suite_file is not None:
             manifest["suite_copy"] = SUITE_COPY
         cases = [case for case, _ in (pairs or {}).values()]
-        frozen = batch_files.to_freeze(manifest.get("suite_arg"), suite_file, cases) if pairs is not None else None
+        frozen = _lengths_to_freeze(manifest.get("suite_arg"), suite_file, cases) if pairs is not None else None
         if frozen:
             manifest["batches"] = [entry for entry, _ in frozen]
         folder = cls(path, Manifest.from_dict(manifest, where=path / MANIFEST), _pairs=pairs)
@@ -367,3 +368,16 @@ def _remove_run_files(path: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
+
+
+def _lengths_to_freeze(suite_arg: str | None, suite_file: str | None, cases: list[Case]) -> list[tuple[batch_files.Entry, bytes]] | None:
+    """What a new run freezes of the lengths files its cases were drawn from (entry, bytes): from the suite file's lengths
+    folder, or from the run folder whose pairs it runs (a repro); None when neither says where they are."""
+    source = Path(suite_arg or "")
+    if suite_file is not None:
+        return batch_files.freeze(cases, batch_files.suite_sources(batch_files.lengths_folder(Path(suite_file))))
+    if not (suite_arg and source.is_dir() and (source / MANIFEST).is_file()):
+        return None
+    entries = read_document(source / MANIFEST, Manifest).batches
+    # A run made before lengths files were frozen has none to pass on; its cases still carry their lengths.
+    return None if entries is None else batch_files.freeze(cases, batch_files.run_sources(source, entries, str(source / MANIFEST)))

@@ -27,9 +27,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from harness.backends.determinism import CUBLAS_WORKSPACE
 from harness.backends.registry import Registry, UnloadedPlugin, load_registry
-from harness.errors import UserError
+from harness.errors import STICKY_PREFIX, UserError
 from harness.execution.execute import PairRunner, Phases, execute
-from harness.execution.failures import poisons_process
 from harness.execution.outcome import case_record
 from harness.execution.process_warmup import warm_process
 from harness.measure.threads import apply_threads
@@ -37,6 +36,7 @@ from harness.measure.timing import Clock, Loop
 from harness.results.documents import Manifest
 from harness.results.record import Record, Status
 from harness.results.store import RunWriter
+from harness.process.children import watch_parent
 from harness.run import protocol
 from harness.run.cooldown import Cooldown, Waited, worker_cooldown
 from harness.run.remeasure import read_plan
@@ -61,6 +61,11 @@ class Finished:
 
     key: str
     record: Record
+
+
+def poisons_process(record: Record) -> bool:
+    """True when the record's pair left the process unusable, so the worker must exit after writing it."""
+    return record.status is Status.CRASHED and (record.reason or "").startswith(STICKY_PREFIX)
 
 
 def run_phases(manifest: Manifest, traces: Path | None = None) -> Phases:
@@ -199,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         if args.parent_pid is not None:
-            protocol.watch_parent(args.parent_pid)
+            watch_parent(args.parent_pid)
         manifest = read_run_manifest(args.run_dir, "worker cannot run")
         folder = RunFolder(args.run_dir, manifest)
         # Held until this process ends: a supervisor refuses to (re)start the folder while any worker lives.

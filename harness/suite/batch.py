@@ -102,7 +102,7 @@ def read_lengths_file(path: str | os.PathLike) -> LengthsFile:
 
 @functools.lru_cache(maxsize=64)
 def _read_lengths_file(path: str, stamp: int) -> LengthsFile:
-    from harness.results.documents import read_regular
+    from harness.files import read_regular
 
     raw = read_regular(path, "lengths file", MAX_LENGTHS_FILE_BYTES)
     try:
@@ -294,11 +294,6 @@ def parse_batch(text: str, base: Path | None = None, *, read: bool = True, files
     if batch.terms[0].count is not None and batch.requests() > MAX_REQUESTS:
         raise UserError(f"batch {text!r} holds {batch.requests():,} requests, more than {MAX_REQUESTS:,}")
     return batch
-
-
-def canonical_batch(text: str, base: Path | None = None) -> str:
-    """The one way a batch description is written: `2x2048 + 32x1@1024`, `uniform(64,512)`."""
-    return parse_batch(text, base).text
 
 
 def lengths_digest(seq_lens_q: tuple[int, ...], seq_lens_kv: tuple[int, ...]) -> str:

@@ -1,4 +1,5 @@
-"""A run's lengths files frozen into its folder (`batches/<sha256 prefix>-<name>`), each recorded with its hash in the manifest.
+"""A run's lengths files frozen into its folder (`batches/<sha256 prefix>-<name>`), each recorded with its hash in the manifest,
+and where a suite's `file:` lengths are read from, for a suite file or a run folder's frozen copy of one (`lengths_folder`).
 
 A case drawn from a user's lengths file carries the lengths drawn, so its manifest rebuilds it; but only the file says that
 they are what the file draws from the seed, as a seeded batch's lengths are checked against its seed. The run's folder keeps
@@ -15,10 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from harness.errors import UserError
-from harness.results.documents import MANIFEST, Manifest, read_document, read_regular
+from harness.files import MAX_DOCUMENT_BYTES, parse_json, read_regular
 from harness.suite.batch import MAX_LENGTHS_FILE_BYTES, case_batch, parse_batch
 from harness.suite.cases import Case
-from harness.suite.frozen import lengths_folder
 
 #: The run folder's subfolder of frozen lengths files.
 FROZEN = "batches"
@@ -118,14 +118,30 @@ def check_cases(folder: Path, entries: list[Entry], cases: Iterable[Case], where
                             "the manifest is damaged")
 
 
-def to_freeze(suite_arg: str | None, suite_file: str | None, cases: list[Case]) -> list[tuple[Entry, bytes]] | None:
-    """What a new run freezes of the lengths files its cases were drawn from (entry, bytes): from the suite file's lengths
-    folder, or from the run folder whose pairs it runs (a repro); None when neither says where they are."""
-    source = Path(suite_arg or "")
-    if suite_file is not None:
-        return freeze(cases, suite_sources(lengths_folder(Path(suite_file))))
-    if not (suite_arg and source.is_dir() and (source / MANIFEST).is_file()):
-        return None
-    entries = read_document(source / MANIFEST, Manifest).batches
-    # A run made before lengths files were frozen has none to pass on; its cases still carry their lengths.
-    return None if entries is None else freeze(cases, run_sources(source, entries, str(source / MANIFEST)))
+#: How many frozen copies `lengths_folder` follows back (a repro of a repro of ...) before it calls the chain a loop.
+MAX_SUITE_COPIES = 64
+
+
+def lengths_folder(path: Path) -> Path:
+    """Where a suite's relative `file:` paths are read from: the suite file's folder, or, for a run folder's frozen copy
+    of a suite, the folder of the suite it was first copied from (the manifest's `suite_arg`, followed back through
+    the frozen copies a chain of repros made), where the lengths files are."""
+    seen: set[Path] = set()
+    while len(seen) < MAX_SUITE_COPIES:
+        seen.add(path.resolve())
+        manifest = path.parent / "manifest.json"
+        if not manifest.is_file():
+            return path.parent
+        try:
+            # Bounded, and nesting past the parser's depth is a UserError (not a RecursionError) like any bad JSON.
+            data = parse_json(read_regular(manifest, "manifest", MAX_DOCUMENT_BYTES), manifest)
+        except UserError as exc:
+            # Refused, not guessed past: which folder the `file:` lengths come from (so which cases run) depends on it.
+            raise UserError(f"{path}: the manifest beside it cannot be read ({exc})") from None
+        if not (isinstance(data, dict) and data.get("suite_copy") == path.name and isinstance(data.get("suite_arg"), str)):
+            return path.parent
+        source = Path(data["suite_arg"])
+        if source.resolve() in seen:
+            raise UserError(f"{path}: its manifest's suite_arg leads back to a suite copy already followed ({source})")
+        path = source
+    raise UserError(f"{path}: more than {MAX_SUITE_COPIES} frozen suite copies in a row; cannot tell where its lengths files are")

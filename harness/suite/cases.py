@@ -18,11 +18,18 @@ from harness.suite.case_layout import RAGGED_FIELDS, check_layout, layout_from_r
 from harness.suite.case_values import DEVICES, FP8_DTYPES, MAX_INT, MODES, boolean, canonical_dtype, canonical_mode, integer, positive_float
 
 #: MODES and canonical_dtype live in harness.suite.case_values; many callers take them from here, beside the Case.
-__all__ = ["Case", "CASE_FIELDS", "MAX_PADDED_B", "MODES", "canonical_dtype", "case_from_fields", "grid", "parse_case_id"]
+__all__ = ["Case", "CASE_FIELDS", "CASE_FIELDS_ADDED",
+           "MAX_PADDED_B", "MODES", "canonical_dtype", "case_from_fields", "grid", "parse_case_id"]
 
 #: The most sequences a padded case may have: it draws one length per sequence (inputs.kv_lengths), which every
 #: input, mask and FLOP count then walks through; 2³¹ − 1 of them already take a minute to draw and count.
 MAX_PADDED_B = 2**31 - 1
+
+
+def added_later(default: Any) -> Any:
+    """A Case field added after records were first written: a record without it reads with `default`, which is what every
+    case measured before the field existed computed (harness.results.store). Declared on the field: there is no list."""
+    return dataclasses.field(default=default, metadata={"added_later": True})
 
 
 @dataclass(frozen=True)
@@ -68,12 +75,12 @@ class Case:
     window: int | None = None
     padding: bool = False
     mla: bool = False
-    softcap: float | None = None
-    sinks: bool = False
-    alibi: bool = False
-    scale: float | None = None
-    deterministic: bool = False
-    kv_dtype: str | None = None
+    softcap: float | None = added_later(None)
+    sinks: bool = added_later(False)
+    alibi: bool = added_later(False)
+    scale: float | None = added_later(None)
+    deterministic: bool = added_later(False)
+    kv_dtype: str | None = added_later(None)
     seed: int = 0
     layout: str = "dense"
     page_size: int | None = None
@@ -179,13 +186,10 @@ class Case:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    @classmethod
-    def from_id(cls, case_id: str, device: str = "cpu") -> "Case":
-        """The Case whose `.id` is `case_id` (the id leaves the device out, so give it)."""
-        return parse_case_id(case_id, device)
-
 
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
+#: The fields a record may lack (`added_later`): a record written before them reads with their defaults.
+CASE_FIELDS_ADDED = tuple(f.name for f in dataclasses.fields(Case) if f.metadata.get("added_later"))
 #: The Case's fields by their annotations (text, under `from __future__ import annotations`), so that a new field is
 #: checked by its type: the integers (all positive but the seed), the booleans, and the integers that may be None
 #: (page_size is the layout's: harness.suite.case_layout checks it).

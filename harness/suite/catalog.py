@@ -24,10 +24,9 @@ from harness.suite.case_layout import DENSE_ONLY, DRAWN_FIELDS, RAGGED_FIELDS, R
 from harness.suite.case_values import VALUE_CHECKS
 from harness.suite.cases import CASE_FIELDS, Case, grid
 from harness.errors import UserError
-from harness.measure.timing import CUDA_BUDGET, QUICK_BUDGET, Budget
-from harness.suite.budget_fields import budget_from_fields
-from harness.suite.frozen import lengths_folder
-from harness.results.documents import read_regular
+from harness.suite.budget import CUDA_BUDGET, QUICK_BUDGET, Budget, budget_from_fields
+from harness.suite.batch_files import lengths_folder
+from harness.files import read_regular
 from harness.suite.presets import CPU_SEQ, DEFAULT_SEQ, get_preset, model_cases, tp_note
 
 

@@ -12,6 +12,17 @@ import torch
 from harness.suite.case_values import DTYPES
 from harness.suite.cases import Case
 
+#: The FP8 formats, by the short names cases use, and their torch dtypes (OCP FP8: e4m3 has no infinities, e5m2 does).
+FP8_FORMATS = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def quantize(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in the FP8 format `fmt` with one per-tensor float32 descale (`x ≈ q · descale`); the largest |x| maps to the format's max."""
+    dtype = FP8_FORMATS[fmt]
+    amax = float(x.detach().abs().max()) if x.numel() else 0.0
+    descale = torch.tensor(amax / torch.finfo(dtype).max if amax > 0 else 1.0, dtype=torch.float32, device=x.device)
+    return (x.detach().float() / descale).to(dtype), descale
+
 
 def torch_dtype(case_or_name: Case | str) -> torch.dtype:
     """The torch dtype of a case (or of a short dtype name)."""
@@ -193,7 +204,6 @@ def make_inputs(case: Case, *, seed: int | None = None, device: str | torch.devi
     inputs = AttentionInputs(q=q, k=k, v=v, kv_lens=kv_lens, grad_out=grad_out, sinks=draw_sinks(case, device))
     fp8_names = ("q", "k", "v") if fp8 else ("k", "v") if case.kv_dtype else ()
     if fp8_names:
-        from harness.attention.fp8 import quantize
 
         inputs.descales = {}
         for name in fp8_names:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from harness.errors import one_line
-from harness.execution.failures import is_sticky_cuda_error
+from harness.errors import is_sticky_cuda_error
 from harness.telemetry.gpu_state import Telemetry
 
 #: A row's `energy_reason` when the run did not ask for the energy phase.

@@ -1,8 +1,9 @@
 """The one NVML reader: NVML (nvidia-ml-py) opened for a session's length, the process's device found by UUID, calls by name.
 
 Everything the harness reads of NVML goes through here: the per-pair GPU state (harness.telemetry.gpu_state),
-the energy counter (harness.telemetry.energy, through gpu_state's reader) and the run's GPU snapshot in env.json
-(`machine_gpus`, for harness.env). NVML counts its initialisations, so a snapshot's own session opened and closed
+the energy counter (harness.telemetry.energy, through gpu_state's reader), `run --cooldown`'s temperature
+(harness.run.cooldown) and the run's GPU snapshot in env.json
+(`gpu_telemetry`, for the run folder). NVML counts its initialisations, so a snapshot's own session opened and closed
 beside a worker's long one leaves the worker's open.
 """
 
@@ -140,6 +141,21 @@ class NvmlSession:
         return nvml_handle(self.pynvml, str(uuid) if uuid is not None else None, index, visible_gpus(os.environ))
 
 
+def temperature_c(session: NvmlSession, index: int) -> float | None:
+    """The temperature (°C) of NVML device `index` (the machine's numbering, not CUDA's), or None where NVML cannot say."""
+    nv = session.pynvml
+    handle = call(nv, "nvmlDeviceGetHandleByIndex", index)
+    reading = None if handle is None else call(nv, "nvmlDeviceGetTemperature", handle, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+    return None if reading is None else float(reading)
+
+
+def index_of_uuid(session: NvmlSession, uuid: str) -> int | None:
+    """NVML's index of the GPU named by `uuid` (GPU-…), or None (a MIG id, an unknown name)."""
+    handle = call(session.pynvml, "nvmlDeviceGetHandleByUUID", uuid)
+    index = None if handle is None else call(session.pynvml, "nvmlDeviceGetIndex", handle)
+    return None if index is None else int(index)
+
+
 def application_clocks(read: Callable[..., Any]) -> dict[str, Any]:
     """The application clock targets and defaults (MHz) and whether they were set away from the default, from `read(name, args=...)`."""
     out: dict[str, Any] = {}
@@ -186,3 +202,15 @@ def machine_gpus(session: NvmlSession) -> list[dict[str, Any]]:
     for gpu in gpus:
         gpu["driver"] = driver
     return gpus
+
+
+def gpu_telemetry() -> list[dict[str, Any]] | dict[str, str]:
+    """Per-GPU clocks, temperature, power and throttle reasons from NVML (`nvidia-ml-py`), or why not."""
+    try:
+        session = NvmlSession.start()
+    except ImportError:
+        return {"unavailable": "nvidia-ml-py (pynvml) is not installed"}
+    except Exception as exc:  # no driver, no GPU
+        return {"unavailable": f"NVML did not start: {exc}"}
+    with session:  # a snapshot's own session: a worker's open one in this process stays open
+        return machine_gpus(session)

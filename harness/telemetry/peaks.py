@@ -48,7 +48,8 @@ def _cuda_matmul_peak(torch: Any, dtype: str, clock: Clock, sampler: Any, device
     """TFLOP/s of one 8192² product in `dtype` on the GPU (FP8: through `_scaled_mm`, as the FP8 kernels run it), with its clocks.
 
     `device`: cuda (a test runs the same calls on the CPU)."""
-    from harness.attention.fp8 import FP8_FORMATS, scaled_mm_product
+    from harness.attention.fp8 import scaled_mm_product
+    from harness.suite.inputs import FP8_FORMATS
     from harness.suite.inputs import torch_dtype
 
     generator = torch.Generator(device=device).manual_seed(0)

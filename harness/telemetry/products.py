@@ -95,7 +95,8 @@ def _call(torch: Any, product: Product, tdtype: Any, device: str, generator: Any
         return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(tdtype)
 
     if tdtype.is_floating_point and tdtype.itemsize == 1:  # FP8: no matmul kernel; the 2-D `_scaled_mm` the FP8 kernels run (sweep skips batched)
-        from harness.attention.fp8 import FP8_FORMATS, scaled_mm_product
+        from harness.attention.fp8 import scaled_mm_product
+        from harness.suite.inputs import FP8_FORMATS
 
         fmt = next(name for name, dt in FP8_FORMATS.items() if dt == tdtype)
         return scaled_mm_product(product.m, product.k, product.n, fmt, device, generator)
