@@ -44,7 +44,7 @@ from harness.run.progress import Progress
 from harness.run.rundir import RunFolder, write_env
 from harness.run.supervisor import RunConfig, RunSummary, Supervisor
 from harness.run.ray_nodes import check_address, env_with_nodes, peaks_with_nodes, read_json, write_json
-from harness.run.ray_scheduler import PairsRun
+from harness.run.ray_scheduler import NoLiveNode, PairsRun
 from harness.run.ray_tasks import describe_node, no_peaks, node_telemetry, task_options
 from harness.suite.catalog import Suite
 
@@ -290,6 +290,9 @@ class RaySupervisor(Supervisor):
         with sigterm_interrupts():
             try:
                 pairs_run.run(pending, progress)
+            except NoLiveNode:
+                pairs_run.cancel_all()  # the tasks left wait for a node that is gone
+                raise
             except KeyboardInterrupt:
                 pairs_run.cancel_all()
                 self.log.write(f"\ninterrupted: finished rows are in {folder.path}; "
