@@ -94,17 +94,19 @@ mkdir -p "$WORK/home" "$WORK/head" "$WORK/node"
 # The health checks are Ray's knob for how soon a silent node is declared dead (default about 30 s).
 in_ns() {
     local ns=$1; shift
-    ip netns exec "$ns" env HOME="$WORK/home" PYTHONPATH="$ROOT" RAY_AUTH_MODE=token RAY_AUTH_TOKEN="$TOKEN" \
+    # Unset: an address of another cluster, and the loopback-only switch a single-machine Ray may have left set.
+    ip netns exec "$ns" env -u RAY_ADDRESS -u RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER HOME="$WORK/home" PYTHONPATH="$ROOT" RAY_AUTH_MODE=token RAY_AUTH_TOKEN="$TOKEN" \
         RAY_USAGE_STATS_ENABLED=0 RAY_health_check_period_ms=1000 RAY_health_check_failure_threshold=5 "$@"
 }
 ray_cli() { local ns=$1; shift; (cd "$ROOT" && in_ns "$ns" "$PYTHON" -m ray.scripts.scripts "$@"); }
 
 ray_cli "$NS_HEAD" start --head --node-ip-address="$HEAD_IP" --port=$PORT --num-cpus=1 --num-gpus=0 \
     --include-dashboard=false --disable-usage-stats --temp-dir="$WORK/head" --object-store-memory=100000000 \
-    >"$OUT/ray-head.log" 2>&1
+    >"$OUT/ray-head.log" 2>&1 || { tail -5 "$OUT/ray-head.log" >&2; echo "$0: the Ray head did not start" >&2; exit 1; }
 mark "Ray head up at $HEAD_IP:$PORT (1 CPU)"
 ray_cli "$NS_NODE" start --address="$HEAD_IP:$PORT" --node-ip-address="$NODE_IP" --num-cpus=1 --num-gpus=0 \
-    --disable-usage-stats --temp-dir="$WORK/node" --object-store-memory=100000000 >"$OUT/ray-node.log" 2>&1
+    --disable-usage-stats --temp-dir="$WORK/node" --object-store-memory=100000000 >"$OUT/ray-node.log" 2>&1 ||
+    { tail -5 "$OUT/ray-node.log" >&2; echo "$0: the second Ray node did not start" >&2; exit 1; }
 for _ in $(seq 120); do
     nodes=$(cd "$ROOT" && in_ns "$NS_HEAD" "$PYTHON" -c "
 import ray, logging
@@ -140,7 +142,16 @@ rm -rf "$RUN"
 DRIVER_PID=$!
 mark "driver started in $NS_HEAD: attnbench run --executor ray --ray-address $HEAD_IP:$PORT (pid $DRIVER_PID)"
 
-# -- partway: once the second node has given a row (and so runs its case's next pair), kill all its processes ------
+# -- partway: when the second node's last row leaves its case unfinished (its task is on the case's next pair) and a
+#    quarter of the pairs have rows, kill every process of the second node ------------------------------------------
+PAIRS=18
+on_next_pair_of_case() {  # the last row is the second node's, and its case has pairs left (run by the same task)
+    local last case
+    last=$(tail -n 1 "$RUN/records.jsonl")
+    [[ $last == *"\"node\":\"$NODE_IP\""* ]] || return 1
+    case=$(grep -o '"case_id":"[^"]*"' <<<"$last")
+    (($(grep -c "$case" "$RUN/records.jsonl") < 3))
+}
 killed=no seen=0
 report_losses() {  # the driver's lines about a lost node, on the timeline as they appear
     local lines
@@ -152,11 +163,11 @@ report_losses() {  # the driver's lines about a lost node, on the timeline as th
 }
 while kill -0 "$DRIVER_PID" 2>/dev/null; do
     report_losses
-    if [[ $killed == no && -f $RUN/records.jsonl ]] && grep -q "\"node\":\"$NODE_IP\"" "$RUN/records.jsonl"; then
+    if [[ $killed == no && -s $RUN/records.jsonl ]] && (($(wc -l <"$RUN/records.jsonl") >= PAIRS / 4)) && on_next_pair_of_case; then
         rows=$(wc -l <"$RUN/records.jsonl")
         kill -9 $(ip netns pids "$NS_NODE") 2>/dev/null || true
         killed=yes
-        mark "killed every process of $NS_NODE (the second node) after $rows rows"
+        mark "killed every process of $NS_NODE (the second node) after $rows of $PAIRS rows, $(grep -c "\"node\":\"$NODE_IP\"" "$RUN/records.jsonl") of them its own"
     fi
     sleep 0.2
 done
