@@ -13,13 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from harness.errors import one_line
+from harness.errors import UserError, one_line
 from harness.measure.timing import Budget
 from harness.results.documents import MANIFEST, Manifest
 from harness.results.record import Record
 from harness.run.driver import FailureRows
 from harness.run.progress import Progress
-from harness.errors import UserError
 from harness.run.ray_tasks import node_answers, run_case_batch, task_options
 from harness.run.worker import run_phases
 from harness.suite.cases import Case
@@ -160,7 +159,7 @@ class PairsRun:
         self.task = task
         self.active: dict[Any, _Batch] = {}
         self.watch = watch or NodeWatch(ray, self.folder.device)
-        #: The pairs given a row by this attempt: a pair has one row, whichever task's record arrives (a lost node's, late) .
+        #: The pairs given a row by this attempt: a pair has one row, whichever task's record arrives (a lost node's, late).
         self.written: set[str] = set()
         #: (time, node address, pair keys) of each case whose task was lost with its node: the pairs that moved.
         self.moved: list[tuple[float, str, list[str]]] = []
