@@ -26,6 +26,7 @@ from harness.run.ray_scheduler import NodeWatch, NoLiveNode, PairsRun
 from harness.suite.cases import Case
 from tests.cli_runs import ROOT, attnbench_in_process
 from tests.history_runs import run_folder
+from tests.postgres_server import fresh_database, postgres_base  # noqa: F401  (postgres_base: the session's server, a fixture)
 
 SCRIPT = ROOT / "scripts" / "ray_two_nodes.sh"
 HEAD, LOST = "node-head", "node-lost"
@@ -210,22 +211,37 @@ def test_node_watch_knows_a_lost_node_by_ray_s_word_and_remembers_it():
 # -- rows per node, in the report and in `db list` -------------------------------------------------------------------
 
 
-@pytest.mark.slow  # a report and two database commands: seconds
-def test_report_and_db_list_count_each_nodes_rows(tmp_path, capsys):
+def ray_run_folder(tmp_path: Path) -> Path:
+    """A real-format run folder whose rows name two Ray nodes (2 and 1 rows) and one row no node."""
     run = run_folder(tmp_path / "run-a", "a", "2026-11-01T10:00:00+00:00")
     lines = (run / "records.jsonl").read_text().splitlines()
-    nodes = ["10.9.0.1", "10.9.0.2", "10.9.0.1", None][: len(lines)]
+    nodes = ["10.9.0.1", "10.9.0.2", "10.9.0.1", None]
+    assert len(lines) == len(nodes)
     (run / "records.jsonl").write_text("".join(json.dumps({**json.loads(line), "node": node}) + "\n" for line, node in zip(lines, nodes)))
-    md = attnbench_in_process(["report", run, "--md"], capsys)
-    assert md.code == 0, md.err
-    assert "- rows per node: 10.9.0.1: 2 rows, 10.9.0.2: 1 row, this machine (no node): 1 row" in md.out
-    db = tmp_path / "db.sqlite"
+    return run
+
+
+def assert_db_list_counts_rows_per_node(db: str, tmp_path: Path, capsys) -> None:
+    run = ray_run_folder(tmp_path)
     local = run_folder(tmp_path / "run-b", "b", "2026-11-02T10:00:00+00:00")  # a local run: its line names no node
     assert attnbench_in_process(["db", "add", run, local, "--db", db], capsys).code == 0
     listed = attnbench_in_process(["db", "list", "--db", db], capsys).out.splitlines()
     assert listed[0].endswith("rows per node: 10.9.0.1 2, 10.9.0.2 1") and "rows per node" not in listed[1], listed
     as_json = json.loads(attnbench_in_process(["db", "list", "--db", db, "--json"], capsys).out)
     assert [r["rows_per_node"] for r in as_json] == [{"10.9.0.1": 2, "10.9.0.2": 1}, None]
+
+
+@pytest.mark.slow  # a report and two database commands: seconds
+def test_report_and_db_list_count_each_nodes_rows(tmp_path, capsys):
+    md = attnbench_in_process(["report", ray_run_folder(tmp_path / "report"), "--md"], capsys)
+    assert md.code == 0, md.err
+    assert "- rows per node: 10.9.0.1: 2 rows, 10.9.0.2: 1 row, this machine (no node): 1 row" in md.out
+    assert_db_list_counts_rows_per_node(str(tmp_path / "db.sqlite"), tmp_path, capsys)
+
+
+@pytest.mark.postgres
+def test_db_list_counts_each_nodes_rows_on_postgresql(postgres_base, tmp_path, capsys):  # noqa: F811 - the session's server
+    assert_db_list_counts_rows_per_node(fresh_database(postgres_base), tmp_path, capsys)
 
 
 # -- the script, as root --------------------------------------------------------------------------------------------
