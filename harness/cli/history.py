@@ -51,16 +51,24 @@ def _cell(value):
     return value.item() if hasattr(value, "item") else value
 
 
+def _nodes_text(per_node: dict[str, int] | None) -> str:
+    """`  rows per node: 10.0.0.1 12, 10.0.0.2 6` for a Ray run's line of `db list`; '' for a run whose rows name no node."""
+    if not per_node:
+        return ""
+    return "  rows per node: " + ", ".join(f"{node} {n}" for node, n in sorted(per_node.items()))
+
+
 def cmd_db_list(args: argparse.Namespace) -> int:
     """One line per run in the database, oldest first; --json prints them as a JSON list."""
     from harness.history.database import open_database
 
     with open_database(args.db, create=False) as db:
         runs = db.runs_frame()
+        per_node = db.rows_per_node()
     if args.json:
         from harness.results.strict_json import dumps
 
-        print(dumps([{k: _cell(r[k]) for k in LIST_COLUMNS} for _, r in runs.iterrows()]))
+        print(dumps([{**{k: _cell(r[k]) for k in LIST_COLUMNS}, "rows_per_node": per_node.get(r["run_uuid"])} for _, r in runs.iterrows()]))
         return 0
     if runs.empty:
         print(f"{db.name} holds no runs: add runs with attnbench db add RUN")
@@ -68,7 +76,8 @@ def cmd_db_list(args: argparse.Namespace) -> int:
         commit = str(r["harness_commit"] or "")[:8] or "?"
         dirty = "+dirty" if _cell(r["harness_dirty"]) else ""
         print(f"{str(r['created_utc'] or '?')[:10]}  {r['run_id']}  {r['suite']}  {r['device_model']}  "
-              f"attnbench {r['harness_version'] or '?'}/{commit}{dirty}  torch {r['torch'] or '?'}  {int(r['rows_ok'])}/{int(r['rows'])} ok")
+              f"attnbench {r['harness_version'] or '?'}/{commit}{dirty}  torch {r['torch'] or '?'}  {int(r['rows_ok'])}/{int(r['rows'])} ok"
+              + _nodes_text(per_node.get(r["run_uuid"])))
     return 0
 
 

@@ -212,6 +212,25 @@ class Database:
             check_run(dict(r._mapping), self.name)
         return pd.DataFrame([tuple(r) for r in result], columns=columns)
 
+    def rows_per_node(self) -> dict[str, dict[str, int]]:
+        """Per run (its uuid): how many rows each Ray node gave; runs whose rows name no node (local runs) are absent."""
+        import json
+
+        from sqlalchemy import select
+
+        from harness.history.schema import ROWS
+
+        # record_json is written with compact separators (harness.history.ingest): only rows that name a node match.
+        query = select(ROWS.c.run_uuid, ROWS.c.record_json).where(ROWS.c.record_json.like('%"node":"%'))
+        counts: dict[str, dict[str, int]] = {}
+        with self.transaction() as conn:
+            for run_uuid, text in conn.execute(query):
+                node = json.loads(text).get("node")
+                if isinstance(node, str):
+                    per_node = counts.setdefault(run_uuid, {})
+                    per_node[node] = per_node.get(node, 0) + 1
+        return counts
+
     def rows_frame(self, run_uuids: Sequence[str] | None = None):
         """The rows (ROW_COLUMNS) of the given runs (None: every run), each run's in its records file's order; each row checked
         against its own record (harness.history.stored)."""

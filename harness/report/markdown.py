@@ -14,6 +14,7 @@ from harness import analysis
 from harness.analysis.markdown import cell, table
 from harness.analysis.trust import left_out
 from harness.analysis.winners import no_winner_reason, unanswered_cases, wins_per_backend
+from harness.report.sections import rows_per_node
 
 #: Cases the winners table shows, in the report's order; winners.csv of the HTML report holds every one.
 TOP_CASES = 20
@@ -51,6 +52,9 @@ def report_markdown(name: str, data: analysis.RunData, baseline: str, cv: float 
              f"- rows: {len(frame)} ({statuses})",
              f"- judged: {len(analysis.ok_rows(frame)) - gone.rows} measured rows; not judged: {gone.rows}"
              + (f" ({', '.join(f'{n} {flag}' for flag, n in gone.counts.items() if n)}: left out of every winner)" if gone else "")]
+    nodes = rows_per_node(frame)
+    if nodes:
+        lines.append(f"- rows per node: {cell(nodes)}")
     lines += [f"- note: {cell(n)}" for n in data.notes]
     speed = analysis.speedups(frame, baseline)
     geo = geomean_speedups(speed) if not speed.empty else {}

@@ -36,6 +36,18 @@ from harness.report.telemetry import telemetry_html
 from harness.report.writer import Csv, Section, Table
 
 
+def rows_per_node(frame: pd.DataFrame) -> str | None:
+    """How many rows each Ray node gave (`10.0.0.1: 12 rows, 10.0.0.2: 6 rows`); None for rows that name no node (a local run)."""
+    if "node" not in frame.columns:
+        return None
+    counts = frame["node"].dropna().astype(str).value_counts()
+    if counts.empty:
+        return None
+    local = int(frame["node"].isna().sum())
+    parts = [f"{node}: {n} row{'s' if n != 1 else ''}" for node, n in sorted(counts.items())]
+    return ", ".join(parts + ([f"this machine (no node): {local} row{'s' if local != 1 else ''}"] if local else []))
+
+
 def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, baseline: str) -> Section:
     frame = data.frame
     counts = frame["status"].value_counts()
@@ -47,6 +59,9 @@ def _overview(data: analysis.RunData, ok: pd.DataFrame, wins: pd.DataFrame, base
         ("cases", str(frame["case_id"].nunique())),
         ("backends", ", ".join(sorted(frame["backend"].dropna().unique()))),
     ]
+    nodes = rows_per_node(frame)
+    if nodes:
+        cards.insert(4, ("rows per node", nodes))
     body = [f'<p class="muted">generated {esc(datetime.now(timezone.utc).isoformat(timespec="seconds"))} from the measured rows of the runs below; '
             "every number here is recomputed from records.jsonl.</p>"]
     body.append("".join(f'<div class="card">{esc(k)}<b>{esc(v)}</b></div>' for k, v in cards))

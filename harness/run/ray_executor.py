@@ -10,8 +10,10 @@ How it maps onto the local supervisor (harness.run.supervisor), and why:
   local worker (harness.run.worker; the case's float64 reference is computed once per task). The task is a streaming
   generator: before each pair it yields a `start` event (the pair, its node, process and device), after it
   the record, so the driver writes each row as it arrives and knows which pair was running if the task dies.
-- A task that dies (a segfault, SIGKILL, Ray's out-of-memory killer, a lost node) costs only the pair it was
-  running, recorded `crashed` with Ray's error; the case's remaining backends go to a new task. A pair that
+- A task that dies (a segfault, SIGKILL, Ray's out-of-memory killer) costs only the pair it was running,
+  recorded `crashed` with Ray's error; the case's remaining backends go to a new task. A task whose node left
+  the cluster (Ray says so: ray_scheduler.NodeWatch) costs nothing: its pairs run again on a live node, and with
+  no live node left the run stops with the resume command. A pair that
   runs past `--timeout` has its task cancelled (force: Ray kills the worker process) and is recorded
   `timeout`. Ray never retries a task (max_retries=0): a retry would run a crashing pair again.
 - On CUDA a task holds one GPU (Ray sets CUDA_VISIBLE_DEVICES) and its worker process exits after it
@@ -44,7 +46,7 @@ from harness.run.progress import Progress
 from harness.run.rundir import RunFolder, write_env
 from harness.run.supervisor import RunConfig, RunSummary, Supervisor
 from harness.run.ray_nodes import check_address, env_with_nodes, peaks_with_nodes, read_json, write_json
-from harness.run.ray_scheduler import PairsRun
+from harness.run.ray_scheduler import NoLiveNode, PairsRun
 from harness.run.ray_tasks import describe_node, no_peaks, node_telemetry, task_options
 from harness.suite.catalog import Suite
 
@@ -289,6 +291,9 @@ class RaySupervisor(Supervisor):
         with sigterm_interrupts():
             try:
                 pairs_run.run(pending, progress)
+            except NoLiveNode:
+                pairs_run.cancel_all()  # the tasks left wait for a node that is gone
+                raise
             except KeyboardInterrupt:
                 pairs_run.cancel_all()
                 self.log.write(f"\ninterrupted: finished rows are in {folder.path}; "

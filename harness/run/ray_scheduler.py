@@ -1,18 +1,25 @@
-"""The driver's loop over a Ray run's tasks: one task per case, each row written as it arrives, dead tasks replaced."""
+"""The driver's loop over a Ray run's tasks: one task per case, each row written as it arrives, dead tasks replaced.
+
+A task whose worker died either crashed (its pair is `crashed`: running it again would crash again) or lost its
+node (the node left the cluster: the pair did nothing wrong). NodeWatch tells them apart by what Ray says about the
+node, never by guessing from timing: a task on a lost node costs no row, its case's pairs go to a live node, and when
+no live node is left the run stops with the resume command.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from harness.errors import one_line
+from harness.errors import UserError, one_line
 from harness.measure.timing import Budget
 from harness.results.documents import MANIFEST, Manifest
 from harness.results.record import Record
 from harness.run.driver import FailureRows
 from harness.run.progress import Progress
-from harness.run.ray_tasks import run_case_batch, task_options
+from harness.run.ray_tasks import node_answers, run_case_batch, task_options
 from harness.run.worker import run_phases
 from harness.suite.cases import Case
 from harness.results.record import pair_key
@@ -21,6 +28,81 @@ from harness.results.record import pair_key
 MAX_FRUITLESS_TASKS = 2
 #: How often the driver looks at its tasks (seconds): the granularity of --timeout and of the progress bar.
 POLL_S = 0.2
+#: How long the driver waits, after a task's worker died, for Ray to say whether its node is alive: the node answers a
+#: probe task at once when it is; Ray's GCS declares a node dead after its missed health checks (about 30 s by default).
+NODE_VERDICT_S = 120.0
+
+
+class NoLiveNode(UserError):
+    """The cluster has no live node that can run the run's tasks (every node that could was lost)."""
+
+
+class NodeWatch:
+    """Tells a task that crashed from a task whose node was lost, by what Ray says about the node."""
+
+    def __init__(self, ray: Any, device: str, *, verdict_s: float = NODE_VERDICT_S, probe: Any = None) -> None:
+        """`probe(node_id)` submits a task pinned to that node and returns its ref (default: `node_answers`, holding nothing)."""
+        self.ray, self.device, self.verdict_s = ray, device, verdict_s
+        self.probe = probe or self._probe
+        #: Ray node id → the node's address, for each node found lost during this run.
+        self.lost: dict[str, str] = {}
+
+    def _probe(self, node_id: str) -> Any:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        pinned = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        return self.ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(node_answers).options(scheduling_strategy=pinned).remote()
+
+    def alive_in_cluster(self, node_id: str) -> bool | None:
+        """What Ray's GCS says of the node: alive, dead, or None when it does not know the node."""
+        for node in self.ray.nodes():
+            if node.get("NodeID") == node_id:
+                return bool(node.get("Alive"))
+        return None
+
+    def node_lost(self, node_id: str | None, address: str, exc: BaseException) -> str | None:
+        """Why the task that raised `exc` went with its node (Ray's word for it), or None when the task itself crashed."""
+        ray = self.ray
+        if node_id in self.lost:
+            return "Ray declared the node dead earlier in this run"
+        if isinstance(exc, ray.exceptions.NodeDiedError):
+            if node_id is not None:
+                self.lost[node_id] = address
+            return "Ray: NodeDiedError, the node the task ran on is dead or unavailable"
+        if node_id is None:  # a task that died before its first pair: without its node only Ray's own verdict counts
+            return None
+        probe = self.probe(node_id)
+        deadline = time.monotonic() + self.verdict_s
+        answered = False
+        try:
+            while time.monotonic() < deadline:
+                if self.alive_in_cluster(node_id) is False:
+                    self.lost[node_id] = address
+                    return f"Ray's GCS marked the node dead after its task died ({type(exc).__name__})"
+                if not answered:
+                    ready, _ = ray.wait([probe], timeout=0.5)
+                    if ready:
+                        try:
+                            ray.get(ready[0])
+                            return None  # the node runs a new task: it is alive, the task crashed
+                        except ray.exceptions.RayError:
+                            answered = True  # refused or lost: wait for the GCS's word on the node
+                else:
+                    time.sleep(0.5)
+            return None  # Ray never said the node was dead: the conservative verdict, a crash
+        finally:
+            with contextlib.suppress(Exception):  # finished, or its node is gone: nothing to cancel
+                ray.cancel(probe, force=True)
+
+    def live_nodes(self) -> list[str]:
+        """The addresses of the live nodes that can run this run's tasks (a CPU; on CUDA a GPU too)."""
+        out = []
+        for node in self.ray.nodes():
+            resources = node.get("Resources") or {}
+            if (node.get("Alive") and node.get("NodeID") not in self.lost and resources.get("CPU", 0) >= 1
+                    and (self.device != "cuda" or resources.get("GPU", 0) >= 1)):
+                out.append(node.get("NodeManagerAddress"))
+        return out
 
 
 @dataclass
@@ -35,6 +117,8 @@ class _Batch:
     where: dict[str, str] = field(default_factory=dict)
     progressed: bool = False
     fruitless: int = 0
+    #: The last task ended because its node left the cluster: that is no failure of the case's pairs.
+    node_lost: bool = False
 
     def pending_keys(self) -> list[str]:
         """The pair keys still to run."""
@@ -57,15 +141,28 @@ ONE_EVENT_AT_A_TIME = {"_generator_backpressure_num_objects": 1}
 class PairsRun:
     """The driver's loop over one run's tasks: submit a task per case, write each row as it arrives, replace dead tasks."""
 
-    def __init__(self, ray: Any, failures: FailureRows, budget: Budget, *, timeout_s: float, env: dict[str, str],
-                 seen_nodes: set[str], log: TextIO) -> None:
-        """`failures` holds the run's folder, pairs and writer; `env` is set in every task; each node that runs a pair joins `seen_nodes`."""
+    def __init__(self, ray: Any, failures: FailureRows, budget: Budget | None, *, timeout_s: float, env: dict[str, str],
+                 seen_nodes: set[str], log: TextIO, watch: NodeWatch | None = None, task: Any = None) -> None:
+        """`failures` holds the run's folder, pairs and writer; `env` is set in every task; each node that runs a pair joins `seen_nodes`.
+
+        `task` (whose `.remote(case, backends)` starts a case's task) replaces the Ray task of `run_case_batch` with the
+        run's budget and phases: the tests' fake events.
+        """
         self.ray, self.failures, self.timeout_s, self.seen_nodes, self.log = ray, failures, timeout_s, seen_nodes, log
         self.folder, self.pairs, self.writer, self.rows = failures.folder, failures.pairs, failures.writer, failures.rows
-        self.task = ray.remote(**task_options(self.folder.device), **ONE_EVENT_AT_A_TIME)(run_case_batch)
-        manifest = Manifest.from_dict(self.folder.manifest, self.folder.path / MANIFEST)
-        self.arguments = (budget, run_phases(manifest), self.folder.run_id, env)
+        if task is None:
+            task = ray.remote(**task_options(self.folder.device), **ONE_EVENT_AT_A_TIME)(run_case_batch)
+            manifest = Manifest.from_dict(self.folder.manifest, self.folder.path / MANIFEST)
+            self.arguments: tuple[Any, ...] = (budget, run_phases(manifest), self.folder.run_id, env)
+        else:
+            self.arguments = ()
+        self.task = task
         self.active: dict[Any, _Batch] = {}
+        self.watch = watch or NodeWatch(ray, self.folder.device)
+        #: The pairs given a row by this attempt: a pair has one row, whichever task's record arrives (a lost node's, late).
+        self.written: set[str] = set()
+        #: (time, node address, pair keys) of each case whose task was lost with its node: the pairs that moved.
+        self.moved: list[tuple[float, str, list[str]]] = []
 
     def run(self, pending: list[str], progress: Progress) -> None:
         """Run every pending pair to a row."""
@@ -93,8 +190,8 @@ class PairsRun:
 
     def submit(self, batch: _Batch) -> None:
         """Start a task on the batch's remaining pairs (one more fruitless try if the last task finished none)."""
-        batch.fruitless = 0 if batch.progressed else batch.fruitless + 1
-        batch.progressed, batch.running, batch.where = False, None, {}
+        batch.fruitless = 0 if batch.progressed or batch.node_lost else batch.fruitless + 1
+        batch.progressed, batch.running, batch.where, batch.node_lost = False, None, {}, False
         batch.gen = self.task.remote(batch.case, list(batch.backends), *self.arguments)
         self.active[batch.gen] = batch
 
@@ -120,23 +217,39 @@ class PairsRun:
             return one_line(exc)
         except ray.exceptions.RayError as exc:  # the worker died: a segfault, SIGKILL, Ray's OOM killer, a lost node
             node = batch.where.get("node", "its node")
+            lost = self.watch.node_lost(batch.where.get("node_id"), node, exc)
+            if lost:
+                self.lose_node(batch, node, lost)
+                return f"its node {node} left the cluster"
             self.fail_running(batch, "crashed", f"the Ray task died on {node} while running this pair: {one_line(exc)}")
             return one_line(exc)
         kind = event.get("event")
         if kind == "start":
             batch.running, batch.since = event["key"], time.monotonic()
-            batch.where = {k: event[k] for k in ("worker", "node", "host", "device_name") if k in event}
+            batch.where = {k: event[k] for k in ("worker", "node", "host", "device_name", "node_id") if k in event}
             self.seen_nodes.add(event["node"])
         elif kind == "record":
-            record = Record.from_dict(event["record"], where=f"record from Ray task {batch.where.get('worker', '?')}")
-            self.writer.append(self.rows.stamp(record))
+            if event["key"] not in self.written:
+                record = Record.from_dict(event["record"], where=f"record from Ray task {batch.where.get('worker', '?')}")
+                self.writer.append(self.rows.stamp(record))
+                self.written.add(event["key"])
             batch.finished(event["key"])
         return None
 
+    def lose_node(self, batch: _Batch, node: str, why: str) -> None:
+        """The batch's task went with its node: its running pair gets no row and runs again, with the case's others, elsewhere."""
+        moved = batch.pending_keys()
+        batch.running, batch.node_lost = None, True
+        self.moved.append((time.time(), node, moved))
+        self.log.write(f"\nattnbench: {time.strftime('%H:%M:%S')} Ray node {node} left the cluster ({why}); "
+                       f"{len(moved)} pairs of case {batch.case.id} go to a live node: {', '.join(moved) or 'none'}\n")
+
     def fail(self, batch: _Batch, key: str, status: str, reason: str) -> None:
         """Write the row of a pair that did not finish, naming where it ran."""
-        extra = {k: batch.where[k] for k in ("node", "device_name") if k in batch.where}
-        self.failures.write(key, batch.where.get("worker", "ray"), status, reason, extra)
+        if key not in self.written:
+            extra = {k: batch.where[k] for k in ("node", "device_name") if k in batch.where}
+            self.failures.write(key, batch.where.get("worker", "ray"), status, reason, extra)
+            self.written.add(key)
         batch.finished(key)
 
     def fail_running(self, batch: _Batch, status: str, reason: str) -> None:
@@ -148,7 +261,12 @@ class PairsRun:
         """After a case's task ended: a new task for its remaining pairs, unless its tasks keep dying before any pair."""
         if not batch.backends:
             return
-        if batch.progressed or batch.fruitless < MAX_FRUITLESS_TASKS:
+        if batch.node_lost and not self.watch.live_nodes():
+            lost = ", ".join(sorted(set(self.watch.lost.values()))) or "its node"
+            raise NoLiveNode(f"the Ray cluster lost {lost} and has no live node left that can run this run's tasks: "
+                             f"the finished rows are in {self.folder.path}; when nodes are back, finish with: "
+                             f"attnbench run --resume {self.folder.path} --executor ray")
+        if batch.progressed or batch.node_lost or batch.fruitless < MAX_FRUITLESS_TASKS:
             self.submit(batch)
             return
         reason = f"no Ray task could run this case's pairs ({MAX_FRUITLESS_TASKS + 1} tasks ended before any pair; last: {ended})"

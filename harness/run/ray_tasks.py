@@ -61,6 +61,18 @@ def where_here(device: str) -> dict[str, str]:
     return {"worker": f"ray:{node}:{os.getpid()}", "node": node, "host": socket.gethostname(), "device_name": name}
 
 
+def _node_id() -> str:
+    """In a task: the Ray id of the node it runs on."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def node_answers() -> str:
+    """A Ray task pinned to a node whose task died: it returns (the node's id) only if the node is alive and scheduling."""
+    return _node_id()
+
+
 _FROZEN = False
 
 
@@ -88,6 +100,7 @@ def run_case_batch(case: Case, backends: list[str], budget: Budget, phases: Phas
 
         _use_assigned_cpus(case.device)
         where = where_here(case.device)
+        node_id = _node_id()
         registry = load_registry()
         _freeze_once()
         # One runner for the task: the backends of the case share its float64 reference, and its NVML session
@@ -99,7 +112,8 @@ def run_case_batch(case: Case, backends: list[str], budget: Budget, phases: Phas
         with runner.resources:
             for event in loop.events((pair_key(case, name), case, name) for name in backends):
                 if isinstance(event, Started):
-                    yield {"event": "start", "key": event.key, **where}
+                    # The node's Ray id: if the task dies, the driver asks Ray whether this node is still alive.
+                    yield {"event": "start", "key": event.key, "node_id": node_id, **where}
                 else:
                     yield {"event": "record", "key": event.key, "record": event.record.to_dict()}
 
