@@ -142,15 +142,15 @@ rm -rf "$RUN"
 DRIVER_PID=$!
 mark "driver started in $NS_HEAD: attnbench run --executor ray --ray-address $HEAD_IP:$PORT (pid $DRIVER_PID)"
 
-# -- partway: when the second node's last row leaves its case unfinished (its task is on the case's next pair) and a
+# -- partway: when a case the second node has given a row of is unfinished (its task is on the case's next pair) and a
 #    quarter of the pairs have rows, kill every process of the second node ------------------------------------------
 PAIRS=18
-on_next_pair_of_case() {  # the last row is the second node's, and its case has pairs left (run by the same task)
-    local last case
-    last=$(tail -n 1 "$RUN/records.jsonl")
-    [[ $last == *"\"node\":\"$NODE_IP\""* ]] || return 1
-    case=$(grep -o '"case_id":"[^"]*"' <<<"$last")
-    (($(grep -c "$case" "$RUN/records.jsonl") < 3))
+on_next_pair_of_case() {  # a case the second node has given a row of is unfinished: its task is on that case's next pair
+    local case
+    while read -r case; do
+        (($(grep -c "$case" "$RUN/records.jsonl") < 3)) && return 0
+    done < <(grep "\"node\":\"$NODE_IP\"" "$RUN/records.jsonl" | grep -o '"case_id":"[^"]*"' | sort -u)
+    return 1
 }
 killed=no seen=0
 report_losses() {  # the driver's lines about a lost node, on the timeline as they appear
