@@ -23,6 +23,9 @@ from tests import wrong_ragged_backends as wr
 #: Long prefills around decodes: large enough that the reference samples rows (over MAX_REFERENCE_SCORES).
 MIXED = "8x1024 + 32x1@1024 + 8x1024"
 SMALL = "2x24 + 3x1@40 + 2x8@32"
+#: A mixed batch still over MAX_REFERENCE_SCORES (its rows are sampled) with few requests, for the padded layout, which
+#: computes every request at the longest length: MIXED padded is 48 x 1024 x 1024 scores a head, this 6 x 1500 x 1500.
+MIXED_FOR_PADDING = "2x1500 + 2x1@1500 + 2x1500"
 
 
 def _case(batch: str, layout: str = "packed", dtype: str = "fp32", page_size: int | None = None, causal: bool = True):
@@ -44,13 +47,19 @@ MUTANTS = [
     (wr.RebindsKvLengths, _case(MIXED, dtype="bf16")),
     (wr.RebindsDecodeLengthWhilePreparing, _case(MIXED, dtype="bf16")),
     (wr.Fp32CastBackPadded, _case(SMALL, "padded", dtype="bf16")),
-    (wr.Fp32CastBackPadded, _case(MIXED, "padded", dtype="bf16")),
+    (wr.Fp32CastBackPadded, _case(MIXED_FOR_PADDING, "padded", dtype="bf16")),
 ]
 RUN = Phases(memory=False)
 
 
 def test_the_mutation_set_is_all_here():
     assert {cls for cls, _ in MUTANTS} == set(wr.WRONG_RAGGED)
+
+
+def test_the_large_batches_are_the_ones_whose_rows_are_sampled():
+    for batch in (MIXED, MIXED_FOR_PADDING):
+        assert ragged_rows(_case(batch)) is not None, batch
+    assert ragged_rows(_case(SMALL)) is None
 
 
 @pytest.mark.slow
