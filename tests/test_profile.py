@@ -183,15 +183,26 @@ def test_sdpa_shows_the_fused_cpu_flash_kernel(one_thread):
     assert s.category_time_s["matmul"] == 0 and s.category_time_s["softmax"] == 0
 
 
-def test_backward_counts_autograd_once(one_thread):
+def test_backward_counts_autograd_once(one_thread, monkeypatch):
+    from harness.profiling import profile as profile_module
+
+    seen = []
+    real_summarize = profile_module.summarize
+    monkeypatch.setattr(profile_module, "summarize", lambda prof, *a, **k: seen.append(prof) or real_summarize(prof, *a, **k))
     s = profile_step(pair_step("naive", "B1-Sq128-Skv128-H4-Hkv4-dk32-fp32-causal-fwd_bwd"), "cpu", steps=3)
     by_name = {k.name: k for k in s.kernels}
     assert by_name["aten::_softmax_backward_data"].category == "softmax"
     assert by_name["aten::bmm"].calls_per_step == 6  # two forward, four backward
-    # Autograd's engine frames are bookkeeping: listed, but as "other" and with only their own time.
+    # Autograd's engine frames are bookkeeping: listed, but as "other" and with only their own time, never the time of
+    # the backward operators inside them (which are counted as themselves). Judged on the profile's own events, so that
+    # a preemption landing in a frame (a busy machine) changes both sides alike.
     engine = [k for k in s.kernels if k.name.startswith("autograd::engine")]
     assert engine and all(k.category == "other" for k in engine)
-    assert sum(k.time_s_per_step for k in engine) < 0.25 * s.kernel_time_s
+    events = [e for e in seen[0].events() if e.name.startswith("autograd::engine")]
+    own = sum(e.self_cpu_time_total for e in events) / 1e6 / 3
+    with_children = sum(e.cpu_time_total for e in events) / 1e6 / 3
+    counted = sum(k.time_s_per_step for k in engine)
+    assert counted <= own * (1 + 1e-9) and own < with_children, (counted, own, with_children)
 
 
 def test_profile_step_refuses_what_it_cannot_do():
