@@ -82,17 +82,21 @@ class NodeWatch:
                 if not answered:
                     ready, _ = ray.wait([probe], timeout=0.5)
                     if ready:
+                        answered = True
                         try:
                             ray.get(ready[0])
                             return None  # the node runs a new task: it is alive, the task crashed
                         except ray.exceptions.RayError:
-                            answered = True  # refused or lost: wait for the GCS's word on the node
+                            pass  # refused or lost: wait for the GCS's word on the node
                 else:
                     time.sleep(0.5)
             return None  # Ray never said the node was dead: the conservative verdict, a crash
         finally:
-            with contextlib.suppress(Exception):  # finished, or its node is gone: nothing to cancel
-                ray.cancel(probe, force=True)
+            # Only a probe that never answered is cancelled, and without force: force-cancelling one that had finished
+            # aborted the driver inside Ray ("Tried to complete task that was not pending", task_manager.cc).
+            if not answered:
+                with contextlib.suppress(Exception):  # its node is gone: nothing to cancel
+                    ray.cancel(probe)
 
     def live_nodes(self) -> list[str]:
         """The addresses of the live nodes that can run this run's tasks (a CPU; on CUDA a GPU too)."""
