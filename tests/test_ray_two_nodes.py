@@ -128,12 +128,11 @@ class Written:
         self.rows.append((key, status, (where or {}).get("node")))
 
 
-def pairs_run(ray: FakeRay, tasks: Tasks, written: Written, tmp_path: Path, probe_answers: bool = True) -> PairsRun:
+def pairs_run(ray: FakeRay, tasks: Tasks, written: Written, tmp_path: Path) -> PairsRun:
     folder = SimpleNamespace(path=tmp_path, device="cpu", count_lines=lambda: len(written.rows))
     failures = SimpleNamespace(folder=folder, pairs={pair_key(c, b): (c, b) for c in CASES for b in BACKENDS}, writer=written,
                                rows=SimpleNamespace(stamp=lambda row: row), write=written.write)
-    probe = (lambda node_id: FakeRef(node_id)) if probe_answers else (lambda node_id: FakeRef(error=RayError("unschedulable")))
-    watch = NodeWatch(ray, "cpu", verdict_s=5.0, probe=probe)
+    watch = NodeWatch(ray, "cpu")
     return PairsRun(ray, failures, None, timeout_s=600, env={}, seen_nodes=set(), log=io.StringIO(), watch=watch, task=tasks)
 
 
@@ -177,11 +176,11 @@ def test_a_worker_death_is_a_lost_node_only_when_ray_says_the_node_is_dead(tmp_p
         tasks = Tasks({a.id: [runs(a, BACKENDS, HEAD)],
                        b.id: [[start(b, BACKENDS[0], LOST), crash], runs(b, BACKENDS[1:] if status else BACKENDS, HEAD)]})
         written = Written()
-        run = pairs_run(ray, tasks, written, tmp_path, probe_answers=not node_dead)
+        run = pairs_run(ray, tasks, written, tmp_path)
         ray.alive[LOST] = not node_dead
         run_all(run)
         first = [(s, n) for k, s, n in written.rows if k == pair_key(b, BACKENDS[0])]
-        # Alive (it answers a new task): the pair crashed its worker, a row says so. Dead: it runs again elsewhere.
+        # Alive by Ray's word: the pair crashed its worker, a row says so. Dead: it runs again elsewhere.
         assert first == ([("crashed", LOST)] if status else [("ok", HEAD)]), written.rows
         assert len(written.rows) == len(run.pairs)
 
@@ -200,9 +199,9 @@ def test_with_no_live_node_left_the_run_stops_with_the_resume_command(tmp_path):
 
 def test_node_watch_knows_a_lost_node_by_ray_s_word_and_remembers_it():
     ray = FakeRay({HEAD: True, LOST: False})
-    watch = NodeWatch(ray, "cpu", verdict_s=5.0, probe=lambda node_id: FakeRef(error=RayError("unschedulable")))
+    watch = NodeWatch(ray, "cpu")
     assert watch.node_lost(LOST, "10.0.0.2", WorkerCrashedError()) is not None
-    assert watch.node_lost(LOST, "10.0.0.2", RayError()) is not None  # remembered: no second probe
+    assert watch.node_lost(LOST, "10.0.0.2", RayError()) is not None  # remembered
     assert watch.node_lost(None, "?", WorkerCrashedError()) is None  # no node to ask about: a crash
     assert watch.node_lost(None, "?", NodeDiedError("dead")) is not None
     assert watch.live_nodes() == [HEAD]

@@ -2,13 +2,12 @@
 
 A task whose worker died either crashed (its pair is `crashed`: running it again would crash again) or lost its
 node (the node left the cluster: the pair did nothing wrong). NodeWatch tells them apart by what Ray says about the
-node, never by guessing from timing: a task on a lost node costs no row, its case's pairs go to a live node, and when
+node when the task dies (NodeDiedError, or its GCS already holding the node dead), never by guessing from timing: a task on a lost node costs no row, its case's pairs go to a live node, and when
 no live node is left the run stops with the resume command.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -19,7 +18,7 @@ from harness.results.documents import MANIFEST, Manifest
 from harness.results.record import Record
 from harness.run.driver import FailureRows
 from harness.run.progress import Progress
-from harness.run.ray_tasks import node_answers, run_case_batch, task_options
+from harness.run.ray_tasks import run_case_batch, task_options
 from harness.run.worker import run_phases
 from harness.suite.cases import Case
 from harness.results.record import pair_key
@@ -28,11 +27,6 @@ from harness.results.record import pair_key
 MAX_FRUITLESS_TASKS = 2
 #: How often the driver looks at its tasks (seconds): the granularity of --timeout and of the progress bar.
 POLL_S = 0.2
-#: How long the driver waits, after a task's worker died, for Ray to say whether its node is alive: the node answers a
-#: probe task at once when it is; Ray's GCS declares a node dead after its missed health checks (about 30 s by default).
-NODE_VERDICT_S = 120.0
-
-
 class NoLiveNode(UserError):
     """The cluster has no live node that can run the run's tasks (every node that could was lost)."""
 
@@ -40,18 +34,10 @@ class NoLiveNode(UserError):
 class NodeWatch:
     """Tells a task that crashed from a task whose node was lost, by what Ray says about the node."""
 
-    def __init__(self, ray: Any, device: str, *, verdict_s: float = NODE_VERDICT_S, probe: Any = None) -> None:
-        """`probe(node_id)` submits a task pinned to that node and returns its ref (default: `node_answers`, holding nothing)."""
-        self.ray, self.device, self.verdict_s = ray, device, verdict_s
-        self.probe = probe or self._probe
+    def __init__(self, ray: Any, device: str) -> None:
+        self.ray, self.device = ray, device
         #: Ray node id → the node's address, for each node found lost during this run.
         self.lost: dict[str, str] = {}
-
-    def _probe(self, node_id: str) -> Any:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        pinned = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        return self.ray.remote(num_cpus=0, num_gpus=0, max_retries=0)(node_answers).options(scheduling_strategy=pinned).remote()
 
     def alive_in_cluster(self, node_id: str) -> bool | None:
         """What Ray's GCS says of the node: alive, dead, or None when it does not know the node."""
@@ -69,34 +55,12 @@ class NodeWatch:
             if node_id is not None:
                 self.lost[node_id] = address
             return "Ray: NodeDiedError, the node the task ran on is dead or unavailable"
-        if node_id is None:  # a task that died before its first pair: without its node only Ray's own verdict counts
-            return None
-        probe = self.probe(node_id)
-        deadline = time.monotonic() + self.verdict_s
-        answered = False
-        try:
-            while time.monotonic() < deadline:
-                if self.alive_in_cluster(node_id) is False:
-                    self.lost[node_id] = address
-                    return f"Ray's GCS marked the node dead after its task died ({type(exc).__name__})"
-                if not answered:
-                    ready, _ = ray.wait([probe], timeout=0.5)
-                    if ready:
-                        answered = True
-                        try:
-                            ray.get(ready[0])
-                            return None  # the node runs a new task: it is alive, the task crashed
-                        except ray.exceptions.RayError:
-                            pass  # refused or lost: wait for the GCS's word on the node
-                else:
-                    time.sleep(0.5)
-            return None  # Ray never said the node was dead: the conservative verdict, a crash
-        finally:
-            # Only a probe that never answered is cancelled, and without force: force-cancelling one that had finished
-            # aborted the driver inside Ray ("Tried to complete task that was not pending", task_manager.cc).
-            if not answered:
-                with contextlib.suppress(Exception):  # its node is gone: nothing to cancel
-                    ray.cancel(probe)
+        if node_id is not None and self.alive_in_cluster(node_id) is False:
+            self.lost[node_id] = address
+            return f"Ray's GCS marked the node dead when its task died ({type(exc).__name__})"
+        # Ray's word is not "dead": the task crashed. The driver does not wait for a later verdict (a probe task, the
+        # GCS's health checks): its loop would stand still meanwhile, and every other running pair's --timeout with it.
+        return None
 
     def live_nodes(self) -> list[str]:
         """The addresses of the live nodes that can run this run's tasks (a CPU; on CUDA a GPU too)."""

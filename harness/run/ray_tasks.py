@@ -68,11 +68,6 @@ def _node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def node_answers() -> str:
-    """A Ray task pinned to a node whose task died: it returns (the node's id) only if the node is alive and scheduling."""
-    return _node_id()
-
-
 _FROZEN = False
 
 
