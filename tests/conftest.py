@@ -100,6 +100,14 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped in CI, where make test installs what it reads: {report.longrepr}"
 
 
+def pytest_configure(config):
+    """Load tests/xdist_groups.py, which keeps `--dist loadgroup` grouping where pytest-xdist's own renaming does not take."""
+    from tests import xdist_groups
+
+    if not config.pluginmanager.is_registered(xdist_groups):
+        config.pluginmanager.register(xdist_groups, "tests.xdist_groups")
+
+
 #: Markers whose tests share something one machine holds once (a Ray head, a PostgreSQL server): under
 #: pytest-xdist's `--dist loadgroup` each group runs on one worker, so two never start side by side.
 SHARED_SERVICE_GROUPS = ("ray", "postgres")

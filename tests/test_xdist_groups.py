@@ -1,0 +1,56 @@
+"""`make test`'s `--dist loadgroup` keeps each group on one worker (tests/xdist_groups.py), checked with a real `pytest -n 2`."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+
+from tests.cli_runs import ROOT
+
+#: A folder of tests: eight share a service by a fixture (grouped by its conftest, as tests/conftest.py groups Ray's), eight don't.
+SERVICE_TESTS = '''
+import time
+import pytest
+
+@pytest.fixture
+def service():
+    return "one per machine"
+
+@pytest.mark.parametrize("i", range(8))
+def test_uses_the_service(service, i):
+    time.sleep(0.05)
+
+@pytest.mark.parametrize("i", range(8))
+def test_alone(i):
+    time.sleep(0.05)
+'''
+GROUPING_CONFTEST = '''
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "service" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("service"))
+'''
+
+
+def test_a_group_added_at_collection_runs_on_one_worker(tmp_path):
+    (tmp_path / "test_service.py").write_text(SERVICE_TESTS)
+    (tmp_path / "conftest.py").write_text(GROUPING_CONFTEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # the inner pytest is no xdist worker of ours
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.xdist_groups", "-n", "2",
+                           "--dist", "loadgroup", "-v", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    workers = defaultdict(set)
+    for worker, test in re.findall(r"^\[(gw\d)\] \[ *\d+%\] PASSED (\S+)", done.stdout, re.M):
+        workers[test.split("::")[1].split("[")[0]].add(worker)
+        if "uses_the_service" in test:
+            assert test.endswith("@service"), test  # the id xdist's scheduler groups by
+    assert sum(1 for line in done.stdout.splitlines() if " PASSED " in line) == 16, done.stdout[-3000:]
+    assert len(workers["test_uses_the_service"]) == 1, done.stdout[-3000:]
