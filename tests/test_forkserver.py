@@ -106,6 +106,45 @@ def test_a_dead_template_is_replaced_and_a_forked_child_reports_its_status_and_s
         lock.release()
 
 
+#: A plugin that writes the pid of the process that started the one importing it, each import a line.
+PARENT_RECORDING_PLUGIN = """
+import os
+import torch.nn.functional as F
+from harness.backends import Backend
+
+with open(os.environ["ATTNBENCH_TEST_PARENTS"], "a") as parents:
+    parents.write(f"{os.getppid()}\\n")
+
+
+class Recorded(Backend):
+    name = "recorded"
+    family = "example"
+
+    def prepare(self, case, inputs):
+        return lambda: F.scaled_dot_product_attention(inputs.q, inputs.k, inputs.v)
+"""
+
+
+@pytest.mark.e2e
+def test_a_cpu_runs_plugin_probe_is_forked_from_the_template_its_workers_then_use(tmp_path, capsys, monkeypatch):
+    (tmp_path / "parent_recording_plugin.py").write_text(PARENT_RECORDING_PLUGIN)
+    parents = tmp_path / "parents.txt"
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{ROOT}")
+    monkeypatch.setenv(ENV_VAR, "parent_recording_plugin:Recorded")
+    monkeypatch.setenv("ATTNBENCH_TEST_PARENTS", str(parents))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    suite = write_suite(tmp_path / "probe.toml", ["recorded"], [16])
+    ran = attnbench_in_process(["run", "--suite", suite, "--device", "cpu", "--out", tmp_path / "results", "--run-id", "r",
+                                "--no-remeasure", "--quiet"], capsys)
+    assert ran.code == 0, ran.err[-2000:]
+    run = tmp_path / "results" / "r"
+    assert [r["status"] for r in rows(run)] == ["ok"]
+    # Imported three times: here, in the probe, in the worker; the probe and the worker each by the run's one template.
+    lines = parents.read_text().split()
+    assert len(lines) == 3 and lines[0] == str(os.getppid()), lines
+    assert lines[1] == lines[2] == str(_templates(run)[0]), (lines, (run / "worker-0.log").read_text())
+
+
 def test_the_template_key_ignores_only_variables_read_when_used():
     base = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": "/x"}
     same = forkserver.template_key({**base, "ATTNBENCH_TEST_LOG": "/a", "PYTEST_CURRENT_TEST": "t (call)"})

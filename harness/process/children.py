@@ -118,6 +118,11 @@ def run_child(command: Sequence[str], timeout_s: float | None = None, env: dict[
         kill_group(process)
         out, err = process.communicate()
         timed_out = True
+    return child_result(None if timed_out else process.returncode, out, err, timed_out)
+
+
+def child_result(returncode: int | None, out: str, err: str, timed_out: bool = False) -> ChildResult:
+    """A ChildResult from what a child printed: the JSON objects on lines of their own in `out`, the tail of `err` (else `out`)."""
     objects = []
     for line in out.splitlines():
         if line.startswith("{"):
@@ -126,7 +131,7 @@ def run_child(command: Sequence[str], timeout_s: float | None = None, env: dict[
             except ValueError:
                 pass  # a stray line that only looked like JSON; the tail shows it
     tail = " ".join((err or out or "").split())[-300:]
-    return ChildResult(None if timed_out else process.returncode, tuple(objects), tail, timed_out, out)
+    return ChildResult(returncode, tuple(objects), tail, timed_out, out)
 
 
 def emit(obj: dict[str, Any]) -> None:

@@ -173,6 +173,25 @@ def template_for(env: Mapping[str, str]) -> Template:
         return template
 
 
+def run_forked_job(argv: Sequence[str], env: Mapping[str, str], timeout_s: float | None = None):
+    """Run a harness.child job (`argv`: its name, then its arguments) forked from this process's template for `env`, to its end
+    or until `timeout_s` (then its session is killed), as `children.run_child` runs a fresh one: a ChildResult, its output
+    and errors together. OSError when no template can start."""
+    from harness.process.children import child_result, kill_group
+
+    template = template_for(env)
+    with tempfile.TemporaryFile(mode="w+") as output:
+        process = template.launch(list(argv), output.fileno(), env)
+        try:
+            process.wait(timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            kill_group(process)  # type: ignore[arg-type]  # a ForkedProcess leads its own session and waits like a Popen
+            timed_out = True
+        output.seek(0)
+        return child_result(None if timed_out else process.returncode, output.read(), "", timed_out)
+
+
 # -- In the template process. --
 
 

@@ -3,9 +3,9 @@
 A worker loads its backends itself (harness.run.worker), in a process started from the checkout's root with the
 environment `harness.process.children` gives it. A plugin this process found on a path that child cannot see
 (a folder put on `sys.path` by hand rather than through PYTHONPATH, say) would make every one of its rows an
-`error`. One child that loads the registry exactly as a worker does, started exactly as a worker is, finds that
-before the run folder exists, for one process start (torch's import, ~1-2 s), and only when a plugin is asked
-for: built-in backends come with `harness` itself, which a child always imports from this checkout.
+`error`. One child that loads the registry exactly as a worker does, started exactly as a worker is (forked from the
+run's worker template on a CPU, which its workers then reuse; a fresh interpreter on CUDA), finds that before the
+run folder exists, and only when a plugin is asked for: built-in backends come with `harness` itself, which a child always imports from this checkout.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Mapping, Sequence
 
 from harness.backends.registry import BUILTIN_CLASSES, Registry, load_registry
 from harness.errors import UserError
-from harness.process.children import ROOT, child_command, emit, run_child
+from harness.process import forkserver
+from harness.process.children import ROOT, child_command, child_env, emit, run_child
 
 #: How long the probe may take to start Python, import torch and load the plugins (a loaded node's file system is slow).
 PROBE_TIMEOUT_S = 300.0
@@ -27,12 +28,23 @@ def plugin_backends(registry: Registry, names: Sequence[str]) -> list[str]:
     return [name for name in names if name in loaded and type(loaded[name]) not in BUILTIN_CLASSES]
 
 
-def check_workers_load(registry: Registry, names: Sequence[str], env: Mapping[str, str]) -> None:
-    """Raise a UserError naming each plugin backend of `names` that a worker started with `env` cannot load, and why."""
+def check_workers_load(registry: Registry, names: Sequence[str], env: Mapping[str, str], fork: bool = False) -> None:
+    """Raise a UserError naming each plugin backend of `names` that a worker started with `env` cannot load, and why.
+
+    `fork`: the run's workers are forked from a template (CPU runs), so the probe is too, from the same one, which the
+    workers then reuse; otherwise, or where no template starts (nor will the workers'), it is a fresh interpreter.
+    """
     plugins = plugin_backends(registry, names)
     if not plugins:
         return
-    result = run_child(child_command("load-backends", *plugins), timeout_s=PROBE_TIMEOUT_S, env=dict(env))
+    result = None
+    if fork and forkserver.enabled(child_env(env)):
+        try:
+            result = forkserver.run_forked_job(["load-backends", *plugins], child_env(env), PROBE_TIMEOUT_S)
+        except OSError:
+            result = None
+    if result is None:
+        result = run_child(child_command("load-backends", *plugins), timeout_s=PROBE_TIMEOUT_S, env=dict(env))
     if not result.ok:
         raise UserError(f"a worker process could not load the plugin backend(s) {', '.join(plugins)}: {result.describe()}")
     answer = result.objects[-1]

@@ -166,7 +166,8 @@ class Supervisor:
         ordered = {pair_key(c, b): (c, b) for c, b in fair_pairs(suite.pairs(names), config.options.order_seed)}
         keys = select_keys(list(ordered.values()), config.only, config.cases, suite.name)
         if self.probes_workers:  # before the folder exists: a plugin no worker can load would make each of its rows an error
-            check_workers_load(self.registry, list(dict.fromkeys(ordered[k][1] for k in keys)), {**os.environ, **config.worker_env})
+            check_workers_load(self.registry, list(dict.fromkeys(ordered[k][1] for k in keys)), {**os.environ, **config.worker_env},
+                               fork=device == "cpu")
         run_id = validate_run_id(config.run_id or new_run_id(suite.slug))
         options = replace(config.options, budget=config.options.budget or suite.budget)
         threads_chosen = None
