@@ -117,9 +117,16 @@ SERVICE_FIXTURES = {"ray_cluster": "ray", "postgres_base": "postgres"}
 SERVICE_PARAMS = {("db_target", "postgresql"): "postgres"}
 
 
+#: Module-scoped fixtures cheap enough to make once on each worker, whose many tests are better spread than grouped.
+SPREAD_MODULE_FIXTURES = ("registry", "cells")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark the tests that use a shared service's fixture, and put each in that service's xdist group (before xdist reads them)."""
+    """Mark the tests that use a shared service's fixture, and put each in that service's xdist group (before xdist reads them);
+    put the tests of each costly module-scoped fixture (a real run, a built venv) in a group of their own, so it is made once."""
+    from tests.xdist_groups import module_fixture_group
+
     for item in items:
         for fixture, marker in SERVICE_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
@@ -132,3 +139,7 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker(group) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
+        else:
+            shared = module_fixture_group(item)
+            if shared is not None and shared.rsplit("::", 1)[1] not in SPREAD_MODULE_FIXTURES:
+                item.add_marker(pytest.mark.xdist_group(shared))

@@ -9,10 +9,10 @@ from tests.cli_runs import assert_one_line_error, attnbench, attnbench_in_proces
 
 
 @pytest.mark.e2e
-def test_backends_json_lists_availability():
-    result = attnbench(["backends", "--json"], timeout_s=600)
-    assert result.returncode == 0, result.stderr
-    rows = {row["name"]: row for row in json.loads(result.stdout)}
+def test_backends_json_lists_availability(capsys):
+    result = attnbench_in_process(["backends", "--json"], capsys)
+    assert result.code == 0, result.err
+    rows = {row["name"]: row for row in json.loads(result.out)}
     assert rows["naive"]["available"] is True and rows["naive"]["reason"] is None
     assert {"name", "available", "reason"} <= set(rows["sdpa-cudnn"])
 
@@ -51,10 +51,10 @@ def test_bad_suite_files_name_the_field(grid, message, tmp_path, capsys):
 
 
 @pytest.mark.e2e
-def test_existing_run_folder_is_not_overwritten(tmp_path):
+def test_existing_run_folder_is_not_overwritten(tmp_path, capsys):
     suite = write_suite(tmp_path / "bad.toml", grid=GOOD, budget="")
-    first = attnbench(["run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive"], timeout_s=600)
-    assert first.returncode == 0, first.stderr
+    first = attnbench_in_process(["run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive"], capsys)
+    assert first.code == 0, first.err
     before = (tmp_path / "r" / "records.jsonl").read_bytes()
     second = attnbench(["run", "--suite", suite, "--out", tmp_path, "--run-id", "r", "--backends", "naive"], timeout_s=600)
     # The real process: exit 2 and one line, no traceback (the other usage errors are checked in-process above).
@@ -63,13 +63,14 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
 
 
 @pytest.mark.e2e
-def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path):
-    """`attnbench run --suite quick` restricted to a few pairs: folder, files, a row per pair."""
-    result = attnbench(["run", "--suite", "quick", "--out", tmp_path, "--run-id", "q",
-                        "--only", "B1-Sq128-Skv128-H8-Hkv2-dk64", "--backends", "naive,sdpa,sdpa-flash,sdpa-cudnn"], timeout_s=600)
-    assert result.returncode == 0, result.stderr
+def test_quick_suite_end_to_end_on_a_tiny_grid(tmp_path, capsys):
+    """`attnbench run --suite quick` restricted to a few pairs: folder, files, a row per pair (the run's own process is
+    test_existing_run_folder_is_not_overwritten's; here the workers are what runs)."""
+    result = attnbench_in_process(["run", "--suite", "quick", "--out", tmp_path, "--run-id", "q",
+                                   "--only", "B1-Sq128-Skv128-H8-Hkv2-dk64", "--backends", "naive,sdpa,sdpa-flash,sdpa-cudnn"], capsys)
+    assert result.code == 0, result.err
     run_dir = tmp_path / "q"
-    assert f"results: {run_dir}" in result.stdout
+    assert f"results: {run_dir}" in result.out
     for name in ("records.jsonl", "records.csv", "env.json", "manifest.json"):
         assert (run_dir / name).is_file(), name
     frame = pd.read_csv(run_dir / "records.csv")

@@ -28,14 +28,14 @@ from harness.run.worker import poisons_process
 from harness.errors import is_sticky_cuda_error
 from harness.suite.catalog import load_suite
 
-from tests.cli_runs import PLUGIN, ROOT, attnbench, attnbench_in_process, cli_env, executions, is_dead, keys, rows, write_suite
+from tests.cli_runs import PLUGIN, ROOT, attnbench_in_process, cli_env, executions, is_dead, keys, rows, write_suite
 
 
 # -- the sweep of the "done when": crash, hang, OOM (raised and real) among normal pairs ---------------------------
 
 
 @pytest.mark.e2e
-def test_sweep_survives_crash_hang_oom_and_sticky_error(tmp_path):
+def test_sweep_survives_crash_hang_oom_and_sticky_error(tmp_path, capsys, monkeypatch):
     # --no-remeasure: these runs count each pair's executions and each worker's attempts; a busy machine's flagged rows,
     # measured again at the end (tests/test_busy_machine.py), would add to both.
     # A plugin that raises at import sits in the same run: listed unavailable, its pairs unsupported.
@@ -43,9 +43,10 @@ def test_sweep_survives_crash_hang_oom_and_sticky_error(tmp_path):
     backends = ["naive", "t-segv", "t-hang", "t-oom", "t-alloc", "t-sticky", "t-unsup", "t-probe", "broken_plugin:Backend"]
     suite = write_suite(tmp_path / "sweep.toml", backends, [16, 32])
     env = cli_env(tmp_path, **{ENV_VAR: f"{PLUGIN},broken_plugin:Backend", "PYTHONPATH": f"{ROOT}:{tmp_path}"})
-    done = attnbench(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "sweep", "--timeout", "8",
-                      "--memory-limit", "1GiB", "--quiet", "--no-remeasure"], env)
-    assert done.returncode == 0, done.stderr
+    monkeypatch.syspath_prepend(str(tmp_path))  # what PYTHONPATH gives a process that starts with it
+    done = attnbench_in_process(["run", "--suite", str(suite), "--out", str(tmp_path), "--run-id", "sweep", "--timeout", "8",
+                                 "--memory-limit", "1GiB", "--quiet", "--no-remeasure"], capsys, env=env, monkeypatch=monkeypatch)
+    assert done.code == 0, done.err
     records = rows(tmp_path / "sweep")
     assert sorted(keys(records)) == sorted(json.loads((tmp_path / "sweep" / "manifest.json").read_text())["pairs"])
     assert len(records) == len(set(keys(records))) == 18
@@ -130,8 +131,8 @@ def test_kill_and_resume_matches_an_uninterrupted_two_worker_run(tmp_path, capsy
     err = capsys.readouterr().err
     assert "already exists" in err and err.count("\n") == 1
 
-    done = attnbench(["run", "--resume", str(run_dir), "--quiet"], env)
-    assert done.returncode == 0, done.stderr
+    done = attnbench_in_process(["run", "--resume", str(run_dir), "--quiet"], capsys, env=env, monkeypatch=monkeypatch)
+    assert done.code == 0, done.err
     after = rows(run_dir)
     assert after[: len(before)] == before  # finished rows kept as they were
     assert sorted(keys(after)) == sorted(keys(whole))  # the same set of rows as the uninterrupted run
@@ -158,8 +159,8 @@ def test_resume_drops_only_a_truncated_last_line_and_refuses_a_corrupt_file(tmp_
     result = read_records(run_dir)
     assert result.dropped_partial_line and result.records == full[:2]
     (tmp_path / "executions.log").unlink()
-    done = attnbench(["run", "--resume", str(run_dir), "--quiet"], env)
-    assert done.returncode == 0, done.stderr
+    done = attnbench_in_process(["run", "--resume", str(run_dir), "--quiet"], capsys)
+    assert done.code == 0, done.err
     assert executions(tmp_path) == Counter({keys(full)[2]: 1})
     again = rows(run_dir)
     assert again[:2] == full[:2] and keys(again) == keys(full)

@@ -1,4 +1,5 @@
-"""`make test`'s `--dist loadgroup` keeps each group on one worker (tests/xdist_groups.py), checked with a real `pytest -n 2`."""
+"""`make test`'s `--dist loadgroup` keeps each group on one worker (tests/xdist_groups.py), checked with a real `pytest -n 2`:
+a service's tests, grouped by the fixture they use, and a costly module-scoped fixture's, which is then made once."""
 
 from __future__ import annotations
 
@@ -10,10 +11,21 @@ from collections import defaultdict
 
 from tests.cli_runs import ROOT
 
-#: A folder of tests: eight share a service by a fixture (grouped by its conftest, as tests/conftest.py groups Ray's), eight don't.
+#: A folder of tests: eight share a service by a fixture (grouped by its conftest, as tests/conftest.py groups Ray's), six a
+#: module-scoped fixture that notes each making of it, eight neither.
 SERVICE_TESTS = '''
+import os
 import time
 import pytest
+
+@pytest.fixture(scope="module")
+def costly():
+    with open(os.environ["MADE"], "a") as made:
+        made.write("made\\n")
+
+@pytest.mark.parametrize("i", range(6))
+def test_uses_the_costly_fixture(costly, i):
+    time.sleep(0.05)
 
 @pytest.fixture
 def service():
@@ -29,12 +41,15 @@ def test_alone(i):
 '''
 GROUPING_CONFTEST = '''
 import pytest
+from tests.xdist_groups import module_fixture_group
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
         if "service" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("service"))
+        elif module_fixture_group(item):
+            item.add_marker(pytest.mark.xdist_group(module_fixture_group(item)))
 '''
 
 
@@ -42,7 +57,7 @@ def test_a_group_added_at_collection_runs_on_one_worker(tmp_path):
     (tmp_path / "test_service.py").write_text(SERVICE_TESTS)
     (tmp_path / "conftest.py").write_text(GROUPING_CONFTEST)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # the inner pytest is no xdist worker of ours
-    env["PYTHONPATH"] = str(ROOT)
+    env.update(PYTHONPATH=str(ROOT), MADE=str(tmp_path / "made.txt"))
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.xdist_groups", "-n", "2",
                            "--dist", "loadgroup", "-v", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
@@ -52,5 +67,8 @@ def test_a_group_added_at_collection_runs_on_one_worker(tmp_path):
         workers[test.split("::")[1].split("[")[0]].add(worker)
         if "uses_the_service" in test:
             assert test.endswith("@service"), test  # the id xdist's scheduler groups by
-    assert sum(1 for line in done.stdout.splitlines() if " PASSED " in line) == 16, done.stdout[-3000:]
-    assert len(workers["test_uses_the_service"]) == 1, done.stdout[-3000:]
+        if "costly" in test:
+            assert test.endswith("@test_service::costly"), test
+    assert sum(1 for line in done.stdout.splitlines() if " PASSED " in line) == 22, done.stdout[-3000:]
+    assert len(workers["test_uses_the_service"]) == len(workers["test_uses_the_costly_fixture"]) == 1, done.stdout[-3000:]
+    assert (tmp_path / "made.txt").read_text() == "made\n"

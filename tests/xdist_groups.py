@@ -20,6 +20,21 @@ def group_of(item: pytest.Item) -> str | None:
     return "_".join(sorted(names)) if names else None
 
 
+def module_fixture_group(item: pytest.Item) -> str | None:
+    """`module::fixture` for the first module-scoped fixture that `item` uses and its own module defines, else None.
+
+    Such a fixture is there because it is costly (a real run, a Ray head, a built venv); xdist would otherwise make it once
+    on every worker that gets one of its tests, up to once per worker.
+    """
+    module = getattr(item, "module", None)
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    for name in getattr(item, "fixturenames", ()):
+        for definition in definitions.get(name, ()):
+            if definition.scope == "module" and module is not None and getattr(definition.func, "__module__", None) == module.__name__:
+                return f"{module.__name__}::{name}"
+    return None
+
+
 def _rename(item: pytest.Item, nodeid: str) -> None:
     """Give `item` the id `nodeid`, whichever way this pytest keeps it."""
     if hasattr(item, "_id"):  # pytest >= 9.2: a structured id, whose string form is cached from the one parsed
