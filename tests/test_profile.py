@@ -152,7 +152,10 @@ def test_naive_lists_the_matmuls_and_the_softmax(naive):
     # The two matmuls, the softmax and the scale are the work; every other operator is a view, a copy or an allocation.
     work = {"aten::bmm", "aten::matmul", "aten::_softmax", "aten::softmax", "aten::mul"}
     assert {k.category for k in s.kernels if k.name not in work} <= {"copy/expand", "other"}, [(k.name, k.category) for k in s.kernels]
-    assert s.top_kernel in ("aten::bmm", "aten::_softmax")
+    # The top operator is the one with the most self time in the profile's own events (on a quiet machine a bmm or the
+    # softmax; a preemption inside another operator's dispatch can make that one the top, and the summary must say so).
+    own_time = {k.name: own_and_total_s("naive", k.name, s.steps)[0] for k in s.kernels}
+    assert s.top_kernel == max(own_time, key=own_time.get), own_time
     assert sum(k.share for k in s.kernels) == pytest.approx(1.0)
     assert sum(s.category_time_s.values()) == pytest.approx(s.kernel_time_s)
     assert sum(s.step_kernel_time_s) / s.steps == pytest.approx(s.kernel_time_s)
