@@ -106,6 +106,21 @@ def test_a_dead_template_is_replaced_and_a_forked_child_reports_its_status_and_s
         lock.release()
 
 
+@pytest.mark.e2e
+def test_a_forked_worker_starts_warm_and_runs_on_the_threads_its_run_asks_for(tmp_path, capsys, monkeypatch):
+    # The template warmed itself on one thread; a worker asked for two makes its own OpenMP pool after the fork (a pool made
+    # before it would hang the worker's first parallel operator: a `timeout` row). 256 tokens: bmm and softmax go parallel.
+    suite = write_suite(tmp_path / "two.toml", ["naive", "sdpa"], [256])
+    monkeypatch.setenv(ENV_VAR, PLUGIN)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # a template whose torch has two threads (make test gives one)
+    ran = attnbench_in_process(["run", "--suite", suite, "--device", "cpu", "--threads", "2", "--timeout", "60", "--out",
+                                tmp_path / "results", "--run-id", "r", "--no-remeasure", "--quiet"], capsys)
+    assert ran.code == 0, ran.err[-2000:]
+    run = tmp_path / "results" / "r"
+    assert _templates(run), (run / "worker-0.log").read_text()
+    assert [(r["status"], r["threads"]) for r in rows(run)] == [("ok", 2), ("ok", 2)], [(r["status"], r["reason"]) for r in rows(run)]
+
+
 #: A plugin that writes the pid of the process that started the one importing it, each import a line.
 PARENT_RECORDING_PLUGIN = """
 import os

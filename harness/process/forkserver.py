@@ -11,7 +11,8 @@ global generator reseeded, and the normal interpreter exit. Its exit status come
 template writes when it reaps the child, so the supervisor watches it as it watches a `Popen`.
 
 What a fork could not give as a fresh process does, the template never does:
-- It runs no torch operation: OpenMP's thread pool does not survive a fork (GNU libgomp hangs in the child).
+- It runs torch only on one thread, once: the worker's warm-up (a tiny forward and backward), so that each fork starts
+  warm. OpenMP's thread pool does not survive a fork (GNU libgomp hangs in the child), and on one thread none is made.
 - It serves CPU runs only: CUDA cannot be used in a child forked from a process that initialised it, and this
   path has not been run on a GPU box; CUDA workers are started fresh, as before.
 - An environment variable read while importing (PYTHONPATH, OMP_NUM_THREADS, CUDA_*, LD_*, …) is the template's:
@@ -208,6 +209,7 @@ def template_job(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     for module in args.preload:
         importlib.import_module(module)
+    _warm_on_one_thread()
     gc.collect()
     gc.freeze()  # the imports live in every child: none of their collections need walk them (and touch their pages)
     control = socket.socket(fileno=args.control_fd)
@@ -218,6 +220,23 @@ def template_job(argv: list[str]) -> int:
     from harness.process.jobs import run_job
 
     return run_job(request)
+
+
+def _warm_on_one_thread() -> None:
+    """Warm this process as each worker would warm itself (harness.execution.process_warmup), on one thread, so every fork
+    starts warm: a worker's own warm-up then returns at once (about 0.5 CPU-s a worker). One thread, because an OpenMP pool
+    does not survive a fork (GNU libgomp hangs in the child); on one thread none is made, and the count torch had is put
+    back, so a worker that sets its own makes its pool after the fork, as a fresh process would."""
+    import torch
+
+    from harness.execution.process_warmup import warm_process
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        warm_process()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _serve(control: socket.socket) -> list[str] | None:
