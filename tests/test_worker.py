@@ -142,7 +142,7 @@ def test_the_supervisor_gives_a_worker_only_what_is_its_process_own(tmp_path):
 def test_the_process_start_up_is_paid_before_the_first_pair_is_timed_not_by_it(monkeypatch):
     """A process's first backward starts the autograd engine (434 ms against 1.6 ms warm): the worker pays it before any pair."""
     import harness.run.worker as worker
-    from harness.execution import process_warmup
+    from harness.process import warmup as process_warmup
     from harness.suite.cases import Case
 
     order = []

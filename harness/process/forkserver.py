@@ -223,13 +223,13 @@ def template_job(argv: list[str]) -> int:
 
 
 def _warm_on_one_thread() -> None:
-    """Warm this process as each worker would warm itself (harness.execution.process_warmup), on one thread, so every fork
+    """Warm this process as each worker would warm itself (harness.process.warmup), on one thread, so every fork
     starts warm: a worker's own warm-up then returns at once (about 0.5 CPU-s a worker). One thread, because an OpenMP pool
     does not survive a fork (GNU libgomp hangs in the child); on one thread none is made, and the count torch had is put
     back, so a worker that sets its own makes its pool after the fork, as a fresh process would."""
     import torch
 
-    from harness.execution.process_warmup import warm_process
+    from harness.process.warmup import warm_process
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

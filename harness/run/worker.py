@@ -30,7 +30,7 @@ from harness.backends.registry import Registry, UnloadedPlugin, load_registry
 from harness.errors import STICKY_PREFIX, UserError
 from harness.execution.execute import PairRunner, Phases, execute
 from harness.execution.outcome import case_record
-from harness.execution.process_warmup import warm_process
+from harness.process.warmup import warm_process
 from harness.measure.threads import apply_threads
 from harness.measure.timing import Clock, Loop
 from harness.results.documents import Manifest
