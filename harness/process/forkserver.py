@@ -39,8 +39,9 @@ from typing import Any, Mapping, Sequence
 
 #: Set to 0 to start every worker as a fresh interpreter.
 ENV_SWITCH = "ATTNBENCH_FORK_WORKERS"
-#: The modules a template imports before it forks: the worker job's (torch with them).
-PRELOAD = ("harness.run.worker",)
+#: The modules a template imports before it forks: the worker job's (torch with them), and torch.nn.attention.bias, which
+#: imports torch._dynamo (1.5 CPU-s), imported by nearly every run's first SDPA pair (naming its kernel) or compiled backend.
+PRELOAD = ("harness.run.worker", "torch.nn.attention.bias")
 #: Variables that may differ between the workers one template serves: read when used, never while importing.
 RUNTIME_ONLY_PREFIXES = ("ATTNBENCH_", "PYTEST_CURRENT_TEST")
 #: How long a template may take to import torch on a loaded machine before its first worker is started fresh instead.
