@@ -166,7 +166,8 @@ def test_ray_run_has_the_rows_of_a_local_run(tmp_path, capsys, monkeypatch):
     assert sorted(ray_rows) == sorted(local_rows) == sorted(manifest["pairs"]) and len(rows(tmp_path / "ray")) == 9
     for key, row in ray_rows.items():
         assert (row["status"], row["agree"], row["run_id"]) == (local_rows[key]["status"], local_rows[key]["agree"], "ray")
-        assert row["latency_ms_median"] > 0 and row["samples"] >= 2
+        # Two samples at least, unless the row says a call outran the budget (a machine slowed by load: 128 ms seen, budget 10 ms).
+        assert row["latency_ms_median"] > 0 and (row["samples"] >= 2 or row["stopped_by"] in {"call_exceeds_budget", "first_call"}), row
         assert_names_its_node(row)
         # The driver stamps what the manifest knows: the same order as the local run, and the command that re-runs the pair.
         assert row["order_in_case"] == local_rows[key]["order_in_case"] and f"--backends {row['backend']}" in row["repro"]
