@@ -28,7 +28,7 @@ from harness.backends.registry import load_registry
 from harness.execution.execute import build_step
 from harness.suite.batch_axes import ragged_case
 from harness.suite.ragged import make_ragged_inputs, sequence_mask
-from tests.ragged_fixtures import agrees
+from tests.ragged_fixtures import agrees, ragged_batch, serving_case
 
 #: aten ops whose result the host reads: a scalar (item, int(), bool(), equal), or an output whose size depends on values.
 DISPATCHER_READS = frozenset({
@@ -148,7 +148,10 @@ def test_a_windowed_batch_reads_nothing_back_either(registry, backend, layout, p
 @pytest.mark.compile
 @pytest.mark.parametrize("layout, page_size", [("packed", None), ("paged", 4)])
 def test_compiled_flex_reads_nothing_back_in_its_timed_call(registry, layout, page_size, one_thread):
-    case, inputs, prepared = _prepared(registry, "flex", "2x8 + 3x1@12", layout, page_size, causal=True)
+    # The batch of tests/test_flex_layouts.py's compiled test: one graph each layout, compiled once a session (inductor's cache).
+    inputs = ragged_batch([4, 1, 6], [9, 13, 6], causal=True, page_size=page_size, seed=4)
+    case = serving_case(B=3, S_q=6, S_kv=13, layout=layout, page_size=page_size, causal=True)
+    prepared = registry.get("flex").prepare(case, inputs)
     step = build_step(case, prepared, inputs)
     step()
     assert host_reads(step, python_level=False) == Counter()
