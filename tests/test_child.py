@@ -95,19 +95,28 @@ def test_the_cuda_peaks_are_measured_by_the_peaks_job_as_the_run_folder_builds_i
     assert peaks["device"] == "cpu" and peaks["matmul"]["fp32"]["tflops"] > 0 and peaks["copy"]["gbps"] > 0
 
 
-def test_gpu_check_starts_each_backend_as_the_gpu_check_job(monkeypatch):
+def test_gpu_check_starts_each_backend_as_the_gpu_check_job_fresh_on_cuda_forked_on_a_cpu(monkeypatch):
     from harness.checks import gpu as gpu_check
+    from harness.process import children, forkserver
 
     started = []
 
-    def capture(command, timeout_s=None, env=None):
-        started.append((list(command), timeout_s))
+    def fresh(command, timeout_s=None, env=None):
+        started.append(("fresh", list(command), timeout_s))
         return ChildResult(1, (), "captured")
 
-    monkeypatch.setattr(gpu_check, "run_child", capture)
+    def forked(argv, env, timeout_s=None):
+        started.append(("forked", list(argv), timeout_s))
+        return ChildResult(1, (), "captured")
+
+    monkeypatch.setattr(children, "run_child", fresh)
+    monkeypatch.setattr(forkserver, "run_forked_job", forked)
     (row,) = gpu_check._child("sdpa-cudnn", "cuda", 42.0)
-    assert started == [(child_command("gpu-check", "sdpa-cudnn", "--device", "cuda"), 42.0)]
+    assert started == [("fresh", child_command("gpu-check", "sdpa-cudnn", "--device", "cuda"), 42.0)]
     assert row.status == "crashed" and "exit 1: captured" in row.reason
+    started.clear()
+    gpu_check._child("naive", "cpu", 42.0)  # CUDA cannot be used in a fork of a process that initialised it; a CPU child can
+    assert started == [("forked", ["gpu-check", "naive", "--device", "cpu"], 42.0)]
 
 
 def test_stability_starts_each_measurement_as_the_stability_job(monkeypatch):

@@ -57,7 +57,7 @@ def test_every_harness_module_is_at_most_500_lines():
 _PROCESS_ENTRY_POINTS = {
     ("harness.cli.check", "run_cli"), ("harness.run.worker", "main"), ("harness.run.pytest_plugin", "pytest_collection_finish"),
     ("harness.run.ray_tasks", "_freeze_once"), ("harness.run.ray_tasks", "_gc_freeze"), ("harness.run.ray_tasks", "_task_environment"),
-    ("harness.run.ray_executor", "become_driver"),
+    ("harness.run.ray_executor", "become_driver"), ("harness.checks.gpu", "backend_job"),
     # A template process after its imports, and each child it forks as it becomes its job (its environment, as asked).
     ("harness.process.forkserver", "template_job"), ("harness.process.forkserver", "_become_child"),
 }

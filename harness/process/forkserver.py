@@ -194,6 +194,20 @@ def run_forked_job(argv: Sequence[str], env: Mapping[str, str], timeout_s: float
         return child_result(None if timed_out else process.returncode, output.read(), "", timed_out)
 
 
+def run_job(argv: Sequence[str], env: Mapping[str, str], timeout_s: float | None, fork: bool):
+    """Run a harness.child job (`argv`: its name, then its arguments) to its end: forked from this process's template for
+    `env` where `fork` and the environment allow it and a template starts, else in a fresh interpreter. A ChildResult."""
+    from harness.process.children import child_command, child_env, run_child
+
+    env = child_env(env)
+    if fork and enabled(env):
+        try:
+            return run_forked_job(argv, env, timeout_s)
+        except OSError:
+            pass  # no template starts here: neither would a worker's, and a fresh interpreter is what they get
+    return run_child(child_command(*argv), timeout_s=timeout_s, env=env)
+
+
 # -- In the template process. --
 
 

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from harness.backends.registry import BUILTIN_CLASSES, Registry, load_registry
 from harness.errors import UserError
 from harness.process import forkserver
-from harness.process.children import ROOT, child_command, child_env, emit, run_child
+from harness.process.children import ROOT, emit
 
 #: How long the probe may take to start Python, import torch and load the plugins (a loaded node's file system is slow).
 PROBE_TIMEOUT_S = 300.0
@@ -37,14 +37,7 @@ def check_workers_load(registry: Registry, names: Sequence[str], env: Mapping[st
     plugins = plugin_backends(registry, names)
     if not plugins:
         return
-    result = None
-    if fork and forkserver.enabled(child_env(env)):
-        try:
-            result = forkserver.run_forked_job(["load-backends", *plugins], child_env(env), PROBE_TIMEOUT_S)
-        except OSError:
-            result = None
-    if result is None:
-        result = run_child(child_command("load-backends", *plugins), timeout_s=PROBE_TIMEOUT_S, env=dict(env))
+    result = forkserver.run_job(["load-backends", *plugins], env, PROBE_TIMEOUT_S, fork=fork)
     if not result.ok:
         raise UserError(f"a worker process could not load the plugin backend(s) {', '.join(plugins)}: {result.describe()}")
     answer = result.objects[-1]
