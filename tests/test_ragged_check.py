@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.attention import reference
 from harness.attention.reference import ragged_rows
 from harness.backends.pytorch.naive import NaiveBackend
 from harness.execution.execute import CHECK_ONLY, PairRunner, Phases
@@ -23,9 +24,20 @@ from tests import wrong_ragged_backends as wr
 #: Long prefills around decodes: large enough that the reference samples rows (over MAX_REFERENCE_SCORES).
 MIXED = "8x1024 + 32x1@1024 + 8x1024"
 SMALL = "2x24 + 3x1@40 + 2x8@32"
-#: A mixed batch still over MAX_REFERENCE_SCORES (its rows are sampled) with few requests, for the padded layout, which
-#: computes every request at the longest length: MIXED padded is 48 x 1024 x 1024 scores a head, this 6 x 1500 x 1500.
-MIXED_FOR_PADDING = "2x1500 + 2x1@1500 + 2x1500"
+#: The wrong backends meet MIXED's shape at 1/8 of its lengths, with the reference's budget cut by the same 64 (the
+#: `sampled_budget` fixture), so their rows are sampled exactly as MIXED's are (48 requests, both ends and interior rows):
+#: at full size each pair computed 134 M scores in bf16 on the CPU, 40 s of a test, where what is tested is the sample.
+SCALE = 8
+MIXED_SCALED = "8x128 + 32x1@128 + 8x128"
+#: A mixed batch still over the budget (its rows are sampled) with few requests, for the padded layout, which computes
+#: every request at the longest length (48 x 128 x 128 scores a head for MIXED_SCALED, 6 x 192 x 192 for this).
+MIXED_FOR_PADDING = "2x192 + 2x1@192 + 2x192"
+
+
+@pytest.fixture
+def sampled_budget(monkeypatch):
+    """The reference's row budget cut by SCALE², so MIXED_SCALED and MIXED_FOR_PADDING are sampled as MIXED is at full size."""
+    monkeypatch.setattr(reference, "MAX_REFERENCE_SCORES", reference.MAX_REFERENCE_SCORES // SCALE**2)
 
 
 def _case(batch: str, layout: str = "packed", dtype: str = "fp32", page_size: int | None = None, causal: bool = True):
@@ -38,14 +50,14 @@ MUTANTS = [
     (wr.RebindsCausal, _case(SMALL)),
     (wr.RebindsPageSize, _case(SMALL, "paged", page_size=4)),
     (wr.Fp32CastBack, _case(SMALL, dtype="bf16")),
-    (wr.WrongOnOneDecode, _case(MIXED)),
-    (wr.WrongInsideALongRequest, _case(MIXED)),
+    (wr.WrongOnOneDecode, _case(MIXED_SCALED)),
+    (wr.WrongInsideALongRequest, _case(MIXED_SCALED)),
     (wr.WrongOnEvenCalls, _case(SMALL)),
     (wr.PermutesQueriesAndBack, _case(SMALL)),
     # Issue 45's second ragged hidden set: the lengths rebound on a large mixed batch whose rows are sampled, and an fp32
     # result cast back by its adapter on a padded batch (its output has more elements than the packed rows checked).
-    (wr.RebindsKvLengths, _case(MIXED, dtype="bf16")),
-    (wr.RebindsDecodeLengthWhilePreparing, _case(MIXED, dtype="bf16")),
+    (wr.RebindsKvLengths, _case(MIXED_SCALED, dtype="bf16")),
+    (wr.RebindsDecodeLengthWhilePreparing, _case(MIXED_SCALED, dtype="bf16")),
     (wr.Fp32CastBackPadded, _case(SMALL, "padded", dtype="bf16")),
     (wr.Fp32CastBackPadded, _case(MIXED_FOR_PADDING, "padded", dtype="bf16")),
 ]
@@ -56,16 +68,29 @@ def test_the_mutation_set_is_all_here():
     assert {cls for cls, _ in MUTANTS} == set(wr.WRONG_RAGGED)
 
 
-def test_the_large_batches_are_the_ones_whose_rows_are_sampled():
-    for batch in (MIXED, MIXED_FOR_PADDING):
+def test_the_large_batches_are_the_ones_whose_rows_are_sampled(sampled_budget):
+    for batch in (MIXED_SCALED, MIXED_FOR_PADDING):
         assert ragged_rows(_case(batch)) is not None, batch
     assert ragged_rows(_case(SMALL)) is None
+
+
+def test_the_scaled_batch_is_sampled_as_the_full_size_one_is(monkeypatch):
+    full = ragged_rows(_case(MIXED))
+    monkeypatch.setattr(reference, "MAX_REFERENCE_SCORES", reference.MAX_REFERENCE_SCORES // SCALE**2)
+    scaled = ragged_rows(_case(MIXED_SCALED))
+    assert full is not None and scaled is not None and len(full) == len(scaled) == reference.SAMPLED_ROWS
+
+    def rows_per_request(rows, batch):
+        starts = np.cumsum([0, *_case(batch).seq_lens_q])
+        return [int(((rows >= a) & (rows < b)).sum()) for a, b in zip(starts[:-1], starts[1:])]
+
+    assert rows_per_request(full, MIXED) == rows_per_request(scaled, MIXED_SCALED)  # every request, the same share
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("phases", [RUN, CHECK_ONLY], ids=["run", "check"])
 @pytest.mark.parametrize("backend_cls, case", MUTANTS, ids=[f"{cls.name}-{case.layout}-{case.dtype}-B{case.B}" for cls, case in MUTANTS])
-def test_every_wrong_ragged_backend_disagrees_and_the_next_backend_still_agrees(backend_cls, case, phases, one_thread):
+def test_every_wrong_ragged_backend_disagrees_and_the_next_backend_still_agrees(backend_cls, case, phases, one_thread, sampled_budget):
     runner = PairRunner(budget=QUICK_BUDGET, phases=phases)
     wrong = runner.run(case, backend_cls())
     assert wrong.status is Status.OK, wrong.reason
@@ -75,7 +100,7 @@ def test_every_wrong_ragged_backend_disagrees_and_the_next_backend_still_agrees(
 
 
 @pytest.mark.parametrize("cls", wr.REBINDING, ids=lambda c: c.name)
-def test_a_rebound_field_is_named_and_blamed_on_the_backend_that_rebound_it(cls, one_thread):
+def test_a_rebound_field_is_named_and_blamed_on_the_backend_that_rebound_it(cls, one_thread, sampled_budget):
     case = dict(MUTANTS)[cls]
     outcome = PairRunner(phases=CHECK_ONLY).run(case, cls())
     assert f"modified its inputs in place ({cls.field})" in outcome.agreement.check_note
