@@ -143,11 +143,6 @@ def test_compiled_backends_agree_and_record_compile_time(name):
     assert record.compile_s is not None and record.compile_s >= 0
 
 
-@pytest.mark.compile
-def test_compiled_naive_backward_with_a_window():
-    run_ok("naive-compiled", Case(B=1, S_q=8, S_kv=24, H=4, H_kv=2, d_k=16, d_v=16, window=5, mode="bwd"))
-
-
 CPU_CAPABLE = ("naive", "sdpa", "sdpa-math", "sdpa-flash", "mla", "mha-layer")
 
 
