@@ -48,7 +48,8 @@ def cpu_run(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         for name, value in cli_env(tmp).items():
             patch.setenv(name, value)
-        assert main([str(a) for a in ["run", "--suite", suite, "--device", "cpu", "--out", tmp / "results", "--run-id", "tiny", "--quiet"]]) == 0
+        argv = ["run", "--suite", suite, "--device", "cpu", "--out", tmp / "results", "--run-id", "tiny", "--quiet"]
+        assert main([str(a) for a in argv]) == 0
     return tmp / "results" / "tiny"
 
 
