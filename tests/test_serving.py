@@ -325,11 +325,13 @@ def test_serving_sweeps_presets_page_sizes_and_mixed_batches_and_falls_back_to_q
 
 @pytest.mark.slow
 def test_serving_quick_end_to_end_records_every_layout_and_agrees(tmp_path, capsys):
-    # The mixed prefill + decode batch alone: every layout, paged at two page sizes, every CPU backend (the whole suite's
-    # 21 cases cost minutes on a busy machine and answer nothing more about the run's path; each batch's check is
-    # test_cpu_backends_serve_every_layout_and_agree's).
+    # The mixed prefill + decode batch alone: every layout, paged at two page sizes, every backend of the suite but flex (the
+    # whole suite's 21 cases cost minutes on a busy machine and answer nothing more about the run's path; each batch's check
+    # is test_cpu_backends_serve_every_layout_and_agree's). Flex would compile each of the four layouts cold here (15-20
+    # CPU-s each); its compiled ragged layouts are test_flex_layouts' and its compiled run path test_backends'.
+    backends = [name for name in load_suite("serving-quick").backends if name != "flex"]
     ran = attnbench_in_process(["run", "--suite", "serving-quick", "--device", "cpu", "--only", "L2x128+8x1@256", "--out", tmp_path,
-                                "--run-id", "sq", "--quiet"], capsys)
+                                "--run-id", "sq", "--backends", ",".join(backends), "--quiet"], capsys)
     assert ran.code == 0, ran.err
     frame = load_run(tmp_path / "sq")
     ok = frame[frame.status == "ok"]
