@@ -68,8 +68,9 @@ class Ran(NamedTuple):
 def attnbench_in_process(args: list, capsys, *, env: dict[str, str] | None = None, monkeypatch=None) -> Ran:
     """Run the CLI's `main(ARGS)` in this process (its workers are still subprocesses): exit status, stdout and stderr.
 
-    With `env` (and `monkeypatch`), under exactly that environment. For runs that only make a run folder for the test,
-    and for refusals: a subprocess would import torch once more (seconds) for nothing under test.
+    With `env` (and `monkeypatch`, or a `pytest.MonkeyPatch.context()` where no fixture serves), under exactly that
+    environment; `capsys` None returns no text. For runs that only make a run folder for the test, and for refusals: a
+    subprocess would import torch once more (seconds) for nothing under test.
     """
     from harness.cli.main import main
 
@@ -80,6 +81,8 @@ def attnbench_in_process(args: list, capsys, *, env: dict[str, str] | None = Non
         for name, value in env.items():
             monkeypatch.setenv(name, value)
     code = main([str(a) for a in args])
+    if capsys is None:  # a module-scoped fixture has no capsys: its output is left where pytest captures it
+        return Ran(code, "", "")
     captured = capsys.readouterr()
     return Ran(code, captured.out, captured.err)
 

@@ -41,15 +41,12 @@ def cpu_run(tmp_path_factory) -> Path:
 
     In this process (its workers are still processes of their own): what is tested is the export, not the run's process.
     """
-    from harness.cli.main import main
-
     tmp = tmp_path_factory.mktemp("cpu")
     suite = write_suite(tmp / "tiny.toml", ["sdpa", "naive"], [8, 16], budget=TINY_BUDGET)
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in cli_env(tmp).items():
-            patch.setenv(name, value)
-        argv = ["run", "--suite", suite, "--device", "cpu", "--out", tmp / "results", "--run-id", "tiny", "--quiet"]
-        assert main([str(a) for a in argv]) == 0
+        ran = attnbench_in_process(["run", "--suite", suite, "--device", "cpu", "--out", tmp / "results", "--run-id", "tiny", "--quiet"],
+                                   None, env=cli_env(tmp), monkeypatch=patch)
+    assert ran.code == 0
     return tmp / "results" / "tiny"
 
 

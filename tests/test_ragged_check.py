@@ -34,10 +34,15 @@ MIXED_SCALED = "8x128 + 32x1@128 + 8x128"
 MIXED_FOR_PADDING = "2x192 + 2x1@192 + 2x192"
 
 
-@pytest.fixture
-def sampled_budget(monkeypatch):
+def _cut_budget(monkeypatch) -> None:
     """The reference's row budget cut by SCALE², so MIXED_SCALED and MIXED_FOR_PADDING are sampled as MIXED is at full size."""
     monkeypatch.setattr(reference, "MAX_REFERENCE_SCORES", reference.MAX_REFERENCE_SCORES // SCALE**2)
+
+
+@pytest.fixture
+def sampled_budget(monkeypatch):
+    """The reference's row budget cut by SCALE² for the whole test (see _cut_budget)."""
+    _cut_budget(monkeypatch)
 
 
 def _case(batch: str, layout: str = "packed", dtype: str = "fp32", page_size: int | None = None, causal: bool = True):
@@ -76,7 +81,7 @@ def test_the_large_batches_are_the_ones_whose_rows_are_sampled(sampled_budget):
 
 def test_the_scaled_batch_is_sampled_as_the_full_size_one_is(monkeypatch):
     full = ragged_rows(_case(MIXED))
-    monkeypatch.setattr(reference, "MAX_REFERENCE_SCORES", reference.MAX_REFERENCE_SCORES // SCALE**2)
+    _cut_budget(monkeypatch)
     scaled = ragged_rows(_case(MIXED_SCALED))
     assert full is not None and scaled is not None and len(full) == len(scaled) == reference.SAMPLED_ROWS
 
