@@ -128,9 +128,13 @@ if [ -n "$python_torch" ]; then
     echo "setup: $PYTHON holds torch $python_torch; it is used as it is, never replaced"
     see_packages_of_python
     # A VENV left by an earlier set-up may hold a torch of its own (installed over the network),
-    # which would shadow PYTHON's: refused, never used.
-    venv_torch=$(torch_of "$VENV/bin/python") || venv_torch=""
-    if [ "$venv_torch" != "$python_torch" ]; then
+    # which would shadow PYTHON's: refused, never used. Where VENV would import torch from is enough to know
+    # it is PYTHON's; only a VENV refused pays for importing its torch, to say which one it sees.
+    venv_torch_file=$("$VENV/bin/python" -c 'import importlib.util as u; s = u.find_spec("torch"); print(s.origin if s else "")')
+    if [ "$venv_torch_file" = "${python_torch#* }" ]; then
+        venv_torch=$python_torch
+    else
+        venv_torch=$(torch_of "$VENV/bin/python") || venv_torch=""
         echo "setup: $VENV sees torch '${venv_torch:-none}', not $PYTHON's: remove $VENV (make clean) and run again" >&2
         exit 1
     fi
@@ -151,7 +155,8 @@ if [ -n "$python_torch" ]; then
     fi
 else
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-    if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+    venv_torch=$(torch_of "$VENV/bin/python") || venv_torch=""
+    if [ -z "$venv_torch" ]; then
         echo "setup: installing $TORCH_SPEC (CPU build where one is offered)"
         pip_in_venv install --quiet "$TORCH_SPEC"
     fi
@@ -171,12 +176,23 @@ else
     fi
     pip_constraint=""
 fi
-if [ "$WITH_RAY" = 1 ] && ! "$VENV/bin/python" -c "import ray" >/dev/null 2>&1; then
+# Each `import torch` or `import ray` costs seconds (more on a busy machine): each is asked once a set-up where it can be.
+ray_of() {
+    "$VENV/bin/python" -c 'import ray; print(ray.__version__)' 2>/dev/null
+}
+ray_version=$(ray_of) || ray_version=""
+if [ "$WITH_RAY" = 1 ] && [ -z "$ray_version" ]; then
     # shellcheck disable=SC2086 # empty, or -c and its file
-    if ! pip_in_venv install --quiet $pip_constraint "ray>=2.8"; then
+    if pip_in_venv install --quiet $pip_constraint "ray>=2.8"; then
+        ray_version=$(ray_of) || ray_version=""
+    else
         [ "$IN_CI" = 1 ] && exit 1
         echo "setup: ray not installed (tests/test_ray_executor.py will skip)"
     fi
 fi
-"$VENV/bin/python" -c "import torch, harness; print('setup: attnbench', harness.__version__, 'with torch', torch.__version__, 'from', torch.__file__)"
-"$VENV/bin/python" -c "import ray; print('setup: ray', ray.__version__, '(for --executor ray)')" 2>/dev/null || true
+# The torch VENV saw before any install is still its torch where nothing was installed over it (the box's, held; or one
+# already there); after an install, the import below is the check that the install took.
+[ -n "${venv_torch:-}" ] || venv_torch=$(torch_of "$VENV/bin/python") || { echo "setup: torch does not import in $VENV" >&2; exit 1; }
+harness_version=$("$VENV/bin/python" -c 'import harness; print(harness.__version__)') || exit 1
+echo "setup: attnbench $harness_version with torch ${venv_torch%% *} from ${venv_torch#* }"
+[ -z "$ray_version" ] || echo "setup: ray $ray_version (for --executor ray)"
