@@ -9,6 +9,7 @@ template is gone.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import signal
@@ -162,11 +163,25 @@ def test_a_cpu_runs_plugin_probe_is_forked_from_the_template_its_workers_then_us
 
 def test_the_template_key_ignores_only_variables_read_when_used():
     base = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": "/x"}
-    same = forkserver.template_key({**base, "ATTNBENCH_TEST_LOG": "/a", "PYTEST_CURRENT_TEST": "t (call)"})
+    # RAY_CLIENT_MODE=0 is what `import ray` writes, and what Ray reads when it is absent; 1 turns client mode on.
+    same = forkserver.template_key({**base, "ATTNBENCH_TEST_LOG": "/a", "PYTEST_CURRENT_TEST": "t (call)", "RAY_CLIENT_MODE": "0"})
     assert same == forkserver.template_key(base)
-    for name, value in (("OMP_NUM_THREADS", "2"), ("PYTHONPATH", "/y"), ("CUDA_VISIBLE_DEVICES", "0"), ("LD_PRELOAD", "x.so")):
+    for name, value in (("OMP_NUM_THREADS", "2"), ("PYTHONPATH", "/y"), ("CUDA_VISIBLE_DEVICES", "0"), ("LD_PRELOAD", "x.so"),
+                        ("RAY_CLIENT_MODE", "1")):
         assert forkserver.template_key({**base, name: value}) != forkserver.template_key(base), name
     assert not forkserver.enabled({forkserver.ENV_SWITCH: "0"})
+
+
+def test_the_variables_taken_as_absent_are_what_their_library_writes_on_import():
+    spec = importlib.util.find_spec("ray")
+    if spec is None:
+        pytest.skip("ray is not installed: pip install -e '.[ray]'")
+    # Ray's own source, read, not imported (seconds): its import writes the value the template key takes as absent.
+    hook = Path(spec.origin).parent / "_private" / "client_mode_hook.py"
+    written = [node for node in ast.walk(ast.parse(hook.read_text())) if isinstance(node, ast.Call)
+               and ast.unparse(node.func) == "os.environ.update" and isinstance(node.args[0], ast.Dict)]
+    assert [{ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(call.args[0].keys, call.args[0].values)}
+            for call in written] == [forkserver.ABSENT_WHEN]
 
 
 def _module_level_environ_reads(tree: ast.Module) -> list[tuple[int, str]]:

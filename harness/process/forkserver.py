@@ -44,6 +44,11 @@ ENV_SWITCH = "ATTNBENCH_FORK_WORKERS"
 PRELOAD = ("harness.run.worker", "torch.nn.attention.bias")
 #: Variables that may differ between the workers one template serves: read when used, never while importing.
 RUNTIME_ONLY_PREFIXES = ("ATTNBENCH_", "PYTEST_CURRENT_TEST")
+#: Variables a library writes into os.environ when it is imported, with the value it reads when they are absent: set to
+#: that value they are the same environment as without them. Ray's import writes RAY_CLIENT_MODE=0 (ray/_private/
+#: client_mode_hook.py), so a process that once imported Ray (a `--executor ray` run, a notebook) would otherwise start a
+#: second template for its next local run.
+ABSENT_WHEN = {"RAY_CLIENT_MODE": "0"}
 #: How long a template may take to import torch on a loaded machine before its first worker is started fresh instead.
 READY_TIMEOUT_S = 300.0
 #: Templates one process keeps (each holds torch's import, ~300 MB resident); the least recently used is closed.
@@ -59,8 +64,9 @@ def enabled(env: Mapping[str, str]) -> bool:
 
 
 def template_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """What makes two environments need two templates: every variable but those read only when used."""
-    return tuple(sorted((name, value) for name, value in env.items() if not name.startswith(RUNTIME_ONLY_PREFIXES)))
+    """What makes two environments need two templates: every variable but those read only when used or set to their default."""
+    return tuple(sorted((name, value) for name, value in env.items()
+                        if not name.startswith(RUNTIME_ONLY_PREFIXES) and ABSENT_WHEN.get(name) != value))
 
 
 class ForkedProcess:
