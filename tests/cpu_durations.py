@@ -1,8 +1,9 @@
 """`--cpu-durations=N`: the N tests that cost the most CPU, beside pytest's `--durations` (which reports wall time).
 
 On a shared 2-core machine a test's wall time says as much about what ran beside it as about the test: under load the
-whole suite's walls grow together, and the slowest test by wall is often one that waited. CPU seconds do not move
-with load, so this list names the tests that make `make test` long on any machine. Each test is charged the CPU of its
+whole suite's walls grow together, and the slowest test by wall is often one that waited. CPU seconds move little
+with load (821 quiet, 883 beside two CPU-bound processes), so this list names the tests that make `make test` long on
+any machine. Each test is charged the CPU of its
 xdist worker while it ran (its setup, call and teardown) and of the child processes that ended, and were waited for,
 within it: a process that outlives the test (a worker template, a Ray head) is charged to the test that reaps it, or
 to none. Works with and without pytest-xdist: the figures travel to the controller on each report.
