@@ -3,12 +3,12 @@
 On a shared 2-core machine a test's wall time says as much about what ran beside it as about the test: under load the
 whole suite's walls grow together, and the slowest test by wall is often one that waited. CPU seconds move little
 with load (821 quiet, 883 beside two CPU-bound processes), so this list names the tests that make `make test` long on
-any machine. Each test is charged the CPU of its
-xdist worker while it ran (its setup, call and teardown) and of the child processes that ended, and were waited for,
-within it: a process that outlives the test (a worker template, a Ray head) is charged to the test that reaps it, or
-to none. Works with and without pytest-xdist: the figures travel to the controller on each report.
+any machine. Each test is charged the CPU of its xdist worker while it ran (its setup, call and teardown) and of the
+child processes that ended, and were waited for, within it: a process that outlives the test (a worker template, a Ray
+head) is charged to the test that reaps it, or to none. Works with and without pytest-xdist: the figures travel to the
+controller on each test's teardown report.
 
-Registered by tests/conftest.py; a pytest run outside this folder loads it with `-p tests.cpu_durations`.
+Loaded by `make test` with `-p tests.cpu_durations --cpu-durations=25` (the Makefile's SLOWEST).
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ class CpuSummary:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Keep a test's figures from its teardown report."""
+        if report.when != "teardown":
+            return
         for name, value in report.user_properties:
             if name == PROPERTY:
                 self.charged.append((value[0], value[1], report.nodeid))
