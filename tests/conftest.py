@@ -25,28 +25,28 @@ SESSION_PEAK_DTYPES = ("fp32", "bf16", "fp16")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def peaks_measured_once(tmp_path_factory):
+def peaks_measured_once(request, tmp_path_factory):
     """One measurement of this machine's ceilings that every run a test starts takes (`run --peaks`, through ATTNBENCH_PEAKS).
 
     Each CPU run would otherwise sweep products for ~3 s before its first pair, hundreds of times a session. xdist's
-    workers share one file, measured by the first to arrive while the others wait on its lock (so it is measured with
-    the machine to itself, as far as the suite goes). A run that needs what it lacks (another thread count, an FP8
-    ceiling) measures its own, as without it; tests of the measurement call it directly and are untouched.
+    workers share one file, made by the first to arrive while the others wait on its lock; it is the measurement an
+    earlier session on this machine kept in pytest's cache where a run would take it, else measured now with the machine
+    to itself, as far as the suite goes (tests/session_peaks.py). A run that needs what it lacks (another thread count,
+    an FP8 ceiling) measures its own, as without it; tests of the measurement call it directly and are untouched.
     """
     import fcntl
-    import json
 
-    from harness.telemetry.peaks import measure_peaks
     from harness.telemetry.peaks_reuse import PEAKS_ENV
+    from tests.session_peaks import CACHE_NAME, session_peaks, write_atomically
 
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     path = shared / "session-peaks.json"
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     with open(shared / "session-peaks.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():
-            path.with_suffix(".tmp").write_text(json.dumps(measure_peaks("cpu", SESSION_PEAK_DTYPES)))
-            path.with_suffix(".tmp").replace(path)
+            write_atomically(path, session_peaks(cache.mkdir(CACHE_NAME) if cache is not None else None, SESSION_PEAK_DTYPES))
     before = os.environ.get(PEAKS_ENV)
     os.environ[PEAKS_ENV] = str(path)
     yield path
@@ -124,8 +124,9 @@ SPREAD_MODULE_FIXTURES = ("registry", "cells")
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark the tests that use a shared service's fixture, and put each in that service's xdist group (before xdist reads them);
-    put the tests of each costly module-scoped fixture (a real run, a built venv) in a group of their own, so it is made once."""
-    from tests.xdist_groups import module_fixture_group
+    put the tests of each costly module-scoped fixture (a real run, a built venv) in a group of their own, so it is made once;
+    under xdist, collect the longest tests first (tests/xdist_groups.py: longest_first), so none runs alone at the end."""
+    from tests.xdist_groups import longest_first, module_fixture_group
 
     for item in items:
         for fixture, marker in SERVICE_FIXTURES.items():
@@ -143,3 +144,5 @@ def pytest_collection_modifyitems(config, items):
             shared = module_fixture_group(item)
             if shared is not None and shared.rsplit("::", 1)[1] not in SPREAD_MODULE_FIXTURES:
                 item.add_marker(pytest.mark.xdist_group(shared))
+    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the order the controller hands tests out in
+        items[:] = longest_first(items)

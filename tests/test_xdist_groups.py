@@ -9,7 +9,10 @@ import subprocess
 import sys
 from collections import defaultdict
 
+import pytest
+
 from tests.cli_runs import ROOT
+from tests.xdist_groups import LONGEST_MARKERS
 
 #: A folder of tests: eight share a service by a fixture (grouped by its conftest, as tests/conftest.py groups Ray's), six a
 #: module-scoped fixture that notes each making of it, eight neither.
@@ -72,3 +75,68 @@ def test_a_group_added_at_collection_runs_on_one_worker(tmp_path):
     assert sum(1 for line in done.stdout.splitlines() if " PASSED " in line) == 22, done.stdout[-3000:]
     assert len(workers["test_uses_the_service"]) == len(workers["test_uses_the_costly_fixture"]) == 1, done.stdout[-3000:]
     assert (tmp_path / "made.txt").read_text() == "made\n"
+
+
+#: Tests of each rank, interleaved: longest_first must move the compiles, then the slow ones, ahead of the rest.
+RANKED_TESTS = '''
+import pytest
+
+def test_quick_a():
+    pass
+
+@pytest.mark.slow
+def test_slow_a():
+    pass
+
+@pytest.mark.compile
+def test_compile_a():
+    pass
+
+def test_quick_b():
+    pass
+
+@pytest.mark.e2e
+def test_end_to_end():
+    pass
+
+@pytest.mark.slow
+@pytest.mark.compile
+def test_compile_b():
+    pass
+'''
+ORDERING_CONFTEST = '''
+from tests.xdist_groups import longest_first
+
+def pytest_collection_modifyitems(items):
+    items[:] = longest_first(items)
+'''
+
+
+def test_the_longest_tests_are_collected_first_each_rank_in_collection_order(tmp_path, outside_xdist):
+    (tmp_path / "test_ranked.py").write_text(RANKED_TESTS)
+    (tmp_path / "conftest.py").write_text(ORDERING_CONFTEST)
+
+    class Collected:
+        names: list[str] = []
+
+        def pytest_collection_finish(self, session):
+            self.names = [item.name for item in session.items]
+
+    collected = Collected()
+    code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--import-mode=importlib",
+                        "--rootdir", str(tmp_path), "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
+                       plugins=[collected])
+    assert code == 0
+    assert collected.names == ["test_compile_a", "test_compile_b", "test_slow_a", "test_end_to_end", "test_quick_a", "test_quick_b"]
+
+
+def test_this_sessions_workers_collect_each_rank_of_marker_after_the_longer_ones(request):
+    if not hasattr(request.config, "workerinput"):
+        pytest.skip("the order is changed only in an xdist worker (make test, make test-fast)")
+
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, names in enumerate(LONGEST_MARKERS) if any(item.get_closest_marker(n) for n in names)),
+                    len(LONGEST_MARKERS))
+
+    ranks = [rank(item) for item in request.session.items]
+    assert ranks == sorted(ranks), "a longer test is collected after a shorter one"

@@ -35,6 +35,24 @@ def module_fixture_group(item: pytest.Item) -> str | None:
     return None
 
 
+#: Markers of the tests that take longest, by rank: a test with none of them ranks after all of these.
+LONGEST_MARKERS = (("compile",), ("slow", "e2e", "browser"))
+
+
+def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """`items` with the compile tests first, then the other slow ones, then the rest, each in collection order.
+
+    xdist hands out ungrouped tests in collection order: a 50 s compile collected near the end (test_variants_check.py)
+    started when the other workers had nothing left, and ran alone while they sat idle. Started first, it overlaps the many
+    short tests instead. Each group keeps its own order, so a module's tests of a module-scoped fixture stay together.
+    """
+    def rank(item: pytest.Item) -> int:
+        names = {mark.name for mark in item.iter_markers()}
+        return next((i for i, markers in enumerate(LONGEST_MARKERS) if names.intersection(markers)), len(LONGEST_MARKERS))
+
+    return sorted(items, key=rank)
+
+
 def _rename(item: pytest.Item, nodeid: str) -> None:
     """Give `item` the id `nodeid`, whichever way this pytest keeps it."""
     if hasattr(item, "_id"):  # pytest >= 9.2: a structured id, whose string form is cached from the one parsed

@@ -1,0 +1,53 @@
+"""The CPU ceilings a test session hands every run it starts: measured once per machine, not once per session.
+
+Measuring them (fp32, bf16 and fp16 sweeps, harness.telemetry.peaks) costs about 11 s on the 2-core machine, while every
+other xdist worker waits on the session's lock: a `pytest tests/test_one.py` of the inner loop paid it each time. So the
+measurement is kept in pytest's cache folder and a later session takes it exactly when a run would (the same host, CPU
+model, torch and thread count, every dtype measured without error: harness.telemetry.peaks_reuse); otherwise, or with
+`-p no:cacheprovider`, the session measures anew and keeps that. Tests of the measurement itself call it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+#: Where, in pytest's cache folder (`.pytest_cache/d/`), the last session's measurement is kept.
+CACHE_NAME = "attnbench-peaks"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: a session started beside this one never reads half a file."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def kept_measurement(kept: Path, dtypes: Sequence[str]) -> str | None:
+    """The text of the measurement kept at `kept` when a run on this machine would take it for `dtypes`, else None."""
+    from harness.errors import UserError
+    from harness.telemetry.peaks_reuse import reused_peaks
+
+    if not kept.is_file():
+        return None
+    try:
+        taken, _ = reused_peaks(kept, "cpu", dtypes, None)
+    except UserError:
+        return None  # damaged, or written by an older attnbench: measured anew
+    return kept.read_text() if taken is not None else None
+
+
+def session_peaks(cache_folder: Path | None, dtypes: Sequence[str]) -> str:
+    """This machine's CPU ceilings for `dtypes` as peaks.json text: the one kept in `cache_folder` where a run would take
+    it, else a new measurement, kept there for the next session (`cache_folder` None: measured, kept nowhere)."""
+    from harness.telemetry.peaks import measure_peaks
+
+    kept = cache_folder / "peaks.json" if cache_folder is not None else None
+    text = kept_measurement(kept, dtypes) if kept is not None else None
+    if text is None:
+        text = json.dumps(measure_peaks("cpu", dtypes))
+        if kept is not None:
+            write_atomically(kept, text)
+    return text
