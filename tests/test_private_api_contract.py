@@ -11,6 +11,9 @@ harness cannot measure without it (`torch.cuda._sleep` under the CUDA clock), th
 """
 
 import inspect
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,6 +31,7 @@ from harness.measure.timing import Budget
 from harness.results.record import Status
 from harness.suite.cases import Case
 from harness.suite.inputs import make_inputs, visible_mask
+from tests.cli_runs import ROOT
 
 TINY = Budget(warmup_s=0.0, measure_s=0.001, min_sample_s=0.0, min_rounds=1, max_rounds=2)
 SQUARE = Case(B=1, S_q=8, S_kv=8, H=2, H_kv=2, d_k=16, d_v=16)
@@ -53,6 +57,22 @@ def test_fused_sdp_choice_returns_an_sdp_backend_that_serves_the_call():
     with sdpa_kernel(chosen):  # the kernel named is one torch runs for these arguments
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert dispatched_kernel(q, k, v, {"is_causal": True}) == (chosen.name, None)
+
+
+@pytest.mark.e2e
+def test_naming_the_kernel_of_a_call_without_a_causal_bias_leaves_torch_dynamo_unimported():
+    """A worker that runs no compiled backend and no lower-right mask never pays torch._dynamo's import (1.5 CPU-s): the
+    kernel is named all the same, and a CausalBias, which only its own module makes, is still recognised (test above)."""
+    script = ("import json, sys, torch\n"
+              "from harness.backends.pytorch.sdpa import dispatched_kernel\n"
+              "q = torch.randn(1, 2, 8, 16)\n"
+              "names = [dispatched_kernel(q, q, q, kwargs) for kwargs in ({}, {'is_causal': True})]\n"
+              "print(json.dumps({'names': names, 'dynamo': 'torch._dynamo' in sys.modules}))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert all(name is not None and why is None for name, why in seen["names"]), seen
+    assert seen["dynamo"] is False, "naming an SDPA kernel imported torch._dynamo"
 
 
 def test_fused_sdp_choice_problem_names_a_missing_or_changed_function(monkeypatch):

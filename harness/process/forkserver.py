@@ -39,9 +39,10 @@ from typing import Any, Mapping, Sequence
 
 #: Set to 0 to start every worker as a fresh interpreter.
 ENV_SWITCH = "ATTNBENCH_FORK_WORKERS"
-#: The modules a template imports before it forks: the worker job's (torch with them), and torch.nn.attention.bias, which
-#: imports torch._dynamo (1.5 CPU-s), imported by nearly every run's first SDPA pair (naming its kernel) or compiled backend.
-PRELOAD = ("harness.run.worker", "torch.nn.attention.bias")
+#: The modules a template imports before it forks: the worker job's (torch with them). Not torch._dynamo (1.5 CPU-s, with
+#: torch.nn.attention.bias): only compiled backends and lower-right causal masks import it, so a worker pays it on its
+#: first such pair, and a template whose workers run none (most of the runs a test starts) never does.
+PRELOAD = ("harness.run.worker",)
 #: Variables that may differ between the workers one template serves: read when used, never while importing.
 RUNTIME_ONLY_PREFIXES = ("ATTNBENCH_", "PYTEST_CURRENT_TEST")
 #: Variables a library writes into os.environ when it is imported, with the value it reads when they are absent: set to

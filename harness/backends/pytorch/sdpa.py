@@ -10,6 +10,7 @@ there would be the first call's `error`, never another kernel).
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -103,12 +104,14 @@ def dispatched_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs:
     """
     from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
     from torch.nn.attention import SDPBackend
-    from torch.nn.attention.bias import CausalBias
 
+    # A CausalBias exists only where its module was imported: importing it to ask would cost every worker torch._dynamo
+    # (1.5 CPU-s), which only lower-right causal masks and compiled backends need.
+    bias_module = sys.modules.get("torch.nn.attention.bias")
     mask, gqa = kwargs.get("attn_mask"), bool(kwargs.get("enable_gqa", False))
     is_causal = bool(kwargs.get("is_causal", False))
     try:
-        if isinstance(mask, CausalBias):
+        if bias_module is not None and isinstance(mask, bias_module.CausalBias):
             if mask.seq_len_q == mask.seq_len_kv:
                 mask, is_causal = None, True
             else:
