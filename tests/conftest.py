@@ -124,9 +124,9 @@ SPREAD_MODULE_FIXTURES = ("registry", "cells")
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark the tests that use a shared service's fixture, and put each in that service's xdist group (before xdist reads them);
-    put the tests of each costly module-scoped fixture (a real run, a built venv) in a group of their own, so it is made once;
-    under xdist, collect the longest tests first (tests/xdist_groups.py: longest_first), so none runs alone at the end."""
-    from tests.xdist_groups import longest_first, module_fixture_group
+    put the tests of each costly module-scoped fixture (a real run, a built venv) in a group of their own, so it is made once
+    (tests/xdist_groups.py then puts the longest tests first, so none runs alone at the end)."""
+    from tests.xdist_groups import module_fixture_group
 
     for item in items:
         for fixture, marker in SERVICE_FIXTURES.items():
@@ -144,5 +144,3 @@ def pytest_collection_modifyitems(config, items):
             shared = module_fixture_group(item)
             if shared is not None and shared.rsplit("::", 1)[1] not in SPREAD_MODULE_FIXTURES:
                 item.add_marker(pytest.mark.xdist_group(shared))
-    if hasattr(config, "workerinput"):  # an xdist worker: its collection order is the order the controller hands tests out in
-        items[:] = longest_first(items)

@@ -3,6 +3,7 @@ a service's tests, grouped by the fixture they use, and a costly module-scoped f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -105,16 +106,24 @@ def test_compile_b():
     pass
 '''
 ORDERING_CONFTEST = '''
+import json, os
 from tests.xdist_groups import longest_first
 
 def pytest_collection_modifyitems(items):
-    items[:] = longest_first(items)
+    items[:] = longest_first(items, json.loads(os.environ["SECONDS"]))
 '''
 
 
-def test_the_longest_tests_are_collected_first_each_rank_in_collection_order(tmp_path, outside_xdist):
+@pytest.mark.parametrize("seconds, order", [
+    ({}, ["test_compile_a", "test_compile_b", "test_slow_a", "test_end_to_end", "test_quick_a", "test_quick_b"]),
+    # Within a rank the longest of the last session first; the marker's rank still comes before the seconds.
+    ({"test_ranked.py::test_compile_b": 9.0, "test_ranked.py::test_end_to_end": 1.0, "test_ranked.py::test_quick_b": 50.0},
+     ["test_compile_b", "test_compile_a", "test_end_to_end", "test_slow_a", "test_quick_b", "test_quick_a"]),
+], ids=["markers", "markers-then-seconds"])
+def test_the_longest_tests_are_collected_first(tmp_path, outside_xdist, monkeypatch, seconds, order):
     (tmp_path / "test_ranked.py").write_text(RANKED_TESTS)
     (tmp_path / "conftest.py").write_text(ORDERING_CONFTEST)
+    monkeypatch.setenv("SECONDS", json.dumps(seconds))
 
     class Collected:
         names: list[str] = []
@@ -127,7 +136,40 @@ def test_the_longest_tests_are_collected_first_each_rank_in_collection_order(tmp
                         "--rootdir", str(tmp_path), "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
                        plugins=[collected])
     assert code == 0
-    assert collected.names == ["test_compile_a", "test_compile_b", "test_slow_a", "test_end_to_end", "test_quick_a", "test_quick_b"]
+    assert collected.names == order
+
+
+#: A test that writes what its worker was handed: the seconds the controller kept from the session before.
+HANDED_TESTS = '''
+import json, os, time
+
+def test_long(request):
+    time.sleep(0.3)
+    with open(os.environ["HANDED"] + "." + os.environ["PYTEST_XDIST_WORKER"], "w") as out:
+        json.dump(request.config.workerinput.get("attnbench/test-seconds"), out)
+
+def test_short():
+    pass
+'''
+
+
+@pytest.mark.slow
+def test_the_controller_keeps_each_tests_seconds_and_hands_them_to_every_worker_of_the_next_session(tmp_path):
+    (tmp_path / "test_handed.py").write_text(HANDED_TESTS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(PYTHONPATH=str(ROOT), HANDED=str(tmp_path / "handed"))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "tests.xdist_groups", "-n", "2", "--dist", "loadgroup",
+               "--rootdir", str(tmp_path), str(tmp_path)]
+    for session in ("first", "second"):
+        for old in tmp_path.glob("handed.gw*"):
+            old.unlink()
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, session + done.stdout[-3000:] + done.stderr[-2000:]
+        handed = [json.loads(p.read_text()) for p in tmp_path.glob("handed.gw*")]
+        if session == "first":
+            assert handed == [{}], handed  # nothing kept yet
+    assert len(handed) == 1 and set(handed[0]) == {"test_handed.py::test_long", "test_handed.py::test_short"}, handed
+    assert handed[0]["test_handed.py::test_long"] >= 0.3 > handed[0]["test_handed.py::test_short"], handed
 
 
 def test_this_sessions_workers_collect_each_rank_of_marker_after_the_longer_ones(request):

@@ -6,10 +6,15 @@ every grouped test is spread over the workers as if unmarked, silently (pytest-x
 after xdist's own attempt, only where that attempt did not take, and a pytest that changes its ids again stops the
 session with a message instead of spreading the group. tests/test_xdist_groups.py runs a real `pytest -n 2` to hold it.
 
+Each worker also collects the longest tests first (longest_first: by marker, then by the seconds each took in the last
+session, which the controller keeps in pytest's cache and hands every worker), so no long test starts last and runs alone.
+
 Registered by tests/conftest.py; a pytest run outside this folder loads it with `-p tests.xdist_groups`.
 """
 
 from __future__ import annotations
+
+from typing import Any, Mapping
 
 import pytest
 
@@ -37,20 +42,57 @@ def module_fixture_group(item: pytest.Item) -> str | None:
 
 #: Markers of the tests that take longest, by rank: a test with none of them ranks after all of these.
 LONGEST_MARKERS = (("compile",), ("slow", "e2e", "browser"))
+#: pytest's cache key of each test's seconds (setup, call and teardown) in the last session that ran it, by node id.
+SECONDS_KEY = "attnbench/test-seconds"
 
 
-def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """`items` with the compile tests first, then the other slow ones, then the rest, each in collection order.
+def longest_first(items: list[pytest.Item], seconds: Mapping[str, float] | None = None) -> list[pytest.Item]:
+    """`items` with the compile tests first, then the other slow ones, then the rest; within each rank the longest by
+    `seconds` (the last session's, by node id) first, and those it lacks after them, in collection order.
 
     xdist hands out ungrouped tests in collection order: a 50 s compile collected near the end (test_variants_check.py)
     started when the other workers had nothing left, and ran alone while they sat idle. Started first, it overlaps the many
     short tests instead. Each group keeps its own order, so a module's tests of a module-scoped fixture stay together.
     """
-    def rank(item: pytest.Item) -> int:
+    seconds = seconds or {}
+
+    def rank(item: pytest.Item) -> tuple[int, float]:
         names = {mark.name for mark in item.iter_markers()}
-        return next((i for i, markers in enumerate(LONGEST_MARKERS) if names.intersection(markers)), len(LONGEST_MARKERS))
+        marked = next((i for i, markers in enumerate(LONGEST_MARKERS) if names.intersection(markers)), len(LONGEST_MARKERS))
+        return marked, -seconds.get(item.nodeid, 0.0)
 
     return sorted(items, key=rank)
+
+
+class SecondsKept:
+    """In the process that reports the session (xdist's controller, or a pytest without workers): each test's seconds,
+    kept in pytest's cache at the end beside those of the tests this session did not run (make test-fast runs a part)."""
+
+    def __init__(self, cache: Any) -> None:
+        # Read once: every worker must get the same seconds (a session ending beside this one may rewrite them), or xdist
+        # would see two orders and stop the run.
+        self.cache, self.kept, self.seconds = cache, cache.get(SECONDS_KEY, {}), {}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist's controller starting a worker: hand it the last sessions' seconds, so every worker orders its tests alike."""
+        node.workerinput[SECONDS_KEY] = self.kept
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Add a phase's seconds to its test's."""
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        """Keep this session's seconds, the others' where this session ran no such test."""
+        if self.seconds:
+            self.cache.set(SECONDS_KEY, {**self.kept, **{k: round(v, 3) for k, v in self.seconds.items()}})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Outside xdist's workers, with pytest's cache on: keep each test's seconds for the next session's order."""
+    cache = getattr(config, "cache", None)
+    if cache is not None and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(SecondsKept(cache), "tests.xdist_groups.seconds")
 
 
 def _rename(item: pytest.Item, nodeid: str) -> None:
@@ -66,10 +108,15 @@ def _rename(item: pytest.Item, nodeid: str) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker under `--dist loadgroup`: suffix each grouped test's id with `@group` where xdist's own suffix did not take."""
+    """In an xdist worker under `--dist loadgroup`: suffix each grouped test's id with `@group` where xdist's own suffix did not
+    take, then put the longest tests first (longest_first), by the seconds the controller handed over."""
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
         group = group_of(item)
         if group is not None and not item.nodeid.endswith(f"@{group}"):
             _rename(item, f"{item.nodeid}@{group}")
+    # After the renaming: the seconds kept are by the ids the controller saw, suffixes included.
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        items[:] = longest_first(items, workerinput.get(SECONDS_KEY))
