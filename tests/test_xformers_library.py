@@ -149,6 +149,16 @@ def fresh_import_of_xformers_ops():
         sys.modules.update(saved)
 
 
+def pretend_a_gpu(monkeypatch):
+    """torch.cuda.is_available() says yes, so the adapter gets as far as importing xFormers' GPU operators.
+
+    Only once the real xFormers was imported (fresh_import_of_xformers_ops does it): its import asks once, and caches,
+    whether Triton can run (xformers._is_triton_available), and with a pretended GPU that asks this CPU build of torch
+    for the device's capability and fails. A test that was the first in its process to import xFormers failed so.
+    """
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
 def test_flash_attn_4_alone_is_named_as_why_xformers_does_not_import(monkeypatch, tmp_path):
     from harness.backends.xformers.adapter import XformersBackend
 
@@ -158,8 +168,8 @@ def test_flash_attn_4_alone_is_named_as_why_xformers_does_not_import(monkeypatch
     spec = importlib.machinery.ModuleSpec("flash_attn", None, is_package=True)
     spec.submodule_search_locations = [str(tmp_path / "flash_attn")]
     namespace = importlib.util.module_from_spec(spec)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with fresh_import_of_xformers_ops():
+        pretend_a_gpu(monkeypatch)
         monkeypatch.setitem(sys.modules, "flash_attn", namespace)
         monkeypatch.delitem(sys.modules, "flash_attn.flash_attn_interface", raising=False)
         reason = XformersBackend().available()
@@ -170,8 +180,8 @@ def test_flash_attn_4_alone_is_named_as_why_xformers_does_not_import(monkeypatch
 def test_xformers_that_is_missing_is_still_reported_as_not_installed(monkeypatch):
     from harness.backends.xformers.adapter import XformersBackend
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with fresh_import_of_xformers_ops():
+        pretend_a_gpu(monkeypatch)
         for k in [k for k in sys.modules if k == "xformers" or k.startswith("xformers.")]:
             monkeypatch.delitem(sys.modules, k)
         monkeypatch.setitem(sys.modules, "xformers", None)  # `import xformers` now raises ModuleNotFoundError
