@@ -36,8 +36,9 @@ def peaks_measured_once(request, tmp_path_factory):
     """
     import fcntl
 
+    from harness.run.protocol import atomic_write
     from harness.telemetry.peaks_reuse import PEAKS_ENV
-    from tests.session_peaks import CACHE_NAME, session_peaks, write_atomically
+    from tests.session_peaks import CACHE_NAME, session_peaks
 
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
@@ -46,7 +47,7 @@ def peaks_measured_once(request, tmp_path_factory):
     with open(shared / "session-peaks.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():
-            write_atomically(path, session_peaks(cache.mkdir(CACHE_NAME) if cache is not None else None, SESSION_PEAK_DTYPES))
+            atomic_write(path, session_peaks(cache.mkdir(CACHE_NAME) if cache is not None else None, SESSION_PEAK_DTYPES))
     before = os.environ.get(PEAKS_ENV)
     os.environ[PEAKS_ENV] = str(path)
     yield path

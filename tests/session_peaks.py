@@ -10,19 +10,11 @@ model, torch and thread count, every dtype measured without error: harness.telem
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Sequence
 
 #: Where, in pytest's cache folder (`.pytest_cache/d/`), the last session's measurement is kept.
 CACHE_NAME = "attnbench-peaks"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` whole or not at all: a session started beside this one never reads half a file."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text)
-    partial.replace(path)
 
 
 def kept_measurement(kept: Path, dtypes: Sequence[str]) -> str | None:
@@ -42,6 +34,7 @@ def kept_measurement(kept: Path, dtypes: Sequence[str]) -> str | None:
 def session_peaks(cache_folder: Path | None, dtypes: Sequence[str]) -> str:
     """This machine's CPU ceilings for `dtypes` as peaks.json text: the one kept in `cache_folder` where a run would take
     it, else a new measurement, kept there for the next session (`cache_folder` None: measured, kept nowhere)."""
+    from harness.run.protocol import atomic_write
     from harness.telemetry.peaks import measure_peaks
 
     kept = cache_folder / "peaks.json" if cache_folder is not None else None
@@ -49,5 +42,5 @@ def session_peaks(cache_folder: Path | None, dtypes: Sequence[str]) -> str:
     if text is None:
         text = json.dumps(measure_peaks("cpu", dtypes))
         if kept is not None:
-            write_atomically(kept, text)
+            atomic_write(kept, text)  # a session started beside this one never reads half a file
     return text

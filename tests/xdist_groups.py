@@ -46,22 +46,22 @@ LONGEST_MARKERS = (("compile",), ("slow", "e2e", "browser"))
 SECONDS_KEY = "attnbench/test-seconds"
 
 
+def marker_rank(item: pytest.Item) -> int:
+    """The index in LONGEST_MARKERS of the first rank whose marker `item` carries; len(LONGEST_MARKERS) with none."""
+    names = {mark.name for mark in item.iter_markers()}
+    return next((i for i, markers in enumerate(LONGEST_MARKERS) if names.intersection(markers)), len(LONGEST_MARKERS))
+
+
 def longest_first(items: list[pytest.Item], seconds: Mapping[str, float] | None = None) -> list[pytest.Item]:
     """`items` with the compile tests first, then the other slow ones, then the rest; within each rank the longest by
     `seconds` (the last session's, by node id) first, and those it lacks after them, in collection order.
 
     xdist hands out ungrouped tests in collection order: a 50 s compile collected near the end (test_variants_check.py)
     started when the other workers had nothing left, and ran alone while they sat idle. Started first, it overlaps the many
-    short tests instead. Each group keeps its own order, so a module's tests of a module-scoped fixture stay together.
+    short tests instead. A group's tests still go to one worker together, so a module-scoped fixture is still made once.
     """
     seconds = seconds or {}
-
-    def rank(item: pytest.Item) -> tuple[int, float]:
-        names = {mark.name for mark in item.iter_markers()}
-        marked = next((i for i, markers in enumerate(LONGEST_MARKERS) if names.intersection(markers)), len(LONGEST_MARKERS))
-        return marked, -seconds.get(item.nodeid, 0.0)
-
-    return sorted(items, key=rank)
+    return sorted(items, key=lambda item: (marker_rank(item), -seconds.get(item.nodeid, 0.0)))
 
 
 class SecondsKept:
