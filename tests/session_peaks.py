@@ -4,7 +4,9 @@ Measuring them (fp32, bf16 and fp16 sweeps, harness.telemetry.peaks) costs about
 other xdist worker waits on the session's lock: a `pytest tests/test_one.py` of the inner loop paid it each time. So the
 measurement is kept in pytest's cache folder and a later session takes it exactly when a run would (the same host, CPU
 model, torch and thread count, every dtype measured without error: harness.telemetry.peaks_reuse); otherwise, or with
-`-p no:cacheprovider`, the session measures anew and keeps that. Tests of the measurement itself call it directly.
+`-p no:cacheprovider`, the session measures anew and keeps that. A pytest that a test starts (pytest-benchmark's own
+checks, run apart from xdist) inherits ATTNBENCH_PEAKS from the session around it and takes that file on the same terms,
+instead of measuring again with no cache (10 CPU-s). Tests of the measurement itself call it directly.
 """
 
 from __future__ import annotations
@@ -31,12 +33,17 @@ def kept_measurement(kept: Path, dtypes: Sequence[str]) -> str | None:
     return kept.read_text() if taken is not None else None
 
 
-def session_peaks(cache_folder: Path | None, dtypes: Sequence[str]) -> str:
-    """This machine's CPU ceilings for `dtypes` as peaks.json text: the one kept in `cache_folder` where a run would take
-    it, else a new measurement, kept there for the next session (`cache_folder` None: measured, kept nowhere)."""
+def session_peaks(cache_folder: Path | None, dtypes: Sequence[str], inherited: Path | None = None) -> str:
+    """This machine's CPU ceilings for `dtypes` as peaks.json text: `inherited` (the file the session around this one
+    hands its runs) or the one kept in `cache_folder`, the first a run would take; else a new measurement, kept there for
+    the next session (`cache_folder` None: measured, kept nowhere)."""
     from harness.run.protocol import atomic_write
     from harness.telemetry.peaks import measure_peaks
 
+    if inherited is not None:
+        text = kept_measurement(inherited, dtypes)
+        if text is not None:
+            return text
     kept = cache_folder / "peaks.json" if cache_folder is not None else None
     text = kept_measurement(kept, dtypes) if kept is not None else None
     if text is None:

@@ -54,3 +54,19 @@ def test_without_a_cache_folder_the_session_measures_and_keeps_nothing(tmp_path,
     assert json.loads(session_peaks(None, DTYPES)) == {"new_measurement": 1}
     assert session_peaks(None, DTYPES) and len(measured) == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pytest_started_by_a_test_takes_its_outer_sessions_file_before_its_cache(tmp_path, peaks_measured_once, measured):
+    inherited = tmp_path / "outer-session-peaks.json"
+    inherited.write_text(peaks_measured_once.read_text())
+    assert session_peaks(None, DTYPES, inherited) == inherited.read_text()
+    assert measured == []
+
+
+def test_an_inherited_file_a_run_would_refuse_is_not_taken(tmp_path, peaks_measured_once, measured):
+    stored = json.loads(peaks_measured_once.read_text())
+    stored["torch_threads"] = stored["torch_threads"] + 7
+    inherited = tmp_path / "outer-session-peaks.json"
+    inherited.write_text(json.dumps(stored))
+    assert json.loads(session_peaks(None, DTYPES, inherited)) == {"new_measurement": 1}
+    assert json.loads(session_peaks(None, DTYPES, tmp_path / "missing.json")) == {"new_measurement": 2}
