@@ -112,12 +112,14 @@ def pytest_configure(config):
         config.pluginmanager.register(xdist_groups, "tests.xdist_groups")
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config):
-    """Freeze the heap a finished session leaves: the collections that follow (pytest's unraisable-exception cleanup, the
-    interpreter's exit) then walk only what is made after this, not torch, pandas and every collected test. Measured: 7
-    full collections, 1.4-2.5 CPU-s at the end of each `make test` worker, while the run waits for its last worker."""
-    gc.collect()  # what the session itself left is still collected, and any unraisable exception in it still reported
+    """Collect what the session left once, then freeze the heap: the collections that follow (pytest's unraisable-exception
+    hook and cleanup, each a full collection, then the interpreter's exit) walk only what is made after this, not torch,
+    pandas and every collected test. Seen with faulthandler: each full collection took 1-2.5 s at the end of a `make test`
+    worker under load, while the run waited for its last worker. First, so that pytest's hook still reports an
+    unraisable exception raised in this collection."""
+    gc.collect()
     gc.freeze()
 
 
