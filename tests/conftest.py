@@ -123,9 +123,11 @@ def pytest_unconfigure(config):
     gc.freeze()
 
 
-#: Markers whose tests share something one machine holds once (a Ray head, a PostgreSQL server): under
-#: pytest-xdist's `--dist loadgroup` each group runs on one worker, so two never start side by side.
-SHARED_SERVICE_GROUPS = ("ray", "postgres")
+#: Markers whose tests share something one machine holds once (a Ray head, a PostgreSQL server, inductor's on-disk cache):
+#: under pytest-xdist's `--dist loadgroup` each group runs on one worker, so two never start side by side. Compiles share
+#: graphs through the cache only once the first has finished: started side by side (the longest-first order starts every
+#: worker on one), a cold cache compiled three flex kernels twice, about 6 CPU-s each, half of it g++.
+SHARED_SERVICE_GROUPS = ("ray", "postgres", "compile")
 #: The fixtures that start such a service: a test that asks for one carries its marker whether or not it says so.
 SERVICE_FIXTURES = {"ray_cluster": "ray", "postgres_base": "postgres"}
 #: Parametrized fixtures one of whose values asks for such a service at run time (getfixturevalue: unseen by fixturenames).
