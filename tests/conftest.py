@@ -31,9 +31,10 @@ def peaks_measured_once(request, tmp_path_factory):
 
     Each CPU run would otherwise sweep products for ~3 s before its first pair, hundreds of times a session. xdist's
     workers share one file, made by the first to arrive while the others wait on its lock; it is the measurement an
-    earlier session on this machine kept in pytest's cache where a run would take it, else measured now with the machine
-    to itself, as far as the suite goes (tests/session_peaks.py). A run that needs what it lacks (another thread count,
-    an FP8 ceiling) measures its own, as without it; tests of the measurement call it directly and are untouched.
+    earlier session on this machine kept in pytest's cache (or, in a pytest a test starts, its outer session's file) where
+    a run would take it, else measured now with the machine to itself, as far as the suite goes (tests/session_peaks.py).
+    A run that needs what it lacks (another thread count, an FP8 ceiling) measures its own, as without it; tests of the
+    measurement call it directly and are untouched.
     """
     import fcntl
 

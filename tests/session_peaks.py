@@ -40,14 +40,12 @@ def session_peaks(cache_folder: Path | None, dtypes: Sequence[str], inherited: P
     from harness.run.protocol import atomic_write
     from harness.telemetry.peaks import measure_peaks
 
-    if inherited is not None:
-        text = kept_measurement(inherited, dtypes)
+    kept = cache_folder / "peaks.json" if cache_folder is not None else None
+    for source in (inherited, kept):
+        text = kept_measurement(source, dtypes) if source is not None else None
         if text is not None:
             return text
-    kept = cache_folder / "peaks.json" if cache_folder is not None else None
-    text = kept_measurement(kept, dtypes) if kept is not None else None
-    if text is None:
-        text = json.dumps(measure_peaks("cpu", dtypes))
-        if kept is not None:
-            atomic_write(kept, text)  # a session started beside this one never reads half a file
+    text = json.dumps(measure_peaks("cpu", dtypes))
+    if kept is not None:
+        atomic_write(kept, text)  # a session started beside this one never reads half a file
     return text

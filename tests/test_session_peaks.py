@@ -59,7 +59,10 @@ def test_without_a_cache_folder_the_session_measures_and_keeps_nothing(tmp_path,
 def test_a_pytest_started_by_a_test_takes_its_outer_sessions_file_before_its_cache(tmp_path, peaks_measured_once, measured):
     inherited = tmp_path / "outer-session-peaks.json"
     inherited.write_text(peaks_measured_once.read_text())
-    assert session_peaks(None, DTYPES, inherited) == inherited.read_text()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "peaks.json").write_text(json.dumps(json.loads(peaks_measured_once.read_text()), indent=1))  # as valid, other text
+    assert session_peaks(cache, DTYPES, inherited) == inherited.read_text()
     assert measured == []
 
 
