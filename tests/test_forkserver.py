@@ -164,7 +164,8 @@ def test_a_cpu_runs_plugin_probe_is_forked_from_the_template_its_workers_then_us
 def test_the_template_key_ignores_only_variables_read_when_used():
     base = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": "/x"}
     # RAY_CLIENT_MODE=0 is what `import ray` writes, and what Ray reads when it is absent; 1 turns client mode on.
-    same = forkserver.template_key({**base, "ATTNBENCH_TEST_LOG": "/a", "PYTEST_CURRENT_TEST": "t (call)", "RAY_CLIENT_MODE": "0"})
+    same = forkserver.template_key({**base, "ATTNBENCH_TEST_LOG": "/a", "PYTEST_CURRENT_TEST": "t (call)", "RAY_CLIENT_MODE": "0",
+                                    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR": "140000000000"})
     assert same == forkserver.template_key(base)
     for name, value in (("OMP_NUM_THREADS", "2"), ("PYTHONPATH", "/y"), ("CUDA_VISIBLE_DEVICES", "0"), ("LD_PRELOAD", "x.so"),
                         ("RAY_CLIENT_MODE", "1")):
@@ -182,6 +183,23 @@ def test_the_variables_taken_as_absent_are_what_their_library_writes_on_import()
                and ast.unparse(node.func) == "os.environ.update" and isinstance(node.args[0], ast.Dict)]
     assert [{ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(call.args[0].keys, call.args[0].values)}
             for call in written] == [forkserver.ABSENT_WHEN]
+
+
+def test_the_variables_written_before_read_are_written_by_inductor_before_it_loads_a_kernel():
+    # torch's own source, read: the assignment is the first statement of the function that loads a compiled kernel (whose
+    # module init reads it with getenv), and nothing else in the file assigns or reads it through os.environ.
+    source = (Path(importlib.util.find_spec("torch").origin).parent / "_inductor" / "codecache.py").read_text()
+    (name,) = forkserver.WRITTEN_BEFORE_READ
+    writers, readers = [], []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        first = function.body[0]
+        for node in ast.walk(function):
+            if isinstance(node, ast.Subscript) and ast.unparse(node) == f"os.environ[{name!r}]":
+                (writers if node is getattr(first, "targets", [None])[0] else readers).append(function)
+    assert [f.name for f in writers] == ["_load_library_inner"] and readers == [], (writers, readers)
+    assert "spec_from_file_location" in ast.unparse(writers[0]) and f'std::getenv("{name}")' in source
 
 
 def _module_level_environ_reads(tree: ast.Module) -> list[tuple[int, str]]:

@@ -17,8 +17,8 @@ What a fork could not give as a fresh process does, the template never does:
   path has not been run on a GPU box; CUDA workers are started fresh, as before.
 - An environment variable read while importing (PYTHONPATH, OMP_NUM_THREADS, CUDA_*, LD_*, …) is the template's:
   a template serves one environment, compared without only the variables attnbench itself reads when they are
-  used (`ATTNBENCH_*`, never at import: tests/test_forkserver.py walks every module for that) and pytest's
-  per-test markers.
+  used (`ATTNBENCH_*`, never at import: tests/test_forkserver.py walks every module for that), pytest's
+  per-test markers, and what a library writes for itself before it reads it.
 `ATTNBENCH_FORK_WORKERS=0` starts every worker fresh.
 """
 
@@ -50,6 +50,10 @@ RUNTIME_ONLY_PREFIXES = ("ATTNBENCH_", "PYTEST_CURRENT_TEST")
 #: client_mode_hook.py), so a process that once imported Ray (a `--executor ray` run, a notebook) would otherwise start a
 #: second template for its next local run.
 ABSENT_WHEN = {"RAY_CLIENT_MODE": "0"}
+#: Variables a library writes into os.environ for its own process, each time before the code that reads them runs: an
+#: inherited value is never read. Inductor writes an address of the writing process before it loads each compiled kernel
+#: (torch/_inductor/codecache.py), so a process that compiled anything would otherwise start a second template.
+WRITTEN_BEFORE_READ = ("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",)
 #: How long a template may take to import torch on a loaded machine before its first worker is started fresh instead.
 READY_TIMEOUT_S = 300.0
 #: Templates one process keeps (each holds torch's import, ~300 MB resident); the least recently used is closed.
@@ -67,7 +71,8 @@ def enabled(env: Mapping[str, str]) -> bool:
 def template_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """What makes two environments need two templates: every variable but those read only when used or set to their default."""
     return tuple(sorted((name, value) for name, value in env.items()
-                        if not name.startswith(RUNTIME_ONLY_PREFIXES) and ABSENT_WHEN.get(name) != value))
+                        if not name.startswith(RUNTIME_ONLY_PREFIXES) and ABSENT_WHEN.get(name) != value
+                        and name not in WRITTEN_BEFORE_READ))
 
 
 class ForkedProcess:
