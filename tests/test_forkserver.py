@@ -186,19 +186,15 @@ def test_the_variables_taken_as_absent_are_what_their_library_writes_on_import()
 
 
 def test_the_variables_written_before_read_are_written_by_inductor_before_it_loads_a_kernel():
-    # torch's own source, read: the assignment is the first statement of the function that loads a compiled kernel (whose
-    # module init reads it with getenv), and nothing else in the file assigns or reads it through os.environ.
+    # torch's own source, read: the variable's name appears in Python once, as the target of the first statement of the
+    # function that loads a compiled kernel (whose module init reads it with getenv): no os.environ read, get or pop of it.
     source = (Path(importlib.util.find_spec("torch").origin).parent / "_inductor" / "codecache.py").read_text()
     (name,) = forkserver.WRITTEN_BEFORE_READ
-    writers, readers = [], []
-    for function in ast.walk(ast.parse(source)):
-        if not isinstance(function, ast.FunctionDef):
-            continue
-        first = function.body[0]
-        for node in ast.walk(function):
-            if isinstance(node, ast.Subscript) and ast.unparse(node) == f"os.environ[{name!r}]":
-                (writers if node is getattr(first, "targets", [None])[0] else readers).append(function)
-    assert [f.name for f in writers] == ["_load_library_inner"] and readers == [], (writers, readers)
+    tree = ast.parse(source)
+    named = [node for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value == name]
+    writers = [function for function in ast.walk(tree) if isinstance(function, ast.FunctionDef)
+               and isinstance(function.body[0], ast.Assign) and ast.unparse(function.body[0].targets[0]) == f"os.environ[{name!r}]"]
+    assert [f.name for f in writers] == ["_load_library_inner"] and named == [writers[0].body[0].targets[0].slice], named
     assert "spec_from_file_location" in ast.unparse(writers[0]) and f'std::getenv("{name}")' in source
 
 
