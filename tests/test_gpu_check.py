@@ -199,6 +199,37 @@ def test_gpu_check_runs_compilers_first_bounds_each_child_and_reports_what_it_sk
     assert MIN_CHILD_S <= 14.0
 
 
+def test_rows_keeps_every_pair_of_each_backend_that_ended_even_when_the_check_is_stopped_partway(tmp_path, monkeypatch):
+    import csv
+
+    def child(name, device, timeout_s):
+        if name == "sdpa":
+            raise KeyboardInterrupt  # the user stops gpu-check while sdpa's child runs
+        return [pair(16.5 * US, 12.7 * US, 4.0, name=name, case="fwd"),
+                gc.Row(name, "fp8", Status.UNSUPPORTED, None, None, "no FP8 kernel"),
+                pair(16.5 * US, 12.7 * US, 0.5, name=name, case="off")]
+
+    monkeypatch.setattr(gc, "_child", child)
+    rows = tmp_path / "rows.csv"
+    assert main(["gpu-check", "--cpu", "--backends", "naive,sdpa", "--rows", str(rows)]) == 130
+    with rows.open(newline="") as f:
+        written = list(csv.DictReader(f))
+    assert [(r["backend"], r["case"], r["status"]) for r in written] == [("naive", "fwd", "ok"), ("naive", "fp8", "unsupported"),
+                                                                        ("naive", "off", "ok")]
+    fwd, fp8, off = written
+    assert float(fwd["net"]) == pytest.approx((16.5 - 4.0) / 12.7) and fwd["failed"] == "False" and fwd["overhead_us"] == "4.0"
+    assert fp8["reason"] == "no FP8 kernel" and fp8["ms"] == "" and fp8["failed"] == "False"
+    assert off["failed"] == "True"
+
+
+def test_rows_to_a_folder_that_does_not_exist_is_refused_in_one_line_before_any_child_runs(tmp_path, capsys, monkeypatch):
+    from tests.cli_runs import refused
+
+    monkeypatch.setattr(gc, "_child", lambda *a: pytest.fail("a child ran before --rows was found unwritable"))
+    refused(capsys, ["gpu-check", "--cpu", "--backends", "naive", "--rows", str(tmp_path / "no" / "rows.csv")],
+            ["--rows", "rows.csv", "cannot write it"])
+
+
 def test_the_grid_reaches_fp8_paged_mla_the_score_variants_and_the_packed_deterministic_backward():
     from harness.backends.registry import load_registry
     from suites.train import SUITE as TRAIN

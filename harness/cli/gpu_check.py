@@ -6,10 +6,18 @@ the 345 s budget could not hold it), 2 when there is no CUDA device.
 
 from __future__ import annotations
 
-from typing import Sequence
+import csv
+import os
+from pathlib import Path
+from typing import Callable, Sequence
 
 from harness.checks.gpu import COMPILING_CASES, TIMER_TOLERANCE, BackendTurn, Row, check_cases, plan_gpu_check, run_gpu_check
+from harness.errors import UserError
 from harness.results.record import NOT_FAILURES, Status
+
+#: The columns of `--rows FILE`: one line per (backend, case), everything the table summarises.
+ROW_COLUMNS = ("backend", "case", "status", "agree", "failed", "ms", "kernel_ms", "kernels_per_call", "ratio", "net",
+               "overhead_us", "overhead_spread_us", "overhead_error", "reason")
 
 
 def _timer_note(off: Sequence[Row]) -> str:
@@ -76,20 +84,60 @@ def report_turn(turn: BackendTurn) -> None:
             print(f"    {r.case}: {r.status}{' disagrees' if r.agree is False else ''}: {r.reason or 'no reason given'}", flush=True)
 
 
-def run_cli(cpu: bool, backends: Sequence[str] | None) -> int:
-    """`attnbench gpu-check [--cpu] [--backends a,b]`: run, print the table last, exit 0/1 (a UserError, exit 2, without CUDA)."""
+def _row_fields(row: Row) -> dict[str, object]:
+    """One row as ROW_COLUMNS' values (empty where unknown; times in ms, the overhead in µs)."""
+    def us(ms: float | None) -> float | None:
+        return None if ms is None else ms * 1e3
+
+    values = {"backend": row.backend, "case": row.case, "status": str(row.status), "agree": row.agree, "failed": row.failed,
+              "ms": row.ms, "kernel_ms": row.kernel_ms, "kernels_per_call": row.kernels, "ratio": row.timer_ratio,
+              "net": row.net_ratio, "overhead_us": us(row.overhead_ms),
+              "overhead_spread_us": us(row.overhead_spread_ms) if row.overhead_ms is not None else None,
+              "overhead_error": row.overhead_error, "reason": row.reason}
+    return {key: "" if value is None else value for key, value in values.items()}
+
+
+def rows_writer(path: str | os.PathLike) -> Callable[[BackendTurn], None]:
+    """A turn listener that appends each backend's rows to the CSV at `path` as its child ends (a header first; UserError if unwritable).
+
+    Written turn by turn, so that a gpu-check stopped partway keeps the rows of every backend that finished."""
+    target = Path(path)
+    try:
+        with target.open("w", newline="", encoding="utf-8") as f:
+            csv.DictWriter(f, ROW_COLUMNS).writeheader()
+    except OSError as exc:
+        raise UserError(f"--rows {str(target)!r}: cannot write it ({exc.strerror or exc})") from None
+
+    def append(turn: BackendTurn) -> None:
+        with target.open("a", newline="", encoding="utf-8") as f:
+            csv.DictWriter(f, ROW_COLUMNS).writerows(_row_fields(row) for row in turn.rows)
+
+    return append
+
+
+def run_cli(cpu: bool, backends: Sequence[str] | None, rows_path: str | os.PathLike | None = None) -> int:
+    """`attnbench gpu-check [--cpu] [--backends a,b] [--rows FILE]`: run, print the table last, exit 0/1 (a UserError, exit 2, without CUDA)."""
     import torch
 
     plan = plan_gpu_check("cpu" if cpu else "cuda", backends)
+    save = rows_writer(rows_path) if rows_path is not None else None
+
+    def on_turn(turn: BackendTurn) -> None:
+        report_turn(turn)
+        if save is not None:
+            save(turn)
+
     cases = len(check_cases(plan.device))
     where = torch.cuda.get_device_name(0) if plan.device == "cuda" else "CPU (--cpu)"
     print(f"gpu-check on {where}, torch {torch.__version__}: {cases} cases × {len(plan.names)} backends", flush=True)
     if plan.compiling:
         print(f"  {', '.join(plan.compiling)}: each case compiles, so run first, on {len(COMPILING_CASES)} of the {cases} cases", flush=True)
-    result = run_gpu_check(plan, on_turn=report_turn)
+    result = run_gpu_check(plan, on_turn=on_turn)
     print(f"\n{len(result.rows)} pairs in {result.seconds:.0f} s")
     measured = sorted({r.overhead_ms for r in result.rows if r.overhead_ms is not None})
     if measured:
         print(f"fixed overhead a sample between events, as the children measured it: {measured[0] * 1e3:.2f}–{measured[-1] * 1e3:.2f} µs")
     print(format_table(result.rows))
+    if rows_path is not None:
+        print(f"rows: {rows_path}")
     return 1 if result.failed else 0

@@ -161,7 +161,7 @@ def cmd_gpu_check(args: argparse.Namespace) -> int:
     """Every backend on gpu-check's small grid, each in a child process; exit 1 when a pair fails or disagrees."""
     from harness.cli.gpu_check import run_cli
 
-    return run_cli(args.cpu, args.backends)
+    return run_cli(args.cpu, args.backends, args.rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gpu-check", help="CUDA: every backend on a small grid, fwd/bwd, checked and timed (--cpu: tiny, on the CPU); exit 2 without CUDA")
     p.add_argument("--cpu", action="store_true", help="run on the CPU with tiny shapes (to test the command)")
     p.add_argument("--backends", type=comma_list, help="comma-separated backend names (default: every registered one)")
+    p.add_argument("--rows", metavar="FILE", help="also write every (backend, case) row to this CSV, appended as each backend ends")
     p.set_defaults(func=cmd_gpu_check)
 
     p = sub.add_parser("check", help="check every backend against a float64 reference (no timing); exit 1 on a disagreement")
