@@ -5,6 +5,8 @@ a 12.7 µs kernel, cuDNN 410.7 over 405.5 µs: a fixed ~4 µs a sample) and gpu-
 seconds each backend's child took; flex reached last with 82 s left, and timed out).
 """
 
+import os
+
 import pytest
 
 from harness.checks import gpu as gc
@@ -12,7 +14,7 @@ from harness.cli.gpu_check import format_table
 from harness.cli.main import main
 from harness.checks.gpu_plan import MIN_CHILD_S, estimate_s, plan_schedule
 from harness.measure.cuda_clock import CudaEventClock, FixedOverhead, measure_fixed_overhead
-from harness.results.record import Status
+from harness.results.record import Record, Status
 from harness.suite.cases import parse_case_id
 from tests.gpu_timeline import Timeline
 
@@ -228,6 +230,33 @@ def test_rows_to_a_folder_that_does_not_exist_is_refused_in_one_line_before_any_
     monkeypatch.setattr(gc, "_child", lambda *a: pytest.fail("a child ran before --rows was found unwritable"))
     refused(capsys, ["gpu-check", "--cpu", "--backends", "naive", "--rows", str(tmp_path / "no" / "rows.csv")],
             ["--rows", "rows.csv", "cannot write it"])
+
+
+def test_a_gpu_check_child_sets_the_cublas_workspace_before_its_first_pair_so_the_deterministic_twin_can_run(monkeypatch):
+    """The H200 run of 2026-12-04: without it every backend refused the deterministic packed backward, asking for the variable."""
+    from harness.execution import execute as execute_module
+
+    seen = []
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(gc, "require_cuda", lambda: None)
+    monkeypatch.setattr(gc, "emit", lambda obj: None)
+    monkeypatch.setattr(execute_module, "execute", lambda case, *a, **k: seen.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+                        or Record(case=case, backend="naive", status=Status.UNSUPPORTED, reason="stand-in"))
+    assert any(c.deterministic for c in gc.cases_for("eager", "cuda"))
+    assert gc.backend_job(["naive", "--device", "cuda"]) == 0
+    assert seen and set(seen) == {":4096:8"}
+
+
+def test_only_a_process_that_will_run_a_deterministic_cuda_case_changes_cublas_workspaces(monkeypatch):
+    from harness.backends.determinism import configure_cublas_for
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    plain = [c for c in gc.cases_for("eager", "cuda") if not c.deterministic]
+    configure_cublas_for(plain + [c for c in gc.cases_for("eager", "cpu") if c.deterministic])
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own setting stands
+    configure_cublas_for(gc.cases_for("eager", "cuda"))
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
 def test_the_grid_reaches_fp8_paged_mla_the_score_variants_and_the_packed_deterministic_backward():

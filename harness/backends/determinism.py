@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.utils.deterministic  # noqa: F401 - its fill_uninitialized_memory flag
@@ -30,13 +30,22 @@ from harness.suite.cases import Case
 #: What cuBLAS needs for reproducible GEMMs under deterministic algorithms (torch raises on CUDA without it): either setting.
 CUBLAS_WORKSPACES = (":4096:8", ":16:8")
 CUBLAS_WORKSPACE = CUBLAS_WORKSPACES[0]
+def configure_cublas_for(cases: Iterable[Case]) -> None:
+    """Set CUBLAS_WORKSPACE_CONFIG (unless the user set it) in a process about to run `cases`, when one is a deterministic CUDA case.
+
+    cuBLAS reads the variable at its first use, before any pair: only processes that will run a deterministic case change
+    its workspaces, and each must call this before its first CUDA matmul (a run's worker, gpu-check's child)."""
+    if any(case.deterministic and case.device.startswith("cuda") for case in cases):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+
+
 @contextlib.contextmanager
 def deterministic_algorithms(case: Case) -> Iterator[None]:
     """Torch's deterministic algorithms on for a deterministic case (restored after); a plain case runs as it is.
 
     On CUDA, cuBLAS is reproducible only with CUBLAS_WORKSPACE_CONFIG set, and it reads the variable when this
-    process first uses cuBLAS: a run's worker sets it at its start when its pairs hold a deterministic CUDA case
-    (harness.run.worker.main); elsewhere (a check, a library caller) a CUDA deterministic case without it is
+    process first uses cuBLAS: a run's worker and gpu-check's child set it at their start when their pairs hold a
+    deterministic CUDA case (`configure_cublas_for`); elsewhere (a check, a library caller) a CUDA deterministic case without it is
     unsupported, saying what to export, where torch would otherwise raise at its first matmul.
     """
     if not case.deterministic:

@@ -133,16 +133,19 @@ def run_backend(name: str, device: str, after_pair: Callable[[], None] = lambda:
     """Run a backend's check cases in this process, through one runner (the cases share nothing but its budget).
 
     `after_pair` runs once the backend is loaded and again after each pair (a child job passes `gc.freeze`)."""
+    from harness.backends.determinism import configure_cublas_for
     from harness.backends.registry import load_registry
     from harness.execution.execute import PairRunner, Phases, execute
 
     backend = load_registry().get(name)
+    cases = cases_for(backend.family, device)
+    configure_cublas_for(cases)  # the packed backward's deterministic twin: before this process's first cuBLAS call
     # The profiled pass gives each pair's kernel time, the reference the harness's median is held to; no energy
     # phase (up to 1 s a pair), which the cost model (CASE_S, gpu_plan.py) was not fitted with.
     runner = PairRunner(budget=CHECK_BUDGET, phases=Phases(profile=True, profile_steps=10, energy=False))
     records = []
     after_pair()
-    for case in cases_for(backend.family, device):
+    for case in cases:
         records.append(execute(case, backend, runner, run_id="gpu-check"))
         after_pair()
     return records

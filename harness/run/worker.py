@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from harness.backends.determinism import CUBLAS_WORKSPACE
+from harness.backends.determinism import configure_cublas_for
 from harness.backends.registry import Registry, UnloadedPlugin, load_registry
 from harness.errors import STICKY_PREFIX, UserError
 from harness.execution.execute import PairRunner, Phases, execute
@@ -213,9 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             cap = protocol.limit_address_space(args.memory_limit)
             _say(f"attnbench worker {args.worker}: address space capped at {cap / 2**30:.2f} GiB")
         by_key = folder.pairs()
-        if any(case.deterministic and case.device.startswith("cuda") for case, _ in by_key.values()):
-            # cuBLAS reads it at its first use, before any pair: only runs that ask for determinism change its workspaces.
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        configure_cublas_for(case for case, _ in by_key.values())
         loop = folder_loop(folder, args.worker, by_key)
         pairs = pending_pairs(folder, by_key)
     except UserError as exc:
