@@ -248,14 +248,15 @@ def test_a_gpu_check_child_sets_the_cublas_workspace_before_its_first_pair_so_th
 
 
 def test_only_a_process_that_will_run_a_deterministic_cuda_case_changes_cublas_workspaces(monkeypatch):
-    from harness.backends.determinism import configure_cublas_for
+    from harness.backends.determinism import cublas_workspace_for
 
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     plain = [c for c in gc.cases_for("eager", "cuda") if not c.deterministic]
-    configure_cublas_for(plain + [c for c in gc.cases_for("eager", "cpu") if c.deterministic])
-    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    assert cublas_workspace_for(plain + [c for c in gc.cases_for("eager", "cpu") if c.deterministic]) == {}
+    assert cublas_workspace_for(gc.cases_for("eager", "cuda")) == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own setting stands
-    configure_cublas_for(gc.cases_for("eager", "cuda"))
+    monkeypatch.setattr(gc, "require_cuda", lambda: None)
+    monkeypatch.setattr(gc, "run_backend", lambda *a, **k: [])
+    assert gc.backend_job(["naive", "--device", "cuda"]) == 0
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 

@@ -30,13 +30,15 @@ from harness.suite.cases import Case
 #: What cuBLAS needs for reproducible GEMMs under deterministic algorithms (torch raises on CUDA without it): either setting.
 CUBLAS_WORKSPACES = (":4096:8", ":16:8")
 CUBLAS_WORKSPACE = CUBLAS_WORKSPACES[0]
-def configure_cublas_for(cases: Iterable[Case]) -> None:
-    """Set CUBLAS_WORKSPACE_CONFIG (unless the user set it) in a process about to run `cases`, when one is a deterministic CUDA case.
+def cublas_workspace_for(cases: Iterable[Case]) -> dict[str, str]:
+    """What a process about to run `cases` must set (unless the user did) before its first CUDA matmul: CUBLAS_WORKSPACE_CONFIG
+    when one of them is a deterministic CUDA case, else nothing.
 
-    cuBLAS reads the variable at its first use, before any pair: only processes that will run a deterministic case change
-    its workspaces, and each must call this before its first CUDA matmul (a run's worker, gpu-check's child)."""
+    cuBLAS reads the variable at its first use, before any pair: only processes that will run a deterministic case change its
+    workspaces. The processes' entry points set it (a run's worker, gpu-check's child): a library call never edits the environment."""
     if any(case.deterministic and case.device.startswith("cuda") for case in cases):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        return {"CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}
+    return {}
 
 
 @contextlib.contextmanager
@@ -45,7 +47,7 @@ def deterministic_algorithms(case: Case) -> Iterator[None]:
 
     On CUDA, cuBLAS is reproducible only with CUBLAS_WORKSPACE_CONFIG set, and it reads the variable when this
     process first uses cuBLAS: a run's worker and gpu-check's child set it at their start when their pairs hold a
-    deterministic CUDA case (`configure_cublas_for`); elsewhere (a check, a library caller) a CUDA deterministic case without it is
+    deterministic CUDA case (`cublas_workspace_for`); elsewhere (a check, a library caller) a CUDA deterministic case without it is
     unsupported, saying what to export, where torch would otherwise raise at its first matmul.
     """
     if not case.deterministic:

@@ -133,13 +133,11 @@ def run_backend(name: str, device: str, after_pair: Callable[[], None] = lambda:
     """Run a backend's check cases in this process, through one runner (the cases share nothing but its budget).
 
     `after_pair` runs once the backend is loaded and again after each pair (a child job passes `gc.freeze`)."""
-    from harness.backends.determinism import configure_cublas_for
     from harness.backends.registry import load_registry
     from harness.execution.execute import PairRunner, Phases, execute
 
     backend = load_registry().get(name)
     cases = cases_for(backend.family, device)
-    configure_cublas_for(cases)  # the packed backward's deterministic twin: before this process's first cuBLAS call
     # The profiled pass gives each pair's kernel time, the reference the harness's median is held to; no energy
     # phase (up to 1 s a pair), which the cost model (CASE_S, gpu_plan.py) was not fitted with.
     runner = PairRunner(budget=CHECK_BUDGET, phases=Phases(profile=True, profile_steps=10, energy=False))
@@ -279,6 +277,12 @@ def backend_job(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.device == "cuda":
         require_cuda()
+    from harness.backends.determinism import cublas_workspace_for
+    from harness.backends.registry import load_registry
+
+    # The packed backward's deterministic twin needs cuBLAS's workspace setting before this process's first cuBLAS call.
+    for name, value in cublas_workspace_for(cases_for(load_registry().get(args.backend).family, args.device)).items():
+        os.environ.setdefault(name, value)
     # Each pair ends in two full collections (execute._release_memory, the memory phase): with torch's imports frozen
     # they walk only what the pair made, not 0.17 s of modules each (4.9 of a CPU child's 11.7 CPU-s).
     records = run_backend(args.backend, args.device, after_pair=gc.freeze)

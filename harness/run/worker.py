@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from harness.backends.determinism import configure_cublas_for
+from harness.backends.determinism import cublas_workspace_for
 from harness.backends.registry import Registry, UnloadedPlugin, load_registry
 from harness.errors import STICKY_PREFIX, UserError
 from harness.execution.execute import PairRunner, Phases, execute
@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             cap = protocol.limit_address_space(args.memory_limit)
             _say(f"attnbench worker {args.worker}: address space capped at {cap / 2**30:.2f} GiB")
         by_key = folder.pairs()
-        configure_cublas_for(case for case, _ in by_key.values())
+        for name, value in cublas_workspace_for(case for case, _ in by_key.values()).items():
+            os.environ.setdefault(name, value)  # before this process's first cuBLAS call
         loop = folder_loop(folder, args.worker, by_key)
         pairs = pending_pairs(folder, by_key)
     except UserError as exc:
