@@ -107,3 +107,30 @@ def test_only_the_one_nvml_reader_imports_nvml():
                        if isinstance(node, ast.Import) and any(a.name == "pynvml" for a in node.names)
                        or isinstance(node, ast.ImportFrom) and node.module == "pynvml")
     assert importing == ["harness.telemetry.nvml"]
+
+
+def test_the_command_line_is_parsed_without_pandas_torch_or_matplotlib():
+    """Every `attnbench` command builds the whole parser first (a run's supervisor and each Ray driver too): importing a
+    light module of harness.analysis for a default must not load the analysis API, and pandas with it (a quarter second)."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from harness.cli.main import build_parser; build_parser(); "
+              "print(sorted({'pandas', 'torch', 'matplotlib'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_analysis_api_is_whole_and_its_functions_outlive_their_same_named_modules():
+    """`analysis.winners` and `analysis.recommend` are functions in modules of the same names: importing those modules
+    (as the report does) must not turn the package's names into the modules."""
+    from harness import analysis
+
+    importlib.import_module("harness.analysis.winners")
+    importlib.import_module("harness.analysis.recommend")
+    assert callable(analysis.winners) and callable(analysis.recommend)
+    assert analysis.winners is importlib.import_module("harness.analysis.winners").winners
+    assert all(getattr(analysis, name) is not None for name in analysis.__all__) and set(analysis.__all__) <= set(dir(analysis))
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        analysis.nosuch  # noqa: B018 - the attribute access is the test

@@ -208,7 +208,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def add_min_judged_argument(parser: argparse.ArgumentParser) -> None:
     """--min-judged N|P%: the judged pairs a gate (compare --fail-above, regress) needs to pass."""
-    from harness.analysis.compare import DEFAULT_MIN_JUDGED
+    from harness.analysis.gate import DEFAULT_MIN_JUDGED
 
     parser.add_argument("--min-judged", default=DEFAULT_MIN_JUDGED, metavar="N|P%",
                         help="with a gate: pass only when at least N pairs, or P%% of the pairs both runs measured ok, were judged "

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.checks.stability import StabilityResult
 from harness.errors import UserError
 from harness.suite.cases import Case, parse_case_id
+
+if TYPE_CHECKING:  # the parser imports this module: the check's engine (and pandas, through harness.analysis) only when it runs
+    from harness.checks.stability import StabilityResult
 
 
 def check_variation_out(path: Path) -> Path:
