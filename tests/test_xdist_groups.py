@@ -13,7 +13,7 @@ from collections import defaultdict
 import pytest
 
 from tests.cli_runs import ROOT
-from tests.xdist_groups import marker_rank
+from tests.xdist_groups import SEED_MIN_S, marker_rank, seed_seconds
 
 #: A folder of tests: eight share a service by a fixture (grouped by its conftest, as tests/conftest.py groups Ray's), six a
 #: module-scoped fixture that notes each making of it, eight neither.
@@ -167,10 +167,26 @@ def test_the_controller_keeps_each_tests_seconds_and_hands_them_to_every_worker_
         assert done.returncode == 0, session + done.stdout[-3000:] + done.stderr[-2000:]
         handed = [json.loads(p.read_text()) for p in tmp_path.glob("handed.gw*")]
         if session == "first":
-            assert handed == [{}], handed  # nothing kept yet
-    assert len(handed) == 1 and set(handed[0]) == {"test_handed.py::test_long", "test_handed.py::test_short"}, handed
+            assert handed == [seed_seconds()], handed  # nothing kept yet: the committed seconds alone
+    mine = {"test_handed.py::test_long", "test_handed.py::test_short"}
+    assert len(handed) == 1 and set(handed[0]) == mine | set(seed_seconds()), set(handed[0]) - set(seed_seconds())
     # The sleep bounds the long test's seconds from below; nothing bounds an empty test's on a busy machine but zero.
     assert handed[0]["test_handed.py::test_long"] >= 0.3 and handed[0]["test_handed.py::test_short"] >= 0.0, handed
+
+
+def test_the_committed_seconds_name_long_tests_of_this_suite():
+    """tests/test_seconds.json orders a session with no cache: each entry a test function this suite still has, of SEED_MIN_S
+    or more (a renamed test would only lose its place in the order, silently: `python -m tests.xdist_groups` rewrites them)."""
+    seed = seed_seconds()
+    assert len(seed) >= 50 and all(isinstance(s, float) and s >= SEED_MIN_S for s in seed.values())
+    missing = []
+    for nodeid in seed:
+        path, _, rest = nodeid.partition("::")
+        function = re.split(r"[\[@]", rest)[0]
+        source = ROOT / path
+        if not source.is_file() or not re.search(rf"^def {re.escape(function)}\(", source.read_text(), re.M):
+            missing.append(nodeid)
+    assert not missing, missing[:5]
 
 
 def test_this_sessions_workers_collect_each_rank_of_marker_after_the_longer_ones(request):

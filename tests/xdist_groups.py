@@ -8,12 +8,17 @@ session with a message instead of spreading the group. tests/test_xdist_groups.p
 
 Each worker also collects the longest tests first (longest_first: by marker, then by the seconds each took in the last
 session, which the controller keeps in pytest's cache and hands every worker), so no long test starts last and runs alone.
+A session whose cache has none yet (a fresh clone, CI) orders by tests/test_seconds.json, the long tests' seconds kept
+beside the tests as pytest-split keeps its durations; `python -m tests.xdist_groups` rewrites it from the cache.
 
 Registered by tests/conftest.py; a pytest run outside this folder loads it with `-p tests.xdist_groups`.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any, Mapping
 
 import pytest
@@ -44,6 +49,18 @@ def module_fixture_group(item: pytest.Item) -> str | None:
 LONGEST_MARKERS = (("compile",), ("slow", "e2e", "browser"))
 #: pytest's cache key of each test's seconds (setup, call and teardown) in the last session that ran it, by node id.
 SECONDS_KEY = "attnbench/test-seconds"
+#: The seconds of each test that took SEED_MIN_S or more in one `make test` on the project's 2-core machine, by node id: the
+#: order of a session whose pytest cache has none (a fresh clone orders by markers alone, and ran ~15 s longer for it).
+SEED_PATH = Path(__file__).with_name("test_seconds.json")
+SEED_MIN_S = 1.0
+
+
+def seed_seconds() -> dict[str, float]:
+    """The long tests' seconds kept beside the tests (SEED_PATH), {} where the file is absent."""
+    try:
+        return json.loads(SEED_PATH.read_text())
+    except FileNotFoundError:
+        return {}
 
 
 def marker_rank(item: pytest.Item) -> int:
@@ -72,11 +89,12 @@ class SecondsKept:
         # Read once: every worker must get the same seconds (a session ending beside this one may rewrite them), or xdist
         # would see two orders and stop the run.
         self.cache, self.kept, self.seconds = cache, cache.get(SECONDS_KEY, {}), {}
+        self.handed = {**seed_seconds(), **self.kept}  # this machine's own seconds before the committed ones
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         """xdist's controller starting a worker: hand it the last sessions' seconds, so every worker orders its tests alike."""
-        node.workerinput[SECONDS_KEY] = self.kept
+        node.workerinput[SECONDS_KEY] = self.handed
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Add a phase's seconds to its test's."""
@@ -120,3 +138,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
         items[:] = longest_first(items, workerinput.get(SECONDS_KEY))
+
+
+def write_seed(cache_file: Path) -> int:
+    """Rewrite SEED_PATH from a session's seconds (pytest's cache file of SECONDS_KEY): the tests of SEED_MIN_S or more."""
+    try:
+        seconds = json.loads(cache_file.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"tests.xdist_groups: cannot read the seconds of a session from {cache_file}: {exc}", file=sys.stderr)
+        return 2
+    long = {nodeid: round(s, 1) for nodeid, s in sorted(seconds.items()) if s >= SEED_MIN_S}
+    SEED_PATH.write_text(json.dumps(long, indent=0, sort_keys=True) + "\n")
+    print(f"{SEED_PATH}: {len(long)} tests of {SEED_MIN_S:g} s or more, of {len(seconds)}")
+    return 0
+
+
+if __name__ == "__main__":
+    # After a whole `make test` on the 2-core machine: python -m tests.xdist_groups [.pytest_cache/v/attnbench/test-seconds]
+    sys.exit(write_seed(Path(sys.argv[1] if len(sys.argv) > 1 else ".pytest_cache/v/" + SECONDS_KEY)))
