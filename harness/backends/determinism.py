@@ -30,6 +30,8 @@ from harness.suite.cases import Case
 #: What cuBLAS needs for reproducible GEMMs under deterministic algorithms (torch raises on CUDA without it): either setting.
 CUBLAS_WORKSPACES = (":4096:8", ":16:8")
 CUBLAS_WORKSPACE = CUBLAS_WORKSPACES[0]
+
+
 def cublas_workspace_for(cases: Iterable[Case]) -> dict[str, str]:
     """What a process about to run `cases` must set (unless the user did) before its first CUDA matmul: CUBLAS_WORKSPACE_CONFIG
     when one of them is a deterministic CUDA case, else nothing.

@@ -25,7 +25,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from harness.checks.gpu_plan import MIN_CHILD_S, Schedule, compiles, estimate_s, plan_schedule
 from harness.errors import UserError
@@ -37,6 +37,9 @@ from harness.process.jobs import job_parser
 from harness.results.record import NOT_FAILURES, Record, Status
 from harness.suite.batch_axes import ragged_cases
 from harness.suite.cases import Case
+
+if TYPE_CHECKING:  # the backends import torch: the parent process of gpu-check's children does not need them
+    from harness.backends.base import Backend
 
 # -- the grid: the cases every backend's child runs, and what a backend declares it cannot serve ----------------------
 
@@ -129,21 +132,18 @@ def cases_for(family: str, device: str) -> list[Case]:
     return [cases[i] for i in COMPILING_CASES] if compiles(family) else cases
 
 
-def run_backend(name: str, device: str, after_pair: Callable[[], None] = lambda: None) -> list[Record]:
+def run_backend(backend: Backend, device: str, after_pair: Callable[[], None] = lambda: None) -> list[Record]:
     """Run a backend's check cases in this process, through one runner (the cases share nothing but its budget).
 
-    `after_pair` runs once the backend is loaded and again after each pair (a child job passes `gc.freeze`)."""
-    from harness.backends.registry import load_registry
+    `after_pair` runs once before the first pair and again after each pair (a child job passes `gc.freeze`)."""
     from harness.execution.execute import PairRunner, Phases, execute
 
-    backend = load_registry().get(name)
-    cases = cases_for(backend.family, device)
     # The profiled pass gives each pair's kernel time, the reference the harness's median is held to; no energy
     # phase (up to 1 s a pair), which the cost model (CASE_S, gpu_plan.py) was not fitted with.
     runner = PairRunner(budget=CHECK_BUDGET, phases=Phases(profile=True, profile_steps=10, energy=False))
     records = []
     after_pair()
-    for case in cases:
+    for case in cases_for(backend.family, device):
         records.append(execute(case, backend, runner, run_id="gpu-check"))
         after_pair()
     return records
@@ -280,12 +280,13 @@ def backend_job(argv: Sequence[str]) -> int:
     from harness.backends.determinism import cublas_workspace_for
     from harness.backends.registry import load_registry
 
+    backend = load_registry().get(args.backend)
     # The packed backward's deterministic twin needs cuBLAS's workspace setting before this process's first cuBLAS call.
-    for name, value in cublas_workspace_for(cases_for(load_registry().get(args.backend).family, args.device)).items():
+    for name, value in cublas_workspace_for(cases_for(backend.family, args.device)).items():
         os.environ.setdefault(name, value)
     # Each pair ends in two full collections (execute._release_memory, the memory phase): with torch's imports frozen
     # they walk only what the pair made, not 0.17 s of modules each (4.9 of a CPU child's 11.7 CPU-s).
-    records = run_backend(args.backend, args.device, after_pair=gc.freeze)
+    records = run_backend(backend, args.device, after_pair=gc.freeze)
     for record in records:
         emit(record.to_dict())
     if args.device == "cuda" and any(record.status is Status.OK for record in records):
