@@ -62,8 +62,26 @@ print(" ".join(missing))
 EOF
 }
 
+# "VERSION FILE" of the torch PYTHON ($1) would import, or a failure where it has none. Read from its installed metadata where
+# that names the same file: an import costs seconds, and a `make test` set-up asked twice. A torch no metadata
+# describes (a source checkout, a folder on the path) is imported.
 torch_of() {
-    "$1" -c 'import torch; print(torch.__version__, torch.__file__)' 2>/dev/null
+    "$1" - 2>/dev/null <<'EOF'
+import importlib.metadata, importlib.util, os, sys
+spec = importlib.util.find_spec("torch")
+if spec is None or spec.origin is None:
+    sys.exit(1)
+try:
+    dist = importlib.metadata.distribution("torch")
+    described = os.path.realpath(dist.locate_file("torch/__init__.py")) == os.path.realpath(spec.origin)
+except importlib.metadata.PackageNotFoundError:
+    described = False
+if described:
+    print(dist.version, spec.origin)
+else:
+    import torch
+    print(torch.__version__, torch.__file__)
+EOF
 }
 
 # VENV sees PYTHON's packages: a .pth in VENV's site-packages adds each of PYTHON's site directories.
