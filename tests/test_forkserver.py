@@ -51,6 +51,8 @@ def test_one_template_serves_runs_whose_runtime_variables_differ_and_each_worker
     first = _run(tmp_path, capsys, monkeypatch, "a", backends=("naive", "t-slow"))
     second = _run(tmp_path, capsys, monkeypatch, "b", backends=("naive", "t-slow"))
     assert _templates(first) and _templates(first) == _templates(second), (first / "worker-0.log").read_text()
+    # main([...]) called inside another program is not the attnbench command: its template is a fresh interpreter.
+    assert "(python -m harness.child template)" in (first / "worker-0.log").read_text()
     # Each run's worker read ATTNBENCH_TEST_LOG from its own request, not from the template's start.
     assert sum(executions(tmp_path / "a").values()) >= 1 and sum(executions(tmp_path / "b").values()) >= 1
     for run in (first, second):

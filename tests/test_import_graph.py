@@ -61,8 +61,10 @@ _PROCESS_ENTRY_POINTS = {
     ("harness.run.ray_executor", "become_driver"), ("harness.checks.gpu", "backend_job"),
     # The suites' pytest session (harness.run.pytest_plugin's session object) hands gc.freeze to its pair loop.
     ("harness.run.pytest_plugin", "__init__"),
-    # A template process after its imports, and each child it forks as it becomes its job (its environment, as asked).
-    ("harness.process.forkserver", "template_job"), ("harness.process.forkserver", "_become_child"),
+    # A template process after its imports, and each child it forks as it becomes its job (its environment, as asked);
+    # the `attnbench` command's fork as it becomes a template (the environment the command marked itself with).
+    ("harness.process.forkserver", "_serve_as_template"), ("harness.process.forkserver", "_become_child"),
+    ("harness.process.command_image", "_start_as_template"),
 }
 
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from harness.backends.registry import ENV_VAR, load_registry
+from harness.process import forkserver
 from harness.process.children import ROOT as CHILD_ROOT
 from harness.process.children import child_env
 from harness.run.plugin_probe import plugin_backends
@@ -59,16 +60,21 @@ def test_only_plugin_backends_are_probed(tmp_path, monkeypatch):
 
 
 @pytest.mark.e2e
-def test_a_plugin_found_through_a_relative_pythonpath_runs_in_the_workers(tmp_path):
+@pytest.mark.parametrize("workers, origin", [({}, "a fork of the attnbench command"),
+                                             ({forkserver.ENV_SWITCH: "0"}, "-m harness.child worker --run-dir")],
+                         ids=["forked-from-the-command", "fresh-interpreters"])
+def test_a_plugin_found_through_a_relative_pythonpath_runs_in_the_workers(tmp_path, workers, origin):
     # The README's recipe as a user types it in the folder holding the plugin: PYTHONPATH=. (ROOT: this checkout's harness).
+    # The command forks its CPU workers' template from itself; fresh interpreters (as CUDA workers start) must find it too.
     (tmp_path / "my_attention.py").write_text(PLUGIN_SOURCE)
     env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, "ATTNBENCH_TEST_LOG")}
-    env.update({ENV_VAR: "my_attention:MyAttention", "PYTHONPATH": f".{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"})
+    env.update({ENV_VAR: "my_attention:MyAttention", "PYTHONPATH": f".{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1", **workers})
     done = attnbench(["run", "--suite", "quick", "--backends", "my-attention", "--only", ONLY, "--device", "cpu",
                       "--out", "results", "--run-id", "r", "--quiet"], env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     records = rows(tmp_path / "results" / "r")
     assert sorted((r["case_id"], r["status"]) for r in records) == [(ONLY, "ok"), (f"{ONLY}-causal", "ok")], records
+    assert origin in (tmp_path / "results" / "r" / "worker-0.log").read_text()
 
 
 @pytest.mark.e2e

@@ -296,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `attnbench` console script and of `python -m harness`."""
     parser = build_parser()
+    this_process_is_the_command = argv is None  # not main([...]) called by a notebook, a script or a test
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def command() -> int:
@@ -304,6 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if getattr(args, "measures", True):  # report, compare and recommend read rows: they need no torch (seconds of import)
             require_supported_torch()
+            if this_process_is_the_command:
+                from harness.process import command_image
+
+                command_image.mark()  # a CPU run's worker template may be a fork of this process, not a second torch import
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
 

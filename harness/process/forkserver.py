@@ -19,7 +19,8 @@ What a fork could not give as a fresh process does, the template never does:
   a template serves one environment, compared without only the variables attnbench itself reads when they are
   used (`ATTNBENCH_*`, never at import: tests/test_forkserver.py walks every module for that), pytest's
   per-test markers, and what a library writes for itself before it reads it.
-`ATTNBENCH_FORK_WORKERS=0` starts every worker fresh.
+`ATTNBENCH_FORK_WORKERS=0` starts every worker fresh. The `attnbench` command, which has imported torch by then, forks
+itself into its template instead of spawning one (harness.process.command_image).
 """
 
 from __future__ import annotations
@@ -108,12 +109,21 @@ class Template:
     """One template process and its control socket."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
+        from harness.process import command_image
         from harness.process.children import child_command, spawn
 
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._log = tempfile.TemporaryFile(mode="w+")
-        command = child_command("template", "--control-fd", str(child_end.fileno()), *PRELOAD)
-        self.process = spawn(command, stdout=self._log, env=dict(env), pass_fds=(child_end.fileno(),))
+        self.process: subprocess.Popen | _OwnFork
+        if command_image.can_serve(env, template_key):
+            # The `attnbench` command has imported torch already: a fork of it is the template (harness.process.command_image).
+            self.process = _OwnFork(command_image.fork(child_end.fileno(), self._log.fileno(), _serve_as_template))
+            #: How the template started, for the workers' logs.
+            self.origin = "a fork of the attnbench command"
+        else:
+            command = child_command("template", "--control-fd", str(child_end.fileno()), *PRELOAD)
+            self.process = spawn(command, stdout=self._log, env=dict(env), pass_fds=(child_end.fileno(),))
+            self.origin = "python -m harness.child template"
         child_end.close()
         self._socket = parent_end
         self._lock = threading.Lock()
@@ -165,6 +175,30 @@ class Template:
         """Close the control socket: the template exits once the workers it forked have."""
         self._socket.close()
         self._log.close()
+        if isinstance(self.process, _OwnFork) and self.process.poll() is None:
+            _closing.append(self.process)  # reaped by a later template_for, as subprocess reaps a Popen it dropped
+
+
+class _OwnFork:
+    """A template forked from this process, watched as a `subprocess.Popen` is: pid, poll."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        """Its exit status once it has ended (reaping it); None while it runs."""
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is gone
+                done, status = self.pid, 0
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+#: Closed templates forked from this process that had not yet exited.
+_closing: list[_OwnFork] = []
 
 
 _templates: dict[tuple[tuple[str, str], ...], Template] = {}
@@ -175,6 +209,7 @@ def template_for(env: Mapping[str, str]) -> Template:
     """This process's live template for `env`, started if there is none (OSError when it cannot start)."""
     key = template_key(env)
     with _templates_lock:
+        _closing[:] = [fork for fork in _closing if fork.poll() is None]
         template = _templates.pop(key, None)
         if template is not None and not template.alive():
             template.close()
@@ -234,12 +269,18 @@ def template_job(argv: list[str]) -> int:
     parser.add_argument("--control-fd", type=int, required=True, help="the socket the supervisor sends requests on")
     parser.add_argument("preload", nargs="*", help="modules to import before forking")
     args = parser.parse_args(argv)
-    for module in args.preload:
+    return _serve_as_template(args.control_fd, args.preload)
+
+
+def _serve_as_template(control_fd: int, preload: Sequence[str] = PRELOAD) -> int:
+    """A template's life once started: import `preload`, warm, say ready on `control_fd`, fork on request; 0 when the
+    supervisor has gone, or in a forked child the exit status of the job it ran."""
+    for module in preload:
         importlib.import_module(module)
     _warm_on_one_thread()
     gc.collect()
     gc.freeze()  # the imports live in every child: none of their collections need walk them (and touch their pages)
-    control = socket.socket(fileno=args.control_fd)
+    control = socket.socket(fileno=control_fd)
     control.send(json.dumps({"ready": os.getpid()}).encode())
     request = _serve(control)
     if request is None:

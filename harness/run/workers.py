@@ -88,7 +88,7 @@ def start_worker_process(folder: RunFolder, slot: Slot, memory_limit: int | None
         try:
             template = forkserver.template_for(env)
             args = worker_args(folder, slot, memory_limit, template.pid)
-            log.write(f"forked from worker template {template.pid}: python -m harness.child worker {' '.join(args)}\n")
+            log.write(f"forked from worker template {template.pid} ({template.origin}): python -m harness.child worker {' '.join(args)}\n")
             log.flush()
             return template.launch(["worker", *args], log.fileno(), env)
         except OSError as exc:
