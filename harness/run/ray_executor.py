@@ -115,6 +115,8 @@ class RaySupervisor(Supervisor):
     remeasures = chooses_threads = False
     #: A task loads its plugins on its node, under the ATTNBENCH_* variables it is given: a local child says nothing of it.
     probes_workers = False
+    #: Its workers are Ray's processes on its nodes.
+    forks_local_workers = False
 
     missing_reason = "no Ray task ran this pair (its case's tasks kept dying before any pair; see the Ray logs of the node)"
 

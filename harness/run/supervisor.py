@@ -54,6 +54,8 @@ from harness.run.progress import Progress
 from harness.run.remeasure import remeasure_flagged
 from harness.run.manifest_pairs import pair_manifest, suite_of_run
 from harness.run.rundir import RunFolder, new_run_id
+from harness.process import forkserver
+from harness.process.children import child_env
 from harness.run.workers import Slot, Worker, worker_slots
 from harness.suite.catalog import Suite, resolve_suite_name, suite_on_device
 from harness.results.record import pair_key
@@ -93,6 +95,8 @@ class Supervisor:
     chooses_threads = True
     #: Whether a worker process started here is probed for the plugins before a run (harness.run.plugin_probe).
     probes_workers = True
+    #: Whether a CPU run's workers are forked here from a worker template (harness.process.forkserver).
+    forks_local_workers = True
     #: The reason of the row a pair gets when the run ended without anybody running it.
     missing_reason = "no worker ran this pair (a worker failed outside any pair; see the worker-*.log files)"
 
@@ -187,9 +191,22 @@ class Supervisor:
                                   suite_file=suite_arg if Path(suite_arg).suffix == ".toml" else None, pairs={k: ordered[k] for k in keys})
         if config.options.traces:
             (folder.path / protocol.TRACES).mkdir(exist_ok=True)
+        if device == "cpu" and self.forks_local_workers:
+            self._start_worker_template(device)
         self._write_environment(folder, suite)
         folder.write_capabilities(self.registry, names)
         return folder
+
+    def _start_worker_template(self, device: str) -> None:
+        """Start the CPU workers' template before this process measures its ceilings on the run's threads: an OpenMP pool
+        made by that measurement would keep the `attnbench` command from forking the template from itself (a second
+        import of torch instead, harness.process.command_image). It waits, ready, while the ceilings are measured."""
+        env = child_env({**os.environ, **self._slots(device)[0].env, **self.config.worker_env})
+        if forkserver.enabled(env):
+            try:
+                forkserver.template_for(env)
+            except OSError:
+                pass  # the first worker tries again, and starts fresh if it cannot: as without this
 
     # -- running ------------------------------------------------------------------------------
     def run(self) -> RunSummary:
