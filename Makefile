@@ -28,7 +28,7 @@ $(TEST_STAMP): $(STAMP)
 
 # Tests run in parallel (pytest-xdist): more workers than cores, since many wait on worker processes of their own, and
 # beside other work each runnable worker is one more share of the CPU: on the 2-core machine, beside two CPU-bound
-# processes, 6 workers took 450-478 s where 4 took 619-653 s; quiet they cost ~50 CPU-s more (406 s against 368 s).
+# processes, 6 workers took 450-478 s where 4 took 619-653 s; quiet, 406 s against 368 s one day, 339 s against 347 s another.
 # `--dist loadgroup` keeps each shared service's tests (a Ray head, a PostgreSQL server) on one worker.
 TEST_WORKERS ?= 6
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
