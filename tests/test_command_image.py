@@ -77,3 +77,10 @@ def test_the_commands_fork_starts_as_a_spawned_template_and_is_refused_where_it_
     assert not seen["sigterm_caught"] and seen["sigint_caught"], seen  # a fresh interpreter's handlers, not the command's
     # A job's usage error from a worker forked by the fork: the exit status and line a fresh interpreter gives.
     assert seen["job_status"] == 2 and seen["job_said"].startswith("attnbench worker: "), seen
+
+
+def test_a_job_that_calls_sys_exit_ends_the_fork_with_the_status_a_fresh_interpreter_gives(capsys):
+    from harness.process.command_image import _exit_code
+
+    assert [_exit_code(SystemExit(code)) for code in (None, 0, 3)] == [0, 0, 3]
+    assert _exit_code(SystemExit("stopped: no folder")) == 1 and capsys.readouterr().err == "stopped: no folder\n"

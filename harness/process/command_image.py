@@ -10,7 +10,8 @@ below knows), it forks itself into that template instead. The fork is made to st
 - every other file descriptor the command held (a run folder's lock, a pipe to whoever started the command, the
   other end of the control socket) made to read /dev/null, so the template and its workers hold none of them, and
   no Python object's later close lands on a descriptor a worker has since opened;
-- signal handlers as a fresh interpreter has them; the environment the template was asked for.
+- signal handlers as a fresh interpreter has them; the environment the command marked itself with (the one the
+  template was asked for, but for variables read only when used, which each worker's request sets anyway).
 
 It is used only while the fork can be that: the process marked itself as the command right after importing torch
 (`mark`), still runs on the threads it had then (a thread's lock, or an OpenMP pool, would reach the fork half-made),
@@ -87,10 +88,20 @@ def fork(control_fd: int, log_fd: int, serve: Callable[[int], int]) -> int:
     try:
         _start_as_template(parent, control_fd, log_fd)
         status = serve(control_fd)
+    except SystemExit as exc:  # sys.exit(n) in a job: n, as a fresh interpreter would exit with
+        status = _exit_code(exc)
     except BaseException:  # noqa: BLE001 - whatever ends the fork, it must not unwind into the command's frames
         traceback.print_exc()
     exit_forked(status)
     return 0  # not reached: exit_forked does not return
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status a fresh interpreter exits with on `exc`: its code, 0 for None, else 1 with the code printed."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)
+    return 1
 
 
 def exit_forked(status: int) -> None:
