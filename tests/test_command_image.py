@@ -25,16 +25,16 @@ from harness.process.children import child_env
 command_image.mark()
 tasks = len(os.listdir("/proc/self/task"))
 env = child_env(dict(os.environ))
-seen = {"unmarked_other_env": command_image.can_serve({**env, "OMP_NUM_THREADS": "7"}, forkserver.template_key)}
+seen = {"other_env": command_image.can_serve({**env, "OMP_NUM_THREADS": "7"})}
 waiting = threading.Event()
 thread = threading.Thread(target=waiting.wait)
 thread.start()
-seen["with_a_thread"] = command_image.can_serve(env, forkserver.template_key)
+seen["with_a_thread"] = command_image.can_serve(env)
 waiting.set()
 thread.join()
 while len(os.listdir("/proc/self/task")) > tasks:  # its task outlives join() by a moment
     time.sleep(0.01)
-seen["alone"] = command_image.can_serve(env, forkserver.template_key)
+seen["alone"] = command_image.can_serve(env)
 
 lock = open(sys.argv[1], "w")
 fcntl.flock(lock, fcntl.LOCK_EX)
@@ -57,7 +57,7 @@ seen.update(origin=template.origin, template_parent=int(
 job = forkserver.run_forked_job(["worker", "--no-such-option"], env, 60)
 seen.update(job_status=job.returncode, job_said=job.tail)
 command_image.forget()
-seen["forgotten"] = command_image.can_serve(env, forkserver.template_key)
+seen["forgotten"] = command_image.can_serve(env)
 print(json.dumps(seen))
 """
 
@@ -70,7 +70,7 @@ def test_the_commands_fork_starts_as_a_spawned_template_and_is_refused_where_it_
                           timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.splitlines()[-1])
-    assert seen["alone"] and not seen["with_a_thread"] and not seen["unmarked_other_env"] and not seen["forgotten"], seen
+    assert seen["alone"] and not seen["with_a_thread"] and not seen["other_env"] and not seen["forgotten"], seen
     assert seen["origin"] == "a fork of the attnbench command" and seen["template_parent"] and seen["own_session"], seen
     assert seen["lock_free"], seen  # the lock file's descriptor did not reach the template
     assert str(lock) not in seen["descriptors"] and seen["folder"] == str(ROOT), seen

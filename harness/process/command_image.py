@@ -10,8 +10,7 @@ below knows), it forks itself into that template instead. The fork is made to st
 - every other file descriptor the command held (a run folder's lock, a pipe to whoever started the command, the
   other end of the control socket) made to read /dev/null, so the template and its workers hold none of them, and
   no Python object's later close lands on a descriptor a worker has since opened;
-- signal handlers as a fresh interpreter has them; the environment the command marked itself with (the one the
-  template was asked for, but for variables read only when used, which each worker's request sets anyway).
+- signal handlers as a fresh interpreter has them; the environment the template was asked for.
 
 It is used only while the fork can be that: the process marked itself as the command right after importing torch
 (`mark`), still runs on the threads it had then (a thread's lock, or an OpenMP pool, would reach the fork half-made),
@@ -60,21 +59,23 @@ def forget() -> None:
     _marked = None
 
 
-def can_serve(env: Mapping[str, str], key: Callable[[Mapping[str, str]], object]) -> bool:
+def can_serve(env: Mapping[str, str]) -> bool:
     """Whether this process may fork itself into the template for `env`: a marked command, on the threads it had when it
-    marked itself, whose environment then and now is the one asked for (`key`: what makes two templates differ)."""
+    marked itself, whose environment then and now is the one asked for (compared as two templates' are)."""
     if _marked is None or not hasattr(os, "fork"):
         return False
     from harness.process.children import child_env
+    from harness.process.forkserver import template_key
 
     environment, tasks = _marked
     return (threading.active_count() == 1 and 0 < _task_count() <= tasks
-            and key(child_env(environment)) == key(child_env(dict(os.environ))) == key(env))
+            and template_key(child_env(environment)) == template_key(child_env(dict(os.environ))) == template_key(env))
 
 
-def fork(control_fd: int, log_fd: int, serve: Callable[[int], int]) -> int:
-    """Fork this process; in the fork, become a template on `control_fd` with its output on `log_fd`, run `serve(control_fd)`
-    and exit with its status (`serve` returns in every worker it forks too, with that worker's status). The fork's pid."""
+def fork(control_fd: int, log_fd: int, env: Mapping[str, str], serve: Callable[[int], int]) -> int:
+    """Fork this process; in the fork, become a template for `env` on `control_fd` with its output on `log_fd`, run
+    `serve(control_fd)` and exit with its status (`serve` returns in every worker it forks too, with that worker's
+    status). The fork's pid."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()  # what the command printed must not be printed again by the fork
@@ -86,7 +87,7 @@ def fork(control_fd: int, log_fd: int, serve: Callable[[int], int]) -> int:
         return pid
     status = 1
     try:
-        _start_as_template(parent, control_fd, log_fd)
+        _start_as_template(parent, control_fd, log_fd, env)
         status = serve(control_fd)
     except SystemExit as exc:  # sys.exit(n) in a job: n, as a fresh interpreter would exit with
         status = _exit_code(exc)
@@ -118,13 +119,11 @@ def exit_forked(status: int) -> None:
         os._exit(status)
 
 
-def _start_as_template(parent: int, control_fd: int, log_fd: int) -> None:
+def _start_as_template(parent: int, control_fd: int, log_fd: int, env: Mapping[str, str]) -> None:
     """In the fork: what a template spawned by harness.process.children gets from its start."""
     from harness.process.children import ROOT, die_with_parent
 
-    global _marked
-    environment = _marked[0] if _marked is not None else dict(os.environ)
-    _marked = None  # the template and its workers never fork a template of their own from themselves
+    forget()  # the template and its workers never fork a template of their own from themselves
     os.setsid()
     die_with_parent(parent)
     os.chdir(ROOT)
@@ -136,7 +135,7 @@ def _start_as_template(parent: int, control_fd: int, log_fd: int) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     _reset_signal_handlers()
     os.environ.clear()
-    os.environ.update(environment)
+    os.environ.update(env)
 
 
 def _release_descriptors(keep: set[int]) -> None:

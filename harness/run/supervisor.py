@@ -54,9 +54,7 @@ from harness.run.progress import Progress
 from harness.run.remeasure import remeasure_flagged
 from harness.run.manifest_pairs import pair_manifest, suite_of_run
 from harness.run.rundir import RunFolder, new_run_id
-from harness.process import forkserver
-from harness.process.children import child_env
-from harness.run.workers import Slot, Worker, worker_slots
+from harness.run.workers import Slot, Worker, start_template, worker_slots
 from harness.suite.catalog import Suite, resolve_suite_name, suite_on_device
 from harness.results.record import pair_key
 
@@ -201,12 +199,7 @@ class Supervisor:
         """Start the CPU workers' template before this process measures its ceilings on the run's threads: an OpenMP pool
         made by that measurement would keep the `attnbench` command from forking the template from itself (a second
         import of torch instead, harness.process.command_image). It waits, ready, while the ceilings are measured."""
-        env = child_env({**os.environ, **self._slots(device)[0].env, **self.config.worker_env})
-        if forkserver.enabled(env):
-            try:
-                forkserver.template_for(env)
-            except OSError:
-                pass  # the first worker tries again, and starts fresh if it cannot: as without this
+        start_template(self._slots(device)[0], self.config.worker_env)
 
     # -- running ------------------------------------------------------------------------------
     def run(self) -> RunSummary:

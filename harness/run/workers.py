@@ -79,6 +79,22 @@ def worker_command(folder: RunFolder, slot: Slot, memory_limit: int | None) -> l
     return child_command("worker", *worker_args(folder, slot, memory_limit, os.getpid()))
 
 
+def worker_env(slot: Slot, extra_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a worker in `slot`: this process's, then the slot's, then the run's own variables."""
+    return {**os.environ, **slot.env, **extra_env}
+
+
+def start_template(slot: Slot, extra_env: Mapping[str, str]) -> None:
+    """Start now the template a CPU worker in `slot` would fork from (harness.process.forkserver); where none starts, the
+    worker itself tries again and starts fresh if it must, as it would without this."""
+    env = child_env(worker_env(slot, extra_env))
+    if forkserver.enabled(env):
+        try:
+            forkserver.template_for(env)
+        except OSError:
+            pass
+
+
 def start_worker_process(folder: RunFolder, slot: Slot, memory_limit: int | None, log: TextIO, env: dict[str, str],
                          fork: bool) -> subprocess.Popen | forkserver.ForkedProcess:
     """Start one worker, its output on `log`: forked from a template (harness.process.forkserver) where `fork` and the
@@ -118,7 +134,7 @@ class Worker:
         log_path = folder.path / f"worker-{slot.name}.log"
         log = open(log_path, "a")
         log.write(f"\n=== attempt {attempt}: ")
-        process = start_worker_process(folder, slot, memory_limit, log, {**os.environ, **slot.env, **extra_env}, fork)
+        process = start_worker_process(folder, slot, memory_limit, log, worker_env(slot, extra_env), fork)
         return cls(slot, process, current, log_path, log, attempt)
 
     def current_pair(self) -> str:
