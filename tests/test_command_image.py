@@ -25,16 +25,16 @@ from harness.process.children import child_env
 command_image.mark()
 tasks = len(os.listdir("/proc/self/task"))
 env = child_env(dict(os.environ))
-seen = {"other_env": command_image.can_serve({**env, "OMP_NUM_THREADS": "7"})}
+seen = {"other_env": command_image.can_serve({**env, "OMP_NUM_THREADS": "7"}, forkserver.template_key)}
 waiting = threading.Event()
 thread = threading.Thread(target=waiting.wait)
 thread.start()
-seen["with_a_thread"] = command_image.can_serve(env)
+seen["with_a_thread"] = command_image.can_serve(env, forkserver.template_key)
 waiting.set()
 thread.join()
 while len(os.listdir("/proc/self/task")) > tasks:  # its task outlives join() by a moment
     time.sleep(0.01)
-seen["alone"] = command_image.can_serve(env)
+seen["alone"] = command_image.can_serve(env, forkserver.template_key)
 
 lock = open(sys.argv[1], "w")
 fcntl.flock(lock, fcntl.LOCK_EX)
@@ -57,7 +57,7 @@ seen.update(origin=template.origin, template_parent=int(
 job = forkserver.run_forked_job(["worker", "--no-such-option"], env, 60)
 seen.update(job_status=job.returncode, job_said=job.tail)
 command_image.forget()
-seen["forgotten"] = command_image.can_serve(env)
+seen["forgotten"] = command_image.can_serve(env, forkserver.template_key)
 print(json.dumps(seen))
 """
 

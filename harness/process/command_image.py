@@ -59,17 +59,17 @@ def forget() -> None:
     _marked = None
 
 
-def can_serve(env: Mapping[str, str]) -> bool:
+def can_serve(env: Mapping[str, str], key: Callable[[Mapping[str, str]], object]) -> bool:
     """Whether this process may fork itself into the template for `env`: a marked command, on the threads it had when it
-    marked itself, whose environment then and now is the one asked for (compared as two templates' are)."""
+    marked itself, whose environment then and now is the one asked for, compared by `key` (forkserver's template_key,
+    handed in: this module is forkserver's, and imports nothing of it back)."""
     if _marked is None or not hasattr(os, "fork"):
         return False
     from harness.process.children import child_env
-    from harness.process.forkserver import template_key
 
     environment, tasks = _marked
     return (threading.active_count() == 1 and 0 < _task_count() <= tasks
-            and template_key(child_env(environment)) == template_key(child_env(dict(os.environ))) == template_key(env))
+            and key(child_env(environment)) == key(child_env(dict(os.environ))) == key(env))
 
 
 def fork(control_fd: int, log_fd: int, env: Mapping[str, str], serve: Callable[[int], int]) -> int:

@@ -115,7 +115,7 @@ class Template:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._log = tempfile.TemporaryFile(mode="w+")
         self.process: subprocess.Popen | _OwnFork
-        if command_image.can_serve(env):
+        if command_image.can_serve(env, template_key):
             # The `attnbench` command has imported torch already: a fork of it is the template (harness.process.command_image).
             self.process = _OwnFork(command_image.fork(child_end.fileno(), self._log.fileno(), env, _serve_as_template))
             #: How the template started, for the workers' logs.
