@@ -25,16 +25,16 @@ from harness.process.children import child_env
 command_image.mark()
 tasks = len(os.listdir("/proc/self/task"))
 env = child_env(dict(os.environ))
-seen = {"other_env": command_image.can_serve({**env, "OMP_NUM_THREADS": "7"}, forkserver.template_key)}
+seen = {"other_env": command_image.can_serve({**env, "OMP_NUM_THREADS": "7"}, forkserver.exact_key)}
 waiting = threading.Event()
 thread = threading.Thread(target=waiting.wait)
 thread.start()
-seen["with_a_thread"] = command_image.can_serve(env, forkserver.template_key)
+seen["with_a_thread"] = command_image.can_serve(env, forkserver.exact_key)
 waiting.set()
 thread.join()
 while len(os.listdir("/proc/self/task")) > tasks:  # its task outlives join() by a moment
     time.sleep(0.01)
-seen["alone"] = command_image.can_serve(env, forkserver.template_key)
+seen["alone"] = command_image.can_serve(env, forkserver.exact_key)
 
 lock = open(sys.argv[1], "w")
 fcntl.flock(lock, fcntl.LOCK_EX)
@@ -56,8 +56,12 @@ seen.update(origin=template.origin, template_parent=int(
     descriptors=sorted(os.readlink(f"/proc/{template.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{template.pid}/fd")))
 job = forkserver.run_forked_job(["worker", "--no-such-option"], env, 60)
 seen.update(job_status=job.returncode, job_said=job.tail)
+# Without the checkout's root on PYTHONPATH a spawned template imports the same, but the fork has the command's path.
+from harness.process.children import ROOT
+without_root = os.pathsep.join(e for e in env["PYTHONPATH"].split(os.pathsep) if e != str(ROOT))
+seen["without_root"] = forkserver.template_for({**env, "PYTHONPATH": without_root}).origin
 command_image.forget()
-seen["forgotten"] = command_image.can_serve(env, forkserver.template_key)
+seen["forgotten"] = command_image.can_serve(env, forkserver.exact_key)
 print(json.dumps(seen))
 """
 
@@ -77,6 +81,7 @@ def test_the_commands_fork_starts_as_a_spawned_template_and_is_refused_where_it_
     assert not seen["sigterm_caught"] and seen["sigint_caught"], seen  # a fresh interpreter's handlers, not the command's
     # A job's usage error from a worker forked by the fork: the exit status and line a fresh interpreter gives.
     assert seen["job_status"] == 2 and seen["job_said"].startswith("attnbench worker: "), seen
+    assert seen["without_root"] == "python -m harness.child template", seen
 
 
 def test_a_job_that_calls_sys_exit_ends_the_fork_with_the_status_a_fresh_interpreter_gives(capsys):

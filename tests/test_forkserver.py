@@ -48,7 +48,11 @@ def _templates(run_dir: Path) -> list[int]:
 
 @pytest.mark.e2e
 def test_one_template_serves_runs_whose_runtime_variables_differ_and_each_worker_sees_its_own(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
     first = _run(tmp_path, capsys, monkeypatch, "a", backends=("naive", "t-slow"))
+    # Without the checkout's root on PYTHONPATH (from another folder): `-m` puts it on the template's path anyway.
+    monkeypatch.delenv("PYTHONPATH")
+    monkeypatch.chdir(tmp_path)
     second = _run(tmp_path, capsys, monkeypatch, "b", backends=("naive", "t-slow"))
     assert _templates(first) and _templates(first) == _templates(second), (first / "worker-0.log").read_text()
     # main([...]) called inside another program is not the attnbench command: its template is a fresh interpreter.
@@ -173,6 +177,18 @@ def test_the_template_key_ignores_only_variables_read_when_used():
                         ("RAY_CLIENT_MODE", "1")):
         assert forkserver.template_key({**base, name: value}) != forkserver.template_key(base), name
     assert not forkserver.enabled({forkserver.ENV_SWITCH: "0"})
+
+
+def test_the_checkouts_root_on_pythonpath_needs_no_template_of_its_own_but_a_fork_of_the_command_tells_it_apart():
+    base = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    with_root = {**base, "PYTHONPATH": str(ROOT)}
+    assert forkserver.template_key(with_root) == forkserver.template_key(base)
+    assert forkserver.template_key({**base, "PYTHONPATH": os.pathsep.join(["/x", str(ROOT)])}) == \
+        forkserver.template_key({**base, "PYTHONPATH": "/x"}) != forkserver.template_key(base)
+    # The command's fork has the command's path, not `-m`'s; with PYTHONSAFEPATH `-m` adds nothing, so the entry counts.
+    assert forkserver.exact_key(with_root) != forkserver.exact_key(base)
+    safe = {**base, "PYTHONSAFEPATH": "1"}
+    assert forkserver.template_key({**safe, "PYTHONPATH": str(ROOT)}) != forkserver.template_key(safe)
 
 
 def test_the_variables_taken_as_absent_are_what_their_library_writes_on_import():

@@ -17,7 +17,6 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import CausalBias, CausalVariant, causal_lower_right
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
@@ -248,6 +247,8 @@ def test_each_request_gets_no_mask_is_causal_or_a_lower_right_bias_and_a_bool_ma
         elif form == "is_causal":
             assert mask is None and kwargs["is_causal"] is True, (q_len, kv_len, kwargs)
         elif form == "causal_lower_right":
+            from torch.nn.attention.bias import CausalBias, CausalVariant
+
             assert isinstance(mask, CausalBias) and mask.variant == CausalVariant.LOWER_RIGHT and not kwargs.get("is_causal")
             assert (mask.seq_len_q, mask.seq_len_kv) == (q_len, kv_len)
         else:
@@ -261,6 +262,8 @@ def test_each_request_gets_no_mask_is_causal_or_a_lower_right_bias_and_a_bool_ma
 @pytest.mark.parametrize("backend", ["sdpa", "sdpa-math", "sdpa-flash"])
 def test_the_lower_right_bias_gives_the_bool_masks_output_and_the_float64_reference(registry, backend, layout, page_size, batch,
                                                                                    one_thread):
+    from torch.nn.attention.bias import causal_lower_right  # imports torch._dynamo: not at collection, in every worker
+
     case, inputs, prepared = _prepared(registry, backend, batch, layout, page_size, causal=True)
     assert prepared.notes["mask_forms"]["causal_lower_right"] >= 1
     assert agrees(prepared.to_bhsd(prepared.fn()), inputs)  # the whole batch against each request's float64 reference

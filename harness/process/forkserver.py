@@ -69,11 +69,28 @@ def enabled(env: Mapping[str, str]) -> bool:
             and env.get(ENV_SWITCH, "1") != "0")
 
 
-def template_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """What makes two environments need two templates: every variable but those read only when used or set to their default."""
+def exact_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """What makes two environments need two templates forked from the command: every variable but those read only when
+    used or set to their default."""
     return tuple(sorted((name, value) for name, value in env.items()
                         if not name.startswith(RUNTIME_ONLY_PREFIXES) and ABSENT_WHEN.get(name) != value
                         and name not in WRITTEN_BEFORE_READ))
+
+
+def template_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """What makes two environments need two spawned templates: `exact_key`, with PYTHONPATH's entries naming the checkout's
+    root left out. A spawned template runs `python -m` from that root, which puts it first on the template's path: the
+    entry changes no import (`child_env` adds it wherever `python -m harness` ran from the root), and a process that
+    starts runs from the root and from elsewhere (the test suite, a notebook that changes folder) needs one template."""
+    key = exact_key(env)
+    if env.get("PYTHONSAFEPATH"):
+        return key  # `-m` puts nothing on the path: the entry is what finds the root
+    from harness.process.children import ROOT
+
+    def without_root(value: str) -> str:
+        return os.pathsep.join(entry for entry in value.split(os.pathsep) if entry != str(ROOT))
+
+    return tuple((name, without_root(value)) for name, value in key if name != "PYTHONPATH" or without_root(value))
 
 
 class ForkedProcess:
@@ -115,7 +132,9 @@ class Template:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._log = tempfile.TemporaryFile(mode="w+")
         self.process: subprocess.Popen | _OwnFork
-        if command_image.can_serve(env, template_key):
+        #: The environment's exact key: a fork of the command serves no other (its path is the command's, not `-m`'s).
+        self.exact = exact_key(env)
+        if command_image.can_serve(env, exact_key):
             # The `attnbench` command has imported torch already: a fork of it is the template (harness.process.command_image).
             self.process = _OwnFork(command_image.fork(child_end.fileno(), self._log.fileno(), env, _serve_as_template))
             #: How the template started, for the workers' logs.
@@ -142,6 +161,11 @@ class Template:
     def pid(self) -> int:
         """The template's process id: the parent of every worker it forks."""
         return self.process.pid
+
+    @property
+    def forked_from_command(self) -> bool:
+        """Whether the template is a fork of the `attnbench` command (harness.process.command_image), not a spawned one."""
+        return isinstance(self.process, _OwnFork)
 
     def alive(self) -> bool:
         """Whether the template still runs."""
@@ -175,7 +199,7 @@ class Template:
         """Close the control socket: the template exits once the workers it forked have."""
         self._socket.close()
         self._log.close()
-        if isinstance(self.process, _OwnFork) and self.process.poll() is None:
+        if self.forked_from_command and self.process.poll() is None:
             _closing.append(self.process)  # reaped by a later template_for, as subprocess reaps a Popen it dropped
 
 
@@ -211,7 +235,7 @@ def template_for(env: Mapping[str, str]) -> Template:
     with _templates_lock:
         _closing[:] = [fork for fork in _closing if fork.poll() is None]
         template = _templates.pop(key, None)
-        if template is not None and not template.alive():
+        if template is not None and (not template.alive() or (template.forked_from_command and template.exact != exact_key(env))):
             template.close()
             template = None
         if template is None:
