@@ -20,18 +20,18 @@ A supervisor inside another program (a notebook, pytest, a script calling main()
 What differs from a spawned template: the modules the command had imported (its CLI, its plugins) are already there,
 and the import path is the command's own (a spawned template gets it through PYTHONPATH, harness.process.children).
 A process forked from the command runs inside the command's call stack: it must never return into it, so it ends
-with `exit_forked` (atexit's functions, then the standard streams flushed, then os._exit), never by unwinding.
+through harness.process.fork_exit (atexit's functions, open files flushed, then os._exit), never by unwinding.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 import sys
 import threading
-import traceback
 from typing import Callable, Mapping
+
+from harness.process.fork_exit import end_fork
 
 #: The command's environment and thread count when it marked itself (None: this process is not a marked command).
 _marked: tuple[dict[str, str], int] | None = None
@@ -74,8 +74,7 @@ def can_serve(env: Mapping[str, str], key: Callable[[Mapping[str, str]], object]
 
 def fork(control_fd: int, log_fd: int, env: Mapping[str, str], serve: Callable[[int], int]) -> int:
     """Fork this process; in the fork, become a template for `env` on `control_fd` with its output on `log_fd`, run
-    `serve(control_fd)` and exit with its status (`serve` returns in every worker it forks too, with that worker's
-    status). The fork's pid."""
+    `serve(control_fd)` and end with its status (harness.process.fork_exit). The fork's pid."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()  # what the command printed must not be printed again by the fork
@@ -85,38 +84,12 @@ def fork(control_fd: int, log_fd: int, env: Mapping[str, str], serve: Callable[[
     pid = os.fork()
     if pid:
         return pid
-    status = 1
-    try:
+
+    def serve_as_template() -> int:
         _start_as_template(parent, control_fd, log_fd, env)
-        status = serve(control_fd)
-    except SystemExit as exc:  # sys.exit(n) in a job: n, as a fresh interpreter would exit with
-        status = _exit_code(exc)
-    except BaseException:  # noqa: BLE001 - whatever ends the fork, it must not unwind into the command's frames
-        traceback.print_exc()
-    exit_forked(status)
-    return 0  # not reached: exit_forked does not return
+        return serve(control_fd)
 
-
-def _exit_code(exc: SystemExit) -> int:
-    """The status a fresh interpreter exits with on `exc`: its code, 0 for None, else 1 with the code printed."""
-    if exc.code is None or isinstance(exc.code, int):
-        return exc.code or 0
-    print(exc.code, file=sys.stderr)
-    return 1
-
-
-def exit_forked(status: int) -> None:
-    """End a process forked from the command without returning into the command's frames: atexit's functions, as a normal
-    exit runs them, then the standard streams flushed, then os._exit(status)."""
-    try:
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (AttributeError, OSError, ValueError):
-                pass
-        os._exit(status)
+    end_fork(serve_as_template)
 
 
 def _start_as_template(parent: int, control_fd: int, log_fd: int, env: Mapping[str, str]) -> None:

@@ -1,0 +1,59 @@
+"""A forked process ends as a fresh interpreter's exit looks from outside (harness.process.fork_exit): atexit's functions
+run, files it left open are flushed, `sys.exit(n)` gives n and an exception 1 with its traceback; files its parent had
+open before the fork are not flushed a second time by the child."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.cli_runs import ROOT
+
+#: A parent that leaves a line in a buffer of its own, freezes its heap as a template does, and forks one child per job.
+FORKS = r"""
+import atexit, gc, json, os, sys
+from harness.process.fork_exit import end_fork
+
+folder = sys.argv[1]
+parents_file = open(os.path.join(folder, "parent.txt"), "w")
+parents_file.write("written once, by the parent\n")
+gc.collect()
+gc.freeze()
+
+held = []
+
+def leaves_a_file_open():
+    held.append(open(os.path.join(folder, "child.txt"), "w"))  # alive at exit, never closed nor flushed by the job
+    held[0].write("the child's line\n")
+    atexit.register(lambda: open(os.path.join(folder, "atexit.txt"), "w").write("ran\n"))
+    return 5
+
+def exits_with_a_message():
+    sys.exit("stopped: no folder")
+
+def raises():
+    raise ValueError("a bug in the job")
+
+statuses = {}
+for job in (leaves_a_file_open, exits_with_a_message, raises):
+    err = os.path.join(folder, job.__name__ + ".err")
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT), 2)
+        end_fork(job)
+    statuses[job.__name__] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+parents_file.close()
+print(json.dumps(statuses))
+"""
+
+
+def test_a_fork_runs_atexit_flushes_what_it_left_open_and_exits_with_the_status_a_fresh_interpreter_would(tmp_path):
+    done = subprocess.run([sys.executable, "-c", FORKS, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"leaves_a_file_open": 5, "exits_with_a_message": 1, "raises": 1}
+    assert (tmp_path / "child.txt").read_text() == "the child's line\n"
+    assert (tmp_path / "atexit.txt").read_text() == "ran\n"
+    assert (tmp_path / "parent.txt").read_text() == "written once, by the parent\n"  # not again by each child
+    assert (tmp_path / "exits_with_a_message.err").read_text() == "stopped: no folder\n"
+    assert (tmp_path / "raises.err").read_text().rstrip().endswith("ValueError: a bug in the job")
