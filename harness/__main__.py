@@ -1,6 +1,6 @@
 """`python -m harness` is the `attnbench` command (attnbench.py: it first checks that this `harness` is attnbench's)."""
 
-import sys
+from harness.process.fast_exit import end_process
 
 try:
     from attnbench import main
@@ -11,4 +11,4 @@ except ModuleNotFoundError as exc:
     # this is that install's own harness running, so the command itself still works.
     from harness.cli.main import main
 
-sys.exit(main())
+end_process(main)

@@ -20,4 +20,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness.process.fast_exit import end_process
+
+    end_process(main)

@@ -85,7 +85,7 @@ def test_the_commands_fork_starts_as_a_spawned_template_and_is_refused_where_it_
 
 
 def test_a_job_that_calls_sys_exit_ends_the_fork_with_the_status_a_fresh_interpreter_gives(capsys):
-    from harness.process.fork_exit import exit_code
+    from harness.process.fast_exit import exit_code
 
     assert [exit_code(SystemExit(code)) for code in (None, 0, 3)] == [0, 0, 3]
     assert exit_code(SystemExit("stopped: no folder")) == 1 and capsys.readouterr().err == "stopped: no folder\n"

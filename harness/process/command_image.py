@@ -20,7 +20,7 @@ A supervisor inside another program (a notebook, pytest, a script calling main()
 What differs from a spawned template: the modules the command had imported (its CLI, its plugins) are already there,
 and the import path is the command's own (a spawned template gets it through PYTHONPATH, harness.process.children).
 A process forked from the command runs inside the command's call stack: it must never return into it, so it ends
-through harness.process.fork_exit (atexit's functions, open files flushed, then os._exit), never by unwinding.
+through harness.process.fast_exit (atexit's functions, open files flushed, then os._exit), never by unwinding.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Callable, Mapping
 
-from harness.process.fork_exit import end_fork
+from harness.process.fast_exit import end_process
 
 #: The command's environment and thread count when it marked itself (None: this process is not a marked command).
 _marked: tuple[dict[str, str], int] | None = None
@@ -74,7 +74,7 @@ def can_serve(env: Mapping[str, str], key: Callable[[Mapping[str, str]], object]
 
 def fork(control_fd: int, log_fd: int, env: Mapping[str, str], serve: Callable[[int], int]) -> int:
     """Fork this process; in the fork, become a template for `env` on `control_fd` with its output on `log_fd`, run
-    `serve(control_fd)` and end with its status (harness.process.fork_exit). The fork's pid."""
+    `serve(control_fd)` and end with its status (harness.process.fast_exit). The fork's pid."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()  # what the command printed must not be printed again by the fork
@@ -89,7 +89,7 @@ def fork(control_fd: int, log_fd: int, env: Mapping[str, str], serve: Callable[[
         _start_as_template(parent, control_fd, log_fd, env)
         return serve(control_fd)
 
-    end_fork(serve_as_template)
+    end_process(serve_as_template)
 
 
 def _start_as_template(parent: int, control_fd: int, log_fd: int, env: Mapping[str, str]) -> None:

@@ -8,7 +8,7 @@ root, the user's import path, its own session, dying with its parent), which imp
 only forks. Each fork becomes `python -m harness.child worker …` as if started fresh: its own session, a
 parent-death signal, stdout and stderr on its log, stdin on /dev/null, exactly the environment asked for, numpy's
 global generator reseeded, and a normal exit's atexit functions, flushed files and status, without the teardown of
-torch's modules that would copy the template's pages (harness.process.fork_exit). Its exit status comes back through a pipe the
+torch's modules that would copy the template's pages (harness.process.fast_exit). Its exit status comes back through a pipe the
 template writes when it reaps the child, so the supervisor watches it as it watches a `Popen`.
 
 What a fork could not give as a fresh process does, the template never does:
@@ -299,7 +299,7 @@ def template_job(argv: list[str]) -> int:
 
 def _serve_as_template(control_fd: int, preload: Sequence[str] = PRELOAD) -> int:
     """A template's life once started: import `preload`, warm, say ready on `control_fd`, fork on request; 0 when the
-    supervisor has gone. A forked child runs its job and ends with the job's status (harness.process.fork_exit)."""
+    supervisor has gone. A forked child runs its job and ends with the job's status (harness.process.fast_exit)."""
     for module in preload:
         importlib.import_module(module)
     _warm_on_one_thread()
@@ -310,10 +310,10 @@ def _serve_as_template(control_fd: int, preload: Sequence[str] = PRELOAD) -> int
     request = _serve(control)
     if request is None:
         return 0
-    from harness.process.fork_exit import end_fork
+    from harness.process.fast_exit import end_process
     from harness.process.jobs import run_job
 
-    end_fork(lambda: run_job(request))
+    end_process(lambda: run_job(request))
 
 
 def _warm_on_one_thread() -> None:
