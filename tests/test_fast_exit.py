@@ -1,6 +1,7 @@
 """A process attnbench starts ends as a fresh interpreter's exit looks from outside (harness.process.fast_exit): the threads
 still running are waited for, atexit's functions run, files left open are flushed, `sys.exit(n)` gives n, an exception 1
-with its traceback, a KeyboardInterrupt SIGINT; in a fork, files its parent had open are not flushed a second time."""
+with its traceback, a KeyboardInterrupt SIGINT; in a fork, files its parent had open are not flushed a second time. A
+process that initialised CUDA exits as the interpreter does."""
 
 from __future__ import annotations
 
@@ -70,3 +71,30 @@ def test_a_process_waits_for_its_threads_runs_atexit_flushes_what_it_left_open_a
     assert (tmp_path / "parent.txt").read_text() == "written once, by the parent\n"  # not again by each child
     assert (tmp_path / "exits_with_a_message.err").read_text() == "stopped: no folder\n"
     assert (tmp_path / "raises.err").read_text().rstrip().endswith("ValueError: a bug in the job")
+
+
+#: A process whose CUDA is in use (pretended: this machine has none) takes the interpreter's own exit, teardown and all.
+CUDA_IN_USE = r"""
+import sys
+from harness.process import fast_exit
+
+class TornDown:
+    def __init__(self, path):
+        self.path, self.open = path, open  # held here: the teardown clears builtins before this __del__ runs
+
+    def __del__(self):
+        with self.open(self.path, "w") as marker:
+            marker.write("torn down\n")
+
+kept = TornDown(sys.argv[1])
+fast_exit.cuda_in_use = lambda: True
+fast_exit.end_process(lambda: 7)
+print("not reached")
+"""
+
+
+def test_a_process_that_initialised_cuda_exits_as_the_interpreter_does(tmp_path):
+    marker = tmp_path / "teardown.txt"
+    done = subprocess.run([sys.executable, "-c", CUDA_IN_USE, str(marker)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7 and "not reached" not in done.stdout, (done.stdout, done.stderr)
+    assert marker.read_text() == "torn down\n"  # the module teardown a fast exit skips ran

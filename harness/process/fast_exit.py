@@ -7,7 +7,8 @@ a worker forked from a template it writes to ~100 MB of shared pages, each copie
 7,500, 0.16 CPU-s a worker). The commands and jobs attnbench starts (`python -m harness`, `python -m harness.child`,
 every worker forked from a template) end here instead: the same threads, functions, files and status, then os._exit.
 A process forked from the command must end here in any case, since it runs inside the command's call stack
-(harness.process.command_image). The installed `attnbench` script's own exit is the console script's, unchanged.
+(harness.process.command_image). The installed `attnbench` script's own exit is the console script's, unchanged, and a
+process that initialised CUDA exits as the interpreter does (`cuda_in_use`).
 """
 
 from __future__ import annotations
@@ -24,16 +25,34 @@ from typing import Callable, NoReturn
 
 def end_process(run: Callable[[], int | None]) -> NoReturn:
     """Run `run`, then end this process with its status: `sys.exit(n)` ends it with n, KeyboardInterrupt as the
-    interpreter ends on it (SIGINT), anything else it raises printed by sys.excepthook and ended with 1."""
+    interpreter ends on it (SIGINT), anything else it raises printed by sys.excepthook and ended with 1. A process that
+    initialised CUDA takes the interpreter's own exit instead (`cuda_in_use`)."""
     status, interrupted = 1, False
     try:
         status = run() or 0
-    except SystemExit as exc:
-        status = exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - whatever ends the process, it must not unwind into the frames it was forked in
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-        interrupted = isinstance(exc, KeyboardInterrupt)
+        if cuda_in_use():
+            raise
+        if isinstance(exc, SystemExit):
+            status = exit_code(exc)
+        else:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+            interrupted = isinstance(exc, KeyboardInterrupt)
+    if cuda_in_use():
+        sys.exit(status)
     exit_now(status, interrupted)
+
+
+def cuda_in_use() -> bool:
+    """Whether this process initialised CUDA. Then it ends as the interpreter ends it: CUDA's runtime, and the Nsight tools'
+    libraries injected into a process they profile (`profile --ncu`), hand over what they hold in C exit handlers that
+    os._exit skips (not verified on a GPU: the safe side). Never in a fork: CUDA workers start fresh, and the command forks
+    itself only on the threads it had before anything ran."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without CUDA support, or half torn down: no CUDA to hand anything over
+        return False
 
 
 def exit_code(exc: SystemExit) -> int:
