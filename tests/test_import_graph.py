@@ -63,7 +63,7 @@ _PROCESS_ENTRY_POINTS = {
     ("harness.run.pytest_plugin", "__init__"),
     # A template process after its imports, and each child it forks as it becomes its job (its environment, as asked);
     # the `attnbench` command's fork as it becomes a template (the environment the command marked itself with).
-    ("harness.process.forkserver", "_serve_as_template"), ("harness.process.forkserver", "_become_child"),
+    ("harness.process.template_process", "serve_as_template"), ("harness.process.template_process", "_become_child"),
     ("harness.process.command_image", "_start_as_template"),
 }
 

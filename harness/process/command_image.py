@@ -61,7 +61,7 @@ def forget() -> None:
 
 def can_serve(env: Mapping[str, str], key: Callable[[Mapping[str, str]], object]) -> bool:
     """Whether this process may fork itself into the template for `env`: a marked command, on the threads it had when it
-    marked itself, whose environment then and now is the one asked for, compared by `key` (forkserver's template_key,
+    marked itself, whose environment then and now is the one asked for, compared by `key` (forkserver's exact_key,
     handed in: this module is forkserver's, and imports nothing of it back)."""
     if _marked is None or not hasattr(os, "fork"):
         return False

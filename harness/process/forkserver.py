@@ -21,13 +21,12 @@ What a fork could not give as a fresh process does, the template never does:
   used (`ATTNBENCH_*`, never at import: tests/test_forkserver.py walks every module for that), pytest's
   per-test markers, and what a library writes for itself before it reads it.
 `ATTNBENCH_FORK_WORKERS=0` starts every worker fresh. The `attnbench` command, which has imported torch by then, forks
-itself into its template instead of spawning one (harness.process.command_image).
+itself into its template instead of spawning one (harness.process.command_image). The template's own side (what it
+imports, how it forks and reports) is harness.process.template_process.
 """
 
 from __future__ import annotations
 
-import gc
-import importlib
 import json
 import os
 import select
@@ -37,14 +36,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
+
+from harness.process.template_process import MESSAGE_BYTES, PRELOAD, serve_as_template
 
 #: Set to 0 to start every worker as a fresh interpreter.
 ENV_SWITCH = "ATTNBENCH_FORK_WORKERS"
-#: The modules a template imports before it forks: the worker job's (torch with them). Not torch._dynamo (1.5 CPU-s, with
-#: torch.nn.attention.bias): only compiled backends and lower-right causal masks import it, so a worker pays it on its
-#: first such pair, and a template whose workers run none (most of the runs a test starts) never does.
-PRELOAD = ("harness.run.worker",)
 #: Variables that may differ between the workers one template serves: read when used, never while importing.
 RUNTIME_ONLY_PREFIXES = ("ATTNBENCH_", "PYTEST_CURRENT_TEST")
 #: Variables a library writes into os.environ when it is imported, with the value it reads when they are absent: set to
@@ -60,8 +57,6 @@ WRITTEN_BEFORE_READ = ("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",)
 READY_TIMEOUT_S = 300.0
 #: Templates one process keeps (each holds torch's import, ~300 MB resident); the least recently used is closed.
 MAX_TEMPLATES = 2
-#: Largest request (argv and environment) a template reads in one message.
-_MESSAGE_BYTES = 1 << 20
 
 
 def enabled(env: Mapping[str, str]) -> bool:
@@ -137,7 +132,7 @@ class Template:
         self.exact = exact_key(env)
         if command_image.can_serve(env, exact_key):
             # The `attnbench` command has imported torch already: a fork of it is the template (harness.process.command_image).
-            self.process = _OwnFork(command_image.fork(child_end.fileno(), self._log.fileno(), env, _serve_as_template))
+            self.process = _OwnFork(command_image.fork(child_end.fileno(), self._log.fileno(), env, serve_as_template))
             #: How the template started, for the workers' logs.
             self.origin = "a fork of the attnbench command"
         else:
@@ -149,7 +144,7 @@ class Template:
         self._lock = threading.Lock()
         self._socket.settimeout(READY_TIMEOUT_S)
         try:
-            ready = self._socket.recv(_MESSAGE_BYTES)
+            ready = self._socket.recv(MESSAGE_BYTES)
         except OSError:
             ready = b""
         finally:
@@ -179,7 +174,7 @@ class Template:
         try:
             with self._lock:
                 socket.send_fds(self._socket, [request], [stdout, status_write])
-                reply = json.loads(self._socket.recv(_MESSAGE_BYTES) or b"{}")
+                reply = json.loads(self._socket.recv(MESSAGE_BYTES) or b"{}")
         except (OSError, ValueError) as exc:
             os.close(status_read)
             raise OSError(f"the worker template stopped answering ({exc}): {self.describe()}") from None
@@ -278,134 +273,3 @@ def run_job(argv: Sequence[str], env: Mapping[str, str], timeout_s: float | None
         except OSError:
             pass  # no template starts here: neither would a worker's, and a fresh interpreter is what they get
     return run_child(child_command(*argv), timeout_s=timeout_s, env=env)
-
-
-# -- In the template process. --
-
-
-def template_job(argv: list[str]) -> int:
-    """harness.child's `template` job: import the workers' modules, then fork one child per request until the socket closes.
-
-    In a forked child this returns the exit status of the job it was asked to run, as `python -m harness.child` would.
-    """
-    from harness.process.jobs import job_parser
-
-    parser = job_parser("template", "Import the worker's modules, then fork workers on request (started by attnbench run).")
-    parser.add_argument("--control-fd", type=int, required=True, help="the socket the supervisor sends requests on")
-    parser.add_argument("preload", nargs="*", help="modules to import before forking")
-    args = parser.parse_args(argv)
-    return _serve_as_template(args.control_fd, args.preload)
-
-
-def _serve_as_template(control_fd: int, preload: Sequence[str] = PRELOAD) -> int:
-    """A template's life once started: import `preload`, warm, say ready on `control_fd`, fork on request; 0 when the
-    supervisor has gone. A forked child runs its job and ends with the job's status (harness.process.fast_exit)."""
-    for module in preload:
-        importlib.import_module(module)
-    _warm_on_one_thread()
-    gc.collect()
-    gc.freeze()  # the imports live in every child: none of their collections need walk them (and touch their pages)
-    control = socket.socket(fileno=control_fd)
-    control.send(json.dumps({"ready": os.getpid()}).encode())
-    request = _serve(control)
-    if request is None:
-        return 0
-    from harness.process.fast_exit import end_process
-    from harness.process.jobs import run_job
-
-    end_process(lambda: run_job(request))
-
-
-def _warm_on_one_thread() -> None:
-    """Warm this process as each worker would warm itself (harness.process.warmup), on one thread, so every fork
-    starts warm: a worker's own warm-up then returns at once (about 0.5 CPU-s a worker). One thread, because an OpenMP pool
-    does not survive a fork (GNU libgomp hangs in the child); on one thread none is made, and the count torch had is put
-    back, so a worker that sets its own makes its pool after the fork, as a fresh process would."""
-    import torch
-
-    from harness.process.warmup import warm_process
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        warm_process()
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _serve(control: socket.socket) -> list[str] | None:
-    """The template's loop; returns None when the supervisor has gone and every child is reaped, a child's argv in a child."""
-    statuses: dict[int, int] = {}  # child pid → the write end of its status pipe
-    open_control = True
-    while open_control or statuses:
-        readable = select.select([control] if open_control else [], [], [], 0.05)[0]
-        _reap(statuses)
-        if not readable:
-            continue
-        try:
-            message, fds, _, _ = socket.recv_fds(control, _MESSAGE_BYTES, 2)
-        except OSError:
-            message, fds = b"", []
-        if not message:
-            open_control = False
-            control.close()
-            continue
-        request = json.loads(message)
-        stdout, status_write = fds
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            for fd in fds:
-                os.close(fd)
-            control.send(json.dumps({"error": f"fork failed: {exc}"}).encode())
-            continue
-        if pid == 0:
-            control.close()
-            _become_child(request, stdout, [status_write, *statuses.values()])
-            return request["argv"]
-        os.close(stdout)
-        statuses[pid] = status_write
-        control.send(json.dumps({"pid": pid}).encode())
-    return None
-
-
-def _reap(statuses: dict[int, int]) -> None:
-    """Write each ended child's exit status (negative: the signal that killed it) to its pipe and close it."""
-    for pid in list(statuses):
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            done, status = pid, 0
-        if done == 0:
-            continue
-        code = os.waitstatus_to_exitcode(status)
-        fd = statuses.pop(pid)
-        try:
-            os.write(fd, str(code).encode())
-        except OSError:
-            pass  # the supervisor stopped watching (it ended): nothing to tell
-        os.close(fd)
-
-
-def _become_child(request: dict[str, Any], stdout: int, inherited: list[int]) -> None:
-    """In a fresh fork: drop the template's descriptors, take the request's output, environment and a session of its own."""
-    from harness.process.children import die_with_parent
-
-    template = os.getppid()
-    os.setsid()
-    die_with_parent(template)  # the template dies with the supervisor, so the worker does too
-    for fd in inherited:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    os.dup2(stdout, 1)
-    os.dup2(stdout, 2)
-    os.close(stdout)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.argv = [sys.argv[0], *request["argv"]]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()  # a fresh process seeds numpy's global generator from the OS; a fork would share the template's
-

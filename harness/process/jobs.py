@@ -17,7 +17,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "peaks": ("harness.telemetry.peaks", "main"),                   # the CUDA ceilings into peaks.json, for the run folder
     "load-backends": ("harness.run.plugin_probe", "load_backends_job"),  # the registry as a worker loads it, before `attnbench run`
     "worker": ("harness.run.worker", "worker_job"),                 # the worker loop (claim → execute → append), for `attnbench run`
-    "template": ("harness.process.forkserver", "template_job"),     # imports the worker's modules, then forks CPU workers
+    "template": ("harness.process.template_process", "template_job"),     # imports the worker's modules, then forks CPU workers
 }
 
 
